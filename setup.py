@@ -1,0 +1,34 @@
+"""linvit_jax: copy the same, distill the difference — softmax ViT → linear-attention ViT in JAX."""
+
+from setuptools import find_packages, setup
+
+# Ranges are the ones this project was tested with (jax 0.10.x, flax 0.12.x on CPython 3.11).
+INSTALL_REQUIRES = [
+    "jax>=0.10,<0.11",
+    "flax>=0.12,<0.13",
+    "optax>=0.2.5,<0.3",
+    "orbax-checkpoint>=0.11,<0.13",
+    "ml-collections>=1.0,<2",
+    "tensorflow-cpu>=2.18,<2.22",
+    "tensorflow-datasets>=4.9,<5",
+    "numpy>=2.0,<3",
+    "scipy>=1.13,<2",
+    "tqdm>=4.66,<5",
+    "matplotlib>=3.8,<4",
+    "absl-py>=2.1,<3",
+    "tensorboardX>=2.6,<3",
+]
+
+setup(
+    name="linvit_jax",
+    version="0.1.0",
+    description="Convert pretrained softmax ViTs (big_vision layout) to linear-attention ViTs by "
+                "copying the operator-agnostic weights and distilling attention outputs.",
+    packages=find_packages(include=["linvit_jax", "linvit_jax.*"]),
+    python_requires=">=3.10",
+    install_requires=INSTALL_REQUIRES,
+    extras_require={
+        "test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4", "nbclient>=0.10,<1", "nbformat>=5.10,<6",
+                 "ipykernel>=6.29,<8"],
+    },
+)
