@@ -1,0 +1,204 @@
+"""Attention operators behind one module with big_vision's parameter names.
+
+`Attention` owns the projections `query`, `key`, `value` (kernel [D, H, Dh], bias [H, Dh]) and `out`
+(kernel [H, Dh, D], bias [D]) exactly as flax's `MultiHeadDotProductAttention` names and shapes
+them, so a softmax checkpoint loads into any operator. What differs between operators is only the
+aggregation `attend(q, k, v)`:
+
+  softmax          softmax(q·kᵀ/√d) v                                   O(N²) time and memory
+  chunked_softmax  the same, online softmax over key blocks              O(N²) time, O(N·block) memory
+  linear           φ(q)(φ(k)ᵀv) / (φ(q)(φ(k)ᵀ1) + ε)                     O(N) time and memory
+
+The post-projection q and k are sown into the 'intermediates' collection when it is mutable, which
+is how the distillation routing loss reads both models' attention without a second code path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linvit_jax.models import feature_maps
+
+KINDS = ("softmax", "chunked_softmax", "linear")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionSpec:
+  """Which operator an attention layer uses. Hashable, so it can be a linen attribute."""
+  kind: str = "softmax"
+  feature_map: str = "elu1"       # linear only
+  eps: float = 1e-6               # linear only: added to the normaliser
+  num_features: int | None = None  # linear only: hedgehog projection width / favor features
+  favor_seed: int = 0
+  favor_redraw: bool = False
+  chunk_size: int = 512           # chunked_softmax only: keys per block
+
+  def __post_init__(self):
+    if self.kind not in KINDS:
+      raise ValueError(f"unknown attention kind {self.kind!r}; known: {KINDS}")
+    if self.kind == "linear":
+      feature_maps.get_feature_map_cls(self.feature_map)  # validates the name early
+    if self.chunk_size <= 0:
+      raise ValueError(f"attention chunk_size must be positive, got {self.chunk_size}")
+
+
+def parse_spec(spec: Any) -> AttentionSpec:
+  """Accepts an AttentionSpec, a string ('softmax', 'chunked_softmax', 'linear', 'linear:hedgehog',
+  or a bare feature-map name such as 'elu1'), or a mapping of AttentionSpec fields."""
+  if isinstance(spec, AttentionSpec):
+    return spec
+  if spec is None:
+    return AttentionSpec()
+  if isinstance(spec, str):
+    if ":" in spec:
+      kind, fmap = spec.split(":", 1)
+      return AttentionSpec(kind=kind, feature_map=fmap)
+    if spec in feature_maps.FEATURE_MAPS:
+      return AttentionSpec(kind="linear", feature_map=spec)
+    return AttentionSpec(kind=spec)
+  if isinstance(spec, Mapping) or hasattr(spec, "to_dict"):
+    fields = dict(spec.to_dict() if hasattr(spec, "to_dict") else spec)
+    known = {f.name for f in dataclasses.fields(AttentionSpec)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+      raise ValueError(f"unknown attention field(s) {unknown}; known: {sorted(known)}")
+    return AttentionSpec(**fields)
+  raise TypeError(f"cannot parse attention spec {spec!r}")
+
+
+def parse_layer_specs(spec: Any, depth: int) -> tuple[AttentionSpec, ...]:
+  """One spec for every layer, or a per-layer sequence of exactly `depth` specs."""
+  if isinstance(spec, Sequence) and not isinstance(spec, str):
+    if len(spec) != depth:
+      raise ValueError(f"attention has {len(spec)} per-layer specs but depth is {depth}")
+    return tuple(parse_spec(s) for s in spec)
+  return (parse_spec(spec),) * depth
+
+
+# ----------------------------------------------------------------------------- operators (pure)
+
+def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+  """softmax(q·kᵀ/√d) v for q [B,Nq,H,D], k/v [B,Nk,H,D]; the order of ops follows flax's MHA."""
+  q = q / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+  weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(v.dtype)
+  return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+
+
+def softmax_weights(q: jax.Array, k: jax.Array, temperature: float = 1.0) -> jax.Array:
+  """softmax(q·kᵀ/(τ√d)) as [B,H,Nq,Nk] in float32 (for distillation targets)."""
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), k.astype(jnp.float32))
+  return jax.nn.softmax(logits / (temperature * np.sqrt(q.shape[-1])), axis=-1)
+
+
+def chunked_softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array,
+                              chunk_size: int = 512) -> jax.Array:
+  """Exact softmax attention by an online softmax over key blocks: O(Nq·block) live memory."""
+  b, nk, h, d = k.shape
+  chunk_size = min(chunk_size, nk)
+  n_chunks = -(-nk // chunk_size)
+  pad = n_chunks * chunk_size - nk
+  if pad:
+    k = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
+  valid = (jnp.arange(n_chunks * chunk_size) < nk).reshape(n_chunks, chunk_size)
+  k = k.reshape(b, n_chunks, chunk_size, h, d).swapaxes(0, 1)
+  v = v.reshape(b, n_chunks, chunk_size, h, d).swapaxes(0, 1)
+  qs = (q / jnp.sqrt(d).astype(q.dtype)).astype(jnp.float32)
+
+  def step(carry, blk):
+    m_prev, l_prev, acc = carry
+    k_blk, v_blk, valid_blk = blk
+    s = jnp.einsum("bqhd,bkhd->bhqk", qs, k_blk.astype(jnp.float32))
+    s = jnp.where(valid_blk[None, None, None, :], s, -jnp.inf)
+    m_new = jnp.maximum(m_prev, s.max(axis=-1))
+    p = jnp.exp(s - m_new[..., None])
+    correction = jnp.exp(m_prev - m_new)
+    l_new = l_prev * correction + p.sum(axis=-1)
+    acc = acc * correction[..., None] + jnp.einsum("bhqk,bkhd->bhqd", p, v_blk.astype(jnp.float32))
+    return (m_new, l_new, acc), None
+
+  nq = q.shape[1]
+  init = (jnp.full((b, h, nq), -jnp.inf, jnp.float32), jnp.zeros((b, h, nq), jnp.float32),
+          jnp.zeros((b, h, nq, v.shape[-1]), jnp.float32))
+  (_, l_final, acc), _ = jax.lax.scan(step, init, (k, v, valid))
+  out = acc / l_final[..., None]
+  return out.transpose(0, 2, 1, 3).astype(v.dtype)
+
+
+def linear_attention(phi_q: jax.Array, phi_k: jax.Array, v: jax.Array,
+                     eps: float = 1e-6) -> jax.Array:
+  """φ(q)(φ(k)ᵀv) / (φ(q)(φ(k)ᵀ1) + ε), non-causal, sums accumulated in float32."""
+  f32 = jnp.float32
+  kv = jnp.einsum("bkhf,bkhd->bhfd", phi_k, v, preferred_element_type=f32)
+  k_sum = jnp.sum(phi_k.astype(f32), axis=1)  # [B,H,F]
+  num = jnp.einsum("bqhf,bhfd->bqhd", phi_q.astype(f32), kv)
+  den = jnp.einsum("bqhf,bhf->bqh", phi_q.astype(f32), k_sum)
+  return (num / (den[..., None] + eps)).astype(v.dtype)
+
+
+def linear_weights(phi_q: jax.Array, phi_k: jax.Array, eps: float = 1e-6) -> jax.Array:
+  """The normalised weights φ(q)φ(k)ᵀ / Σ_k φ(q)φ(k)ᵀ as [B,H,Nq,Nk] (the O(N²) view, for
+  distillation on a subset of queries and for reference tests)."""
+  a = jnp.einsum("bqhf,bkhf->bhqk", phi_q.astype(jnp.float32), phi_k.astype(jnp.float32))
+  return a / (a.sum(axis=-1, keepdims=True) + eps)
+
+
+# ----------------------------------------------------------------------------- the module
+
+class Attention(nn.Module):
+  """Multi-head attention with flax MHA's parameter names; the operator comes from `spec`."""
+  num_heads: int
+  spec: AttentionSpec = AttentionSpec()
+  dtype_mm: Any = "float32"
+  kernel_init: Any = nn.initializers.xavier_uniform()
+
+  @nn.compact
+  def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array | None = None) -> jax.Array:
+    inputs_kv = inputs_q if inputs_kv is None else inputs_kv
+    features = inputs_q.shape[-1]
+    if features % self.num_heads:
+      raise ValueError(f"width {features} is not divisible by num_heads {self.num_heads}")
+    head_dim = features // self.num_heads
+    dense = lambda name: nn.DenseGeneral(  # noqa: E731
+        features=(self.num_heads, head_dim), axis=-1, dtype=self.dtype_mm,
+        kernel_init=self.kernel_init, name=name)
+    q = dense("query")(inputs_q)
+    k = dense("key")(inputs_kv)
+    v = dense("value")(inputs_kv)
+    self.sow("intermediates", "q", q)
+    self.sow("intermediates", "k", k)
+
+    spec = self.spec
+    if spec.kind == "softmax":
+      y = softmax_attention(q, k, v)
+    elif spec.kind == "chunked_softmax":
+      y = chunked_softmax_attention(q, k, v, spec.chunk_size)
+    else:
+      fmap_cls = feature_maps.get_feature_map_cls(spec.feature_map)
+      kw = dict(num_features=spec.num_features, seed=spec.favor_seed, redraw=spec.favor_redraw)
+      phi_q = fmap_cls(name="feature_map_q", **kw)(q, is_query=True)
+      phi_k = fmap_cls(name="feature_map_k", **kw)(k, is_query=False)
+      y = linear_attention(phi_q, phi_k, v, spec.eps)
+
+    return nn.DenseGeneral(features=features, axis=(-2, -1), dtype=self.dtype_mm,
+                           kernel_init=self.kernel_init, name="out")(y)
+
+
+def feature_maps_of(spec: AttentionSpec, q: jax.Array, k: jax.Array,
+                    fmap_params: Mapping[str, Any] | None) -> tuple[jax.Array, jax.Array]:
+  """φ(q), φ(k) for an attention module's params subtree (outside the module, for losses)."""
+  fmap_cls = feature_maps.get_feature_map_cls(spec.feature_map)
+  kw = dict(num_features=spec.num_features, seed=spec.favor_seed, redraw=False)
+  fmap_params = fmap_params or {}
+  phi = []
+  for name, x, is_q in (("feature_map_q", q, True), ("feature_map_k", k, False)):
+    variables = {"params": fmap_params[name]} if name in fmap_params else {}
+    phi.append(fmap_cls(**kw).apply(variables, x, is_query=is_q))
+  return phi[0], phi[1]
