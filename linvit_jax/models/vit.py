@@ -68,6 +68,8 @@ class Encoder1DBlock(nn.Module):
   def __call__(self, x: jax.Array, deterministic: bool = True):
     out = {}
     y = nn.LayerNorm(name="LayerNorm_0")(x)
+    # Teacher forcing feeds each student attention layer the teacher's own LayerNorm output.
+    self.sow("intermediates", "attn_input", y)
     y = out["sa"] = attn_lib.Attention(
         num_heads=self.num_heads, spec=self.attention, dtype_mm=self.dtype_mm,
         name="MultiHeadDotProductAttention_0")(y)
