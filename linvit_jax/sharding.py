@@ -1,0 +1,377 @@
+"""Device mesh, parameter shardings, global batches and multi-process start-up.
+
+The same code runs on one CPU, 8 simulated CPU devices, a GPU host and a TPU pod:
+
+* `make_mesh([("data", -1), ("fsdp", 1)])` names the device axes; -1 is "all the devices left".
+* The batch dimension is split over every batch axis in the mesh ("data" and "fsdp"), so each
+  device sees `global_batch / (data·fsdp)` examples; other axes (e.g. "model") replicate it.
+* Parameters are fully-sharded (fsdp) along the "fsdp" axis: every leaf of at least `min_size`
+  elements is split on its largest dimension that the axis divides; smaller leaves (biases,
+  LayerNorms, scalars) are replicated. Per-path regex rules override this.
+* Each process feeds only its own rows of the global batch; `make_global_batch` stitches them
+  into one global `jax.Array` with `jax.make_array_from_process_local_data`.
+
+Paths are big_vision-style '/'-joined names ("Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel").
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Union
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+# Mesh axes the batch dimension is split over, in this order, when present in the mesh.
+BATCH_AXES = ("data", "fsdp")
+FSDP_AXIS = "fsdp"
+DEFAULT_MIN_SIZE = 2**14
+
+MeshConfig = Sequence[tuple[str, int]]
+# A rule's spec: "fsdp" (the automatic rule regardless of size), "replicate" / None, or an explicit
+# PartitionSpec (or tuple/list of mesh axis names / None per dimension).
+RuleSpec = Union[str, None, P, Sequence[Any]]
+Rules = Sequence[tuple[str, RuleSpec]]
+
+
+# ------------------------------------------------------------------------------------------------
+# Multi-process start-up.
+
+def _int_env(name: str) -> int | None:
+  value = os.environ.get(name)
+  if value in (None, ""):
+    return None
+  try:
+    return int(value)
+  except ValueError as e:
+    raise ValueError(f"environment variable {name}={value!r} must be an integer") from e
+
+
+def _looks_like_multihost_cluster() -> bool:
+  """Environments where `jax.distributed.initialize()` can detect everything by itself."""
+  hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
+  if len([h for h in hosts.split(",") if h]) > 1:  # Cloud TPU pod slice: one process per host.
+    return True
+  if os.environ.get("MEGASCALE_COORDINATOR_ADDRESS"):  # multi-slice TPU
+    return True
+  if (_int_env("SLURM_NTASKS") or 1) > 1 and os.environ.get("SLURM_JOB_ID"):
+    return True
+  if (_int_env("OMPI_COMM_WORLD_SIZE") or 1) > 1:
+    return True
+  return False
+
+
+def maybe_initialize_distributed() -> bool:
+  """Starts JAX's multi-controller runtime when this is one process of many; True if it did.
+
+  Explicit: JAX_COORDINATOR_ADDRESS ("host:port"), JAX_NUM_PROCESSES, JAX_PROCESS_ID (and
+  optionally JAX_LOCAL_DEVICE_IDS="0,1"). Otherwise a TPU pod, multi-slice, SLURM or Open MPI
+  job is left to `jax.distributed.initialize()`'s own detection. A single process does nothing.
+  Must run before anything touches a JAX backend (jax.devices(), the first array).
+  """
+  if jax.distributed.is_initialized():
+    return True
+  address = os.environ.get("JAX_COORDINATOR_ADDRESS")
+  num_processes = _int_env("JAX_NUM_PROCESSES")
+  process_id = _int_env("JAX_PROCESS_ID")
+  if address or num_processes or process_id is not None:
+    if not (address and num_processes and process_id is not None):
+      raise ValueError(
+          "multi-process run needs all of JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and "
+          f"JAX_PROCESS_ID; got JAX_COORDINATOR_ADDRESS={address!r}, "
+          f"JAX_NUM_PROCESSES={num_processes!r}, JAX_PROCESS_ID={process_id!r}")
+    if num_processes == 1:
+      return False
+    if not 0 <= process_id < num_processes:
+      raise ValueError(f"JAX_PROCESS_ID={process_id} is outside [0, JAX_NUM_PROCESSES="
+                       f"{num_processes})")
+    local_ids = os.environ.get("JAX_LOCAL_DEVICE_IDS")
+    jax.distributed.initialize(
+        coordinator_address=address, num_processes=num_processes, process_id=process_id,
+        local_device_ids=[int(i) for i in local_ids.split(",")] if local_ids else None)
+  elif _looks_like_multihost_cluster():
+    jax.distributed.initialize()
+  else:
+    return False
+  logging.info("jax.distributed: process %d of %d, %d local / %d global devices",
+               jax.process_index(), jax.process_count(), jax.local_device_count(),
+               jax.device_count())
+  return True
+
+
+# ------------------------------------------------------------------------------------------------
+# Mesh.
+
+def _parse_mesh_config(mesh_cfg: MeshConfig, num_devices: int) -> tuple[list[str], list[int]]:
+  names, sizes = [], []
+  for entry in mesh_cfg:
+    try:
+      name, size = entry
+      size = int(size)
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"mesh config {list(mesh_cfg)!r}: each entry must be (axis_name, size), "
+                       f"got {entry!r}") from e
+    if not isinstance(name, str) or not name:
+      raise ValueError(f"mesh config {list(mesh_cfg)!r}: axis name {name!r} must be a string")
+    if name in names:
+      raise ValueError(f"mesh config {list(mesh_cfg)!r}: axis {name!r} appears twice")
+    if size == 0 or size < -1:
+      raise ValueError(f"mesh config {list(mesh_cfg)!r}: axis {name!r} has size {size}; sizes "
+                       "are positive, or -1 for 'the remaining devices'")
+    names.append(name)
+    sizes.append(size)
+  if not names:
+    raise ValueError("mesh config is empty; use e.g. [('data', -1), ('fsdp', 1)]")
+  if sizes.count(-1) > 1:
+    raise ValueError(f"mesh config {list(mesh_cfg)!r}: at most one axis may be -1")
+  fixed = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if num_devices % fixed:
+      raise ValueError(
+          f"mesh config {list(mesh_cfg)!r} cannot be laid out on {num_devices} devices: the fixed "
+          f"axes need a multiple of {fixed} devices")
+    sizes[sizes.index(-1)] = num_devices // fixed
+  elif fixed != num_devices:
+    raise ValueError(
+        f"mesh config {list(mesh_cfg)!r} has shape {tuple(sizes)} = {fixed} devices, but "
+        f"{num_devices} devices are available (jax.device_count()); make the sizes multiply to "
+        f"{num_devices}, or use -1 for one axis")
+  return names, sizes
+
+
+def make_mesh(mesh_cfg: MeshConfig, devices: Sequence[Any] | None = None) -> Mesh:
+  """A `Mesh` over all devices (of all processes) from [(axis_name, size), ...]; -1 = the rest.
+
+  Axes are `AxisType.Auto`: shardings are given explicitly at jit boundaries and propagated by
+  XLA inside, so models need no sharding annotations. On multi-slice TPU the first axis whose size
+  is a multiple of the slice count spans slices (data parallelism over the slow network).
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  names, sizes = _parse_mesh_config(mesh_cfg, len(devices))
+  axis_types = (AxisType.Auto,) * len(names)
+  num_slices = len({getattr(d, "slice_index", 0) for d in devices})
+  if num_slices > 1:
+    from jax.experimental import mesh_utils  # pylint: disable=g-import-not-at-top
+    dcn_axis = next((i for i, s in enumerate(sizes) if s % num_slices == 0), None)
+    if dcn_axis is None:
+      raise ValueError(f"mesh {dict(zip(names, sizes))} on {num_slices} TPU slices: no axis size "
+                       f"is a multiple of the slice count {num_slices}")
+    ici = list(sizes)
+    ici[dcn_axis] //= num_slices
+    dcn = [1] * len(sizes)
+    dcn[dcn_axis] = num_slices
+    grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
+    return Mesh(grid, tuple(names), axis_types=axis_types)
+  return jax.make_mesh(tuple(sizes), tuple(names), axis_types=axis_types, devices=devices)
+
+
+def mesh_shape(mesh: Mesh) -> dict[str, int]:
+  return dict(zip(mesh.axis_names, mesh.devices.shape))
+
+
+# ------------------------------------------------------------------------------------------------
+# Batches.
+
+def batch_axes(mesh: Mesh) -> tuple[str, ...]:
+  """The mesh axes the batch dimension is split over (those of BATCH_AXES the mesh has)."""
+  return tuple(a for a in BATCH_AXES if a in mesh.axis_names)
+
+
+def num_batch_shards(mesh: Mesh) -> int:
+  shape = mesh_shape(mesh)
+  return math.prod(shape[a] for a in batch_axes(mesh))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Leading (batch) dimension over all batch axes; the other dimensions whole."""
+  axes = batch_axes(mesh)
+  return NamedSharding(mesh, P(axes if axes else None))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def check_batch_size(global_batch_size: int, mesh: Mesh, *, accum_steps: int = 1,
+                     what: str = "batch_size") -> None:
+  """Raises before any compute when the global batch cannot be split evenly.
+
+  It must divide into `accum_steps` micro-batches that each split over the batch shards, and
+  over the processes feeding it.
+  """
+  shards = num_batch_shards(mesh)
+  if accum_steps < 1:
+    raise ValueError(f"{what}: accum_steps must be >= 1, got {accum_steps}")
+  if global_batch_size <= 0 or global_batch_size % (shards * accum_steps):
+    extra = f" × {accum_steps} accumulation steps" if accum_steps > 1 else ""
+    raise ValueError(
+        f"{what}={global_batch_size} must be a positive multiple of {shards * accum_steps}: the "
+        f"batch is split over {shards} batch shards (mesh {mesh_shape(mesh)}, axes "
+        f"{batch_axes(mesh)}){extra}")
+  if global_batch_size % jax.process_count():
+    raise ValueError(f"{what}={global_batch_size} is not divisible by the "
+                     f"{jax.process_count()} processes that feed it")
+
+
+def process_batch_rows(global_batch_size: int, mesh: Mesh) -> slice:
+  """The rows of the global batch that this process feeds (what its local batch must hold).
+
+  With the usual device orders this is `[i·B/P, (i+1)·B/P)` for process i; a data pipeline that
+  wants the global batch to equal a single-process one, bit for bit, slices it with this.
+  """
+  index_map = batch_sharding(mesh).addressable_devices_indices_map((global_batch_size,))
+  starts = sorted({(idx[0].start or 0, idx[0].stop or global_batch_size)
+                   for idx in index_map.values()})
+  for (_, stop), (start, _) in zip(starts, starts[1:]):
+    if stop != start:
+      raise ValueError(f"this process's batch rows {starts} are not contiguous in mesh "
+                       f"{mesh_shape(mesh)}; reorder the mesh devices")
+  return slice(starts[0][0], starts[-1][1])
+
+
+def make_global_batch(local_batch: Any, mesh: Mesh) -> Any:
+  """Per-process numpy batch (a pytree of [local_B, ...] arrays) → global sharded `jax.Array`s.
+
+  Every process passes its own rows (see `process_batch_rows`); the global batch has
+  local_B · (batch shards / this process's batch shards) rows.
+  """
+  sharding = batch_sharding(mesh)
+  shards = num_batch_shards(mesh)
+  # Distinct row blocks held by this process's devices (replicas on other axes share one).
+  probe = sharding.addressable_devices_indices_map((shards,))
+  local_shards = len({idx[0].start for idx in probe.values()})
+
+  def one(path, x):
+    x = np.asarray(x)
+    if x.ndim == 0 or x.shape[0] % local_shards:
+      raise ValueError(
+          f"batch entry '{path_str(path)}' has shape {x.shape}: its leading (batch) dimension "
+          f"must split over this process's {local_shards} batch shards (mesh {mesh_shape(mesh)})")
+    global_shape = (x.shape[0] // local_shards * shards,) + x.shape[1:]
+    return jax.make_array_from_process_local_data(sharding, x, global_shape)
+
+  return jax.tree_util.tree_map_with_path(one, local_batch)
+
+
+# ------------------------------------------------------------------------------------------------
+# Parameters.
+
+def path_str(path: Sequence[Any]) -> str:
+  """A jax key path as a '/'-joined name: ('a', 'b', 0) → 'a/b/0'."""
+  parts = []
+  for k in path:
+    if isinstance(k, jax.tree_util.DictKey):
+      parts.append(str(k.key))
+    elif isinstance(k, jax.tree_util.GetAttrKey):
+      parts.append(k.name)
+    elif isinstance(k, jax.tree_util.SequenceKey):
+      parts.append(str(k.idx))
+    elif isinstance(k, jax.tree_util.FlattenedIndexKey):
+      parts.append(str(k.key))
+    else:
+      parts.append(str(k))
+  return "/".join(parts)
+
+
+def _fsdp_spec(shape: Sequence[int], axis_size: int) -> P:
+  """Split the largest dimension the axis divides (ties: the later one); replicate if none."""
+  for dim in sorted(range(len(shape)), key=lambda d: (shape[d], d), reverse=True):
+    if shape[dim] % axis_size == 0 and shape[dim] >= axis_size:
+      spec = [None] * len(shape)
+      spec[dim] = FSDP_AXIS
+      return P(*spec)
+  return P()
+
+
+def _explicit_spec(name: str, pattern: str, spec: Sequence[Any], shape: Sequence[int],
+                   axis_sizes: Mapping[str, int]) -> P:
+  spec = tuple(spec)
+  if len(spec) > len(shape):
+    raise ValueError(f"param '{name}' {tuple(shape)}: rule {pattern!r} gives spec {spec} with "
+                     f"more entries than the {len(shape)} dimensions")
+  for dim, axes in enumerate(spec):
+    if axes is None:
+      continue
+    axes_t = axes if isinstance(axes, tuple) else (axes,)
+    for a in axes_t:
+      if a not in axis_sizes:
+        raise ValueError(f"param '{name}': rule {pattern!r} names mesh axis {a!r}, but the mesh "
+                         f"has {dict(axis_sizes)}")
+    n = math.prod(axis_sizes[a] for a in axes_t)
+    if shape[dim] % n:
+      raise ValueError(f"param '{name}' {tuple(shape)}: rule {pattern!r} splits dimension {dim} "
+                       f"({shape[dim]}) over {axes_t} = {n} devices, which does not divide it")
+  return P(*spec)
+
+
+def param_partition_specs(params_shapes: Any, axis_sizes: Mapping[str, int], *,
+                          rules: Rules | None = None, min_size: int = DEFAULT_MIN_SIZE) -> Any:
+  """PartitionSpec per leaf of a pytree of arrays / ShapeDtypeStructs (pure: no devices needed).
+
+  `rules` are (regex, spec) pairs tried in order with `re.search` on the leaf's path; the first
+  match wins: "fsdp" = split the largest divisible dimension whatever the size, "replicate" or
+  None = whole on every device, a tuple / PartitionSpec = exactly that. Leaves no rule matches
+  get "fsdp" if they have at least `min_size` elements, else are replicated.
+  """
+  compiled = [(re.compile(pattern), pattern, spec) for pattern, spec in (rules or ())]
+  fsdp_size = axis_sizes.get(FSDP_AXIS, 1)
+
+  def one(path, leaf):
+    name = path_str(path)
+    shape = tuple(np.shape(leaf)) if not hasattr(leaf, "shape") else tuple(leaf.shape)
+    for regex, pattern, spec in compiled:
+      if regex.search(name):
+        if spec is None or spec == "replicate":
+          return P()
+        if spec == "fsdp":
+          return _fsdp_spec(shape, fsdp_size) if fsdp_size > 1 else P()
+        if isinstance(spec, str):
+          raise ValueError(f"param rule {pattern!r}: spec {spec!r} must be 'fsdp', 'replicate', "
+                           "None or a tuple of mesh axis names")
+        return _explicit_spec(name, pattern, spec, shape, axis_sizes)
+    if fsdp_size > 1 and math.prod(shape) >= min_size:
+      return _fsdp_spec(shape, fsdp_size)
+    return P()
+
+  return jax.tree_util.tree_map_with_path(one, params_shapes)
+
+
+def param_shardings(params_shapes: Any, mesh: Mesh, rules: Rules | None = None,
+                    min_size: int = DEFAULT_MIN_SIZE) -> Any:
+  """`NamedSharding` per leaf; see `param_partition_specs` for the rules."""
+  specs = param_partition_specs(params_shapes, mesh_shape(mesh), rules=rules, min_size=min_size)
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
+                      is_leaf=lambda x: isinstance(x, P))
+
+
+def shard_tree(tree: Any, shardings: Any) -> Any:
+  """Places a pytree of host (numpy) or device arrays in the given shardings.
+
+  Host arrays must be the full (global) value on every process; each process copies only the
+  slices its devices hold, so this works multi-process without gathering anything.
+  """
+  def one(x, sharding):
+    if isinstance(x, jax.Array):
+      if x.sharding == sharding:
+        return x
+      if x.is_fully_addressable or sharding.is_fully_addressable:
+        return jax.device_put(x, sharding)
+      return jax.jit(lambda a: a, out_shardings=sharding)(x)
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+  return jax.tree.map(one, tree, shardings)
+
+
+def bytes_per_device(tree: Any) -> dict[Any, int]:
+  """Bytes of `tree`'s arrays held by each addressable device (replicas counted on each)."""
+  totals: dict[Any, int] = {}
+  for leaf in jax.tree.leaves(tree):
+    for shard in leaf.addressable_shards:
+      totals[shard.device] = totals.get(shard.device, 0) + shard.data.nbytes
+  return totals
