@@ -1,0 +1,325 @@
+"""Train and eval input pipelines (tf.data, big_vision-style) yielding per-process numpy batches.
+
+  it = make_train_iterator(dataset="imagenet2012", split="train[:99%]", pp=PP_TRAIN,
+                           global_batch_size=1024, seed=0, data_dir="gs://bucket/tfds",
+                           start_step=resumed_step)
+  batch = next(it)   # {"image": float32 [1024 // process_count, 224, 224, 3], "labels": ...}
+
+  for batch in make_eval_iterator(dataset="imagenet2012", split="validation", pp=PP_EVAL,
+                                  global_batch_size=1024):
+    ...  # batch["_mask"]: bool [local batch], False on padding
+
+  num_examples("fashion_mnist_local", "train") == 60000
+
+Datasets
+  * any TFDS name (optionally `name:version`, or a subsplit like "train[:99%]"), already prepared in
+    `data_dir` (local or gs://; None = TFDS's default). Image features are read *encoded*: the pp
+    string decodes them (`decode`, or `decode_jpeg_and_inception_crop` which decodes only the crop).
+  * `fashion_mnist_local`: the embedded Fashion-MNIST (fashion_mnist.py), prepared on first use.
+    pp example: 'decode(channels=1)|value_range(-1,1)|onehot(10, key="label", key_result="labels")|
+    keep("image", "labels")'.
+  * `jft:<glob>`: JFT-style TFRecords (jft.py) of {"image": JPEG bytes, "labels": id list};
+    pp ends with e.g. 'multi_hot(18291)' for the sigmoid loss.
+
+Per process: each of `process_count` processes (default: jax's) reads its own
+`tfds.even_splits(split, process_count)[process_index]` (for `jft:`, its share of the files, or of
+the records when there are fewer files than processes) and yields local batches of
+`global_batch_size // process_count` examples.
+
+Train order. The stream is epoch after epoch of the process's share, drop-remainder batched across
+epoch boundaries. Epoch e is read in an order that depends only on (seed, e): the share is cut into
+up to 16 contiguous blocks read in a random order (big_vision's file shuffling, without the cost of
+reading across files), then a `shuffle_buffer` shuffle seeded by (seed, e). Random pp ops are
+stateless, seeded by (seed, process, position of the example in the stream). So a seed fixes every
+batch, and `start_step=k` starts at epoch (k * local_batch) // epoch_size, skipping only the raw
+(still encoded) records before the offset inside that epoch: no image of a skipped step is decoded.
+(`tf.random.set_seed` changes the shuffle order, as it does for any tf.data shuffle.)
+
+Eval: one pass over the process's share in file order, padded with zero examples (`_mask` False) to
+the same number of full batches on every process, so each example is seen exactly once overall.
+The eval pp must give fixed-size tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Iterator
+
+import jax
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from linvit_jax.data import fashion_mnist, jft
+from linvit_jax.data.preprocess import RNG_KEY, get_preprocess_fn
+
+Example = dict[str, Any]
+
+# A share is cut into at most this many blocks, none smaller than _MIN_BLOCK_EXAMPLES: enough to
+# vary the order between epochs, few enough to keep the open readers (and their buffers) cheap.
+_MAX_BLOCKS = 16
+_MIN_BLOCK_EXAMPLES = 10_000
+_BLOCK_CYCLE = 4  # Blocks read at once, alternating examples.
+_FOREVER = 2**62
+# Independent stateless streams derived from the user's seed.
+_ORDER, _AUGMENT, _EVAL = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class _Share:
+  """One process's share of a split.
+
+  read(key): the share's raw examples, one epoch; the order depends only on `key` (a stateless
+  seed tensor), or is the fixed file order when `key` is None.
+  """
+  num_examples: int
+  read: Callable[[tf.Tensor | None], tf.data.Dataset]
+
+
+class _TfdsSource:
+  """A split of a prepared TFDS dataset."""
+
+  def __init__(self, name: str, split: str, data_dir: str | None):
+    if name == fashion_mnist.NAME:
+      self.builder = fashion_mnist.prepare(data_dir)
+    else:
+      self.builder = tfds.builder(name, data_dir=data_dir)
+    self.name, self.split = name, split
+    features = self.builder.info.features
+    # Images stay encoded: decoding is the pp string's job (cheaper crops, skipped steps free).
+    self.decoders = {k: tfds.decode.SkipDecoding() for k, f in features.items()
+                     if isinstance(f, tfds.features.Image)} or None
+
+  def _read(self, split) -> tf.data.Dataset:
+    try:
+      return self.builder.as_dataset(split=split, shuffle_files=False, decoders=self.decoders,
+                                     read_config=tfds.ReadConfig(try_autocache=False))
+    except AssertionError as err:  # TFDS's way of saying "not prepared".
+      raise FileNotFoundError(
+          f"TFDS dataset {self.name!r} is not prepared in {self.builder.data_dir}: prepare it "
+          f"there first (ImageNet: see the README) or pass the right data_dir. ({err})") from None
+
+  def _size(self, split) -> int:
+    try:
+      return self.builder.info.splits[split].num_examples
+    except (KeyError, ValueError):  # No metadata (e.g. tfds.testing.mock_data): ask the reader.
+      return _cardinality(self._read(split), f"{self.name} {split}")
+
+  def sizes(self, count: int) -> list[int]:
+    return [self._size(s) for s in tfds.even_splits(self.split, count)]
+
+  def share(self, index: int, count: int, cache: bool = False) -> _Share:
+    local = tfds.even_splits(self.split, count)[index]
+    n = self._size(local)
+    num_blocks = max(1, min(_MAX_BLOCKS, n // _MIN_BLOCK_EXAMPLES))
+    block_splits = tfds.even_splits(local, num_blocks) if num_blocks > 1 else [local]
+    blocks = [self._read(s) for s in block_splits]
+    sizes = [_cardinality(b, f"{self.name} {s}") for b, s in zip(blocks, block_splits)]
+    if cache:
+      blocks = [b.cache() for b in blocks]  # In memory, filled during the first epoch.
+
+    def read(key: tf.Tensor | None) -> tf.data.Dataset:
+      if key is None or len(blocks) == 1:
+        return blocks[0] if len(blocks) == 1 else _concatenate(blocks)
+      perm = tf.random.experimental.stateless_shuffle(tf.range(len(blocks), dtype=tf.int64), key)
+      block_sizes = tf.constant(sizes, tf.int64)
+      # Which block each next example comes from: blocks in `perm` order, _BLOCK_CYCLE at a time.
+      choice = tf.data.Dataset.from_tensor_slices(perm).interleave(
+          lambda b: tf.data.Dataset.from_tensors(b).repeat(block_sizes[b]),
+          cycle_length=_BLOCK_CYCLE, block_length=1)
+      return tf.data.Dataset.choose_from_datasets(blocks, choice)
+
+    return _Share(sum(sizes), read)
+
+
+class _JftSource:
+  """JFT-style TFRecords `jft:<glob>` (see jft.py)."""
+
+  def __init__(self, pattern: str, split: str):
+    self.files = jft.list_files(pattern, split)
+    self.counts = jft.count_examples(self.files)
+
+  def _assignment(self, index: int, count: int) -> tuple[list[int], bool]:
+    """File indices read by process `index`, and whether records (not files) are dealt out."""
+    if len(self.files) >= count:
+      return list(range(index, len(self.files), count)), False
+    return list(range(len(self.files))), True  # Fewer files than processes.
+
+  def sizes(self, count: int) -> list[int]:
+    total = sum(self.counts)
+    if len(self.files) < count:
+      return [len(range(i, total, count)) for i in range(count)]
+    return [sum(self.counts[f] for f in self._assignment(i, count)[0]) for i in range(count)]
+
+  def share(self, index: int, count: int, cache: bool = False) -> _Share:
+    file_ids, by_record = self._assignment(index, count)
+    names = tf.constant([self.files[i] for i in file_ids])
+    cycle = min(16, len(file_ids))
+
+    def records(key: tf.Tensor | None) -> tf.data.Dataset:
+      # The file order (not the file assignment) changes with the epoch, same on every process,
+      # so dealing out records below still splits each epoch disjointly.
+      files = names if key is None else tf.gather(
+          names, tf.random.experimental.stateless_shuffle(tf.range(len(file_ids)), key))
+      ds = tf.data.Dataset.from_tensor_slices(files).interleave(
+          tf.data.TFRecordDataset, cycle_length=cycle, block_length=1,
+          num_parallel_calls=cycle, deterministic=True)
+      return ds.shard(count, index) if by_record else ds
+
+    cached = records(None).cache() if cache else None
+
+    def read(key: tf.Tensor | None) -> tf.data.Dataset:
+      ds = cached if cached is not None else records(key)  # A cache has one (file) order.
+      return ds.map(jft.parse_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    return _Share(self.sizes(count)[index], read)
+
+
+def _source(dataset: str, split: str, data_dir: str | None):
+  if dataset.startswith("jft:"):
+    return _JftSource(dataset[len("jft:"):], split)
+  return _TfdsSource(dataset, split, data_dir)
+
+
+def _cardinality(ds: tf.data.Dataset, what: str) -> int:
+  n = int(ds.cardinality())
+  if n < 0:
+    raise ValueError(f"{what}: the reader does not know its number of examples")
+  return n
+
+
+def _concatenate(datasets: list[tf.data.Dataset]) -> tf.data.Dataset:
+  out = datasets[0]
+  for ds in datasets[1:]:
+    out = out.concatenate(ds)
+  return out
+
+
+def _processes(process_index: int | None, process_count: int | None) -> tuple[int, int]:
+  index = jax.process_index() if process_index is None else process_index
+  count = jax.process_count() if process_count is None else process_count
+  if not 0 <= index < count:
+    raise ValueError(f"process_index must be in [0, {count}), got {index}")
+  return index, count
+
+
+def _local_batch(global_batch_size: int, count: int) -> int:
+  if global_batch_size <= 0 or global_batch_size % count:
+    raise ValueError(f"global_batch_size={global_batch_size} must be a positive multiple of the "
+                     f"process count {count}")
+  return global_batch_size // count
+
+
+def _key(seed: int, stream: int) -> tf.Tensor:
+  return tf.constant([seed, stream], tf.int64)
+
+
+def _fold(key: tf.Tensor, data: tf.Tensor) -> tf.Tensor:
+  return tf.cast(tf.random.experimental.stateless_fold_in(key, data), tf.int64)
+
+
+def _preprocess(pp: str, index: int, count: int, key: tf.Tensor) -> Callable:
+  """pp over (stream position, example), with a per-example stateless `_rng`."""
+  preprocess = get_preprocess_fn(pp)
+
+  def fn(position: tf.Tensor, example: Example) -> Example:
+    rng = _fold(key, position * count + index)  # Distinct per process and position.
+    out = preprocess({**example, RNG_KEY: rng})
+    out.pop(RNG_KEY, None)
+    return out
+
+  return fn
+
+
+def _options(ds: tf.data.Dataset) -> tf.data.Dataset:
+  options = tf.data.Options()
+  options.deterministic = True
+  # Keeps tf.data from adding prefetch buffers everywhere (RAM) ; we prefetch the batches.
+  options.experimental_optimization.inject_prefetch = False
+  return ds.with_options(options)
+
+
+def make_train_iterator(*, dataset: str, split: str, pp: str, global_batch_size: int, seed: int,
+                        data_dir: str | None = None, shuffle_buffer: int = 10_000,
+                        start_step: int = 0, cache: bool = False,
+                        process_index: int | None = None, process_count: int | None = None
+                        ) -> Iterator[dict[str, np.ndarray]]:
+  """Infinite iterator of this process's training batches, fixed by `seed`.
+
+  Yields dicts of numpy arrays with `global_batch_size // process_count` examples; with
+  `start_step=k` the first batch is the one an iterator from step 0 would yield k-th. `cache`
+  keeps the share's raw (encoded) examples in memory after the first epoch.
+  """
+  index, count = _processes(process_index, process_count)
+  local_batch = _local_batch(global_batch_size, count)
+  if start_step < 0 or shuffle_buffer < 0:
+    raise ValueError(f"start_step and shuffle_buffer must be >= 0, got {start_step}, "
+                     f"{shuffle_buffer}")
+  share = _source(dataset, split, data_dir).share(index, count, cache=cache)
+  n = share.num_examples
+  if n == 0:
+    raise ValueError(f"{dataset} {split!r}: process {index} of {count} has no examples")
+  first_epoch, offset = divmod(start_step * local_batch, n)
+  order_key = _key(seed, _ORDER)
+
+  def epoch(e: tf.Tensor) -> tf.data.Dataset:
+    key = _fold(order_key, e)
+    ds = share.read(key)
+    if shuffle_buffer > 1:
+      shuffle_seed = tf.random.stateless_uniform([], _fold(key, -1), 0, 2**31 - 1, tf.int64)
+      ds = ds.shuffle(shuffle_buffer, seed=shuffle_seed, reshuffle_each_iteration=False)
+    return tf.data.Dataset.zip((tf.data.Dataset.range(e * n, (e + 1) * n), ds))
+
+  ds = tf.data.Dataset.range(first_epoch, _FOREVER).flat_map(epoch)
+  ds = ds.skip(offset)  # Raw records only: nothing decoded for the skipped steps.
+  ds = ds.map(_preprocess(pp, index, count, _key(seed, _AUGMENT)),
+              num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  ds = ds.batch(local_batch, drop_remainder=True).prefetch(2)
+  return _options(ds).as_numpy_iterator()
+
+
+def make_eval_iterator(*, dataset: str, split: str, pp: str, global_batch_size: int,
+                       data_dir: str | None = None, process_index: int | None = None,
+                       process_count: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+  """One pass over this process's share, as full local batches with a boolean `_mask`.
+
+  Every process yields the same number of batches; across processes every example of the split
+  appears exactly once with `_mask` True; padding examples are zeros with `_mask` False.
+  """
+  index, count = _processes(process_index, process_count)
+  local_batch = _local_batch(global_batch_size, count)
+  source = _source(dataset, split, data_dir)
+  num_batches = math.ceil(max(source.sizes(count)) / local_batch)
+  share = source.share(index, count)
+  preprocess = _preprocess(pp, index, count, _key(0, _EVAL))
+
+  def with_mask(position: tf.Tensor, example: Example) -> Example:
+    return {**preprocess(position, example), "_mask": tf.constant(True)}
+
+  ds = tf.data.Dataset.zip((tf.data.Dataset.range(_FOREVER), share.read(None)))
+  ds = ds.map(with_mask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  ds = ds.concatenate(_padding(ds, share.num_examples, pp))
+  ds = ds.batch(local_batch, drop_remainder=True).take(num_batches).prefetch(2)
+  return _options(ds).as_numpy_iterator()
+
+
+def _padding(ds: tf.data.Dataset, num_real: int, pp: str) -> tf.data.Dataset:
+  """Endless zero examples with `_mask` False, shaped like the real ones."""
+  spec = ds.element_spec
+  if all(s.shape.is_fully_defined() for s in spec.values()):
+    zeros = {k: tf.zeros(s.shape, s.dtype) for k, s in spec.items()}
+    return tf.data.Dataset.from_tensors({**zeros, "_mask": tf.constant(False)}).repeat()
+  # Shapes only known at run time (e.g. decoded images with no resize): copy the first example's.
+  if num_real == 0:
+    raise ValueError(f"this process has no eval examples and pp {pp!r} gives run-time shapes "
+                     f"({ {k: tuple(s.shape) for k, s in spec.items()} }), so the padding batches "
+                     "cannot be shaped: resize/crop to a fixed size in the eval pp")
+  zeros = ds.take(1).map(lambda ex: {**tf.nest.map_structure(tf.zeros_like, ex),
+                                     "_mask": tf.constant(False)})
+  return zeros.cache().repeat()
+
+
+def num_examples(dataset: str, split: str, data_dir: str | None = None) -> int:
+  """Number of examples in a split (all processes together)."""
+  return sum(_source(dataset, split, data_dir).sizes(1))
