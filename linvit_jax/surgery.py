@@ -1,0 +1,363 @@
+"""Copy the same: transplant a softmax teacher's parameters into a linear-attention student.
+
+A *policy* is an ordered list of `(path_regex, action)` rules, action 'copy' (take the teacher's
+value) or 'keep' (keep the student's init). The first rule whose regex *fully* matches a leaf's
+path decides (re.fullmatch, as big_vision's `dont_load`); every student leaf must be matched, so a
+policy ends with a catch-all.
+
+Paths are '/'-joined in per-block form, whatever the layout of either tree:
+
+    Transformer/encoderblock_3/MultiHeadDotProductAttention_0/query/kernel
+
+A scanned tree (`Transformer/encoderblock/...` with a leading depth axis) is viewed as blocks
+0..L-1, so the same rules serve both layouts, and teacher and student may differ in layout. The
+output always has the STUDENT's layout (and dtypes: a copied leaf is cast to the student leaf's
+dtype if they differ, and the report says so).
+
+Named policies, one per ablation arm (`POLICIES`, `get_policy`):
+
+    copy_same            embedding, cls, pos_embedding, every LayerNorm, MlpBlock, encoder_norm, MAP
+                         head, pre_logits and head copied; encoder attention (q/k/v/out) keeps the
+                         student's init. The default: "copy the same, distill the difference".
+    copy_all             q/k/v/out copied too (the "copy the attention weights" arm).
+    copy_attention_only  only q/k/v/out copied; everything else keeps the student's init.
+    copy_none            nothing copied (the random-init arm).
+
+Feature-map parameters (`.../MultiHeadDotProductAttention_0/feature_map_q|feature_map_k/...`) are
+'keep' in every named policy: the teacher has none. A custom policy that copies a leaf the teacher
+lacks, or copies across a shape mismatch, is a `SurgeryError` naming the path (and both shapes).
+
+    params, report = transplant(teacher_params, student_init, "copy_same")
+    print(report.table()); report.to_json(workdir + "/surgery.json"); report.counts()
+
+A fine-tune on a new label set keeps the student's head by prepending a rule:
+`get_policy("copy_same", prepend=[("head/.*", "keep")])`.
+
+Everything here is pure: inputs are never mutated; leaves are numpy or jax arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Union
+
+import jax.numpy as jnp
+import numpy as np
+
+Params = dict[str, Any]
+Rule = tuple[str, str]
+Policy = list[Rule]
+ACTIONS = ("copy", "keep")
+
+_BLOCK = r"Transformer/encoderblock_\d+"
+_ATTN = _BLOCK + r"/MultiHeadDotProductAttention_0"
+FEATURE_MAP_RULE: Rule = (_ATTN + r"/feature_map_[qk]/.*", "keep")
+ATTENTION_PROJECTIONS = _ATTN + r"/(query|key|value|out)/.*"
+
+# Operator-agnostic parts of a big_vision ViT: identical function in the softmax and linear model.
+_OPERATOR_AGNOSTIC: Policy = [
+    (r"embedding/.*", "copy"),
+    (r"cls", "copy"),
+    (r"pos_embedding", "copy"),
+    (_BLOCK + r"/LayerNorm_\d+/.*", "copy"),
+    (_BLOCK + r"/MlpBlock_0/.*", "copy"),
+    (r"Transformer/encoder_norm/.*", "copy"),
+    (r"MAPHead_0/.*", "copy"),  # the pooling head's attention stays softmax (one query is O(N))
+    (r"pre_logits/.*", "copy"),
+    (r"head/.*", "copy"),
+]
+
+POLICIES: dict[str, Policy] = {
+    "copy_same": [FEATURE_MAP_RULE, (ATTENTION_PROJECTIONS, "keep")] + _OPERATOR_AGNOSTIC
+                 + [(r".*", "keep")],
+    "copy_all": [FEATURE_MAP_RULE, (r".*", "copy")],
+    "copy_attention_only": [FEATURE_MAP_RULE, (ATTENTION_PROJECTIONS, "copy"), (r".*", "keep")],
+    "copy_none": [(r".*", "keep")],
+}
+
+
+class SurgeryError(ValueError):
+  """A policy that cannot be applied; the message names the path (and shapes)."""
+
+
+def get_policy(name_or_rules: Union[str, Sequence[Sequence[str]]],
+               prepend: Sequence[Sequence[str]] = ()) -> Policy:
+  """A named policy or explicit rules, validated, with `prepend` rules taking precedence."""
+  if isinstance(name_or_rules, str):
+    if name_or_rules not in POLICIES:
+      raise SurgeryError(f"unknown surgery policy {name_or_rules!r}; known: {sorted(POLICIES)}")
+    rules = POLICIES[name_or_rules]
+  else:
+    rules = name_or_rules
+  out: Policy = []
+  for i, rule in enumerate([*prepend, *rules]):
+    if isinstance(rule, str) or len(rule) != 2:
+      raise SurgeryError(f"surgery rule #{i} {rule!r} must be a (path_regex, action) pair")
+    pattern, action = rule
+    if action not in ACTIONS:
+      raise SurgeryError(f"surgery rule #{i} ({pattern!r}, {action!r}): action must be one of "
+                         f"{ACTIONS}")
+    try:
+      re.compile(pattern)
+    except re.error as e:
+      raise SurgeryError(f"surgery rule #{i}: bad regex {pattern!r}: {e}") from None
+    out.append((str(pattern), str(action)))
+  return out
+
+
+# ------------------------------------------------------------------------------------------------
+# The report.
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  path: str                 # per-block path
+  action: str               # 'copy' | 'keep'
+  shape: tuple[int, ...]    # the student leaf's shape (per block for scanned trees)
+  rule: str                 # the regex that decided
+  note: str = ""            # e.g. a dtype cast on copy
+
+
+@dataclasses.dataclass
+class SurgeryReport:
+  """One row per student leaf (per block for scanned trees), in path order."""
+  rows: list[Row]
+  policy: Policy
+  unused_teacher: list[str]  # teacher leaves nothing was copied from (e.g. extra blocks, head)
+
+  def counts(self) -> dict[str, int]:
+    """Leaves per action, plus parameter counts: {'copy', 'keep', 'copy_params', 'keep_params'}."""
+    out = {a: 0 for a in ACTIONS} | {f"{a}_params": 0 for a in ACTIONS}
+    for r in self.rows:
+      out[r.action] += 1
+      out[f"{r.action}_params"] += int(np.prod(r.shape, dtype=np.int64))
+    return out
+
+  def action_of(self, path: str) -> str:
+    for r in self.rows:
+      if r.path == path:
+        return r.action
+    raise KeyError(f"no leaf {path!r} in the surgery report")
+
+  def copied_attention(self) -> bool:
+    """Whether any encoder attention projection (q/k/v/out) came from the teacher: then the
+    data-dependent out-projection calibration of a fresh attention does not apply."""
+    return any(r.action == "copy" and re.fullmatch(ATTENTION_PROJECTIONS, r.path)
+               for r in self.rows)
+
+  def table(self, max_rows: int | None = None) -> str:
+    """Aligned text table with a summary line; `max_rows` elides the middle of long tables."""
+    header = ("path", "action", "shape", "rule")
+    lines = [(r.path, r.action, "x".join(map(str, r.shape)) or "scalar",
+              r.rule + (f"  ({r.note})" if r.note else "")) for r in self.rows]
+    if max_rows is not None and len(lines) > max_rows:
+      head = max(max_rows // 2, 1)
+      tail = max(max_rows - head, 1)
+      lines = lines[:head] + [(f"... {len(lines) - head - tail} rows ...", "", "", "")] + \
+          lines[-tail:]
+    widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h)
+              for i, h in enumerate(header)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
+    c = self.counts()
+    summary = (f"copied {c['copy']} leaves ({c['copy_params']:,} params), kept {c['keep']} leaves "
+               f"({c['keep_params']:,} params)")
+    if self.unused_teacher:
+      summary += f"; {len(self.unused_teacher)} teacher leaves unused"
+    return "\n".join([fmt.format(*header), *(fmt.format(*l) for l in lines), summary])
+
+  def to_dict(self) -> dict[str, Any]:
+    return {"policy": [list(r) for r in self.policy], "counts": self.counts(),
+            "rows": [dataclasses.asdict(r) | {"shape": list(r.shape)} for r in self.rows],
+            "unused_teacher": list(self.unused_teacher)}
+
+  def to_json(self, path: str) -> None:
+    text = json.dumps(self.to_dict(), indent=1)
+    if "://" in path:  # gs:// etc., as the rest of the project writes to workdirs
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      with tf.io.gfile.GFile(path, "w") as f:
+        f.write(text)
+    else:
+      with open(path, "w") as f:
+        f.write(text)
+
+  def __str__(self) -> str:
+    return self.table()
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-block views of either layout.
+
+@dataclasses.dataclass(frozen=True)
+class _Ref:
+  """A leaf seen per block: `leaf[index]` of a scanned leaf (`stacked` is its own path)."""
+  leaf: Any
+  index: int | None = None
+  stacked: str | None = None
+
+  def value(self):
+    return self.leaf if self.index is None else self.leaf[self.index]
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    s = tuple(np.shape(self.leaf))
+    return s if self.index is None else s[1:]
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  flat = {}
+  for key in sorted(tree):
+    value = tree[key]
+    if isinstance(value, Mapping):
+      flat.update(_flatten(value, f"{prefix}{key}/"))
+    else:
+      flat[prefix + key] = value
+  return flat
+
+
+def _unflatten(flat: Mapping[str, Any]) -> Params:
+  tree: Params = {}
+  for name, value in flat.items():
+    node = tree
+    *parents, leaf = name.split("/")
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[leaf] = value
+  return tree
+
+
+_SCANNED = "Transformer/encoderblock/"
+
+
+def _per_block_view(tree: Mapping[str, Any], what: str) -> dict[str, _Ref]:
+  if not isinstance(tree, Mapping):
+    raise SurgeryError(f"{what} params must be a nested dict, got {type(tree).__name__}")
+  if "params" in tree and len(tree) == 1:
+    raise SurgeryError(f"{what} params have a single 'params' key: pass variables['params']")
+  view: dict[str, _Ref] = {}
+  for path, leaf in _flatten(tree).items():
+    if path.startswith(_SCANNED):
+      if not np.ndim(leaf):
+        raise SurgeryError(f"{what} '{path}' is under the scanned 'encoderblock' but has no "
+                           "leading depth axis")
+      rest = path[len(_SCANNED):]
+      for i in range(np.shape(leaf)[0]):
+        view[f"Transformer/encoderblock_{i}/{rest}"] = _Ref(leaf, i, path)
+    else:
+      view[path] = _Ref(leaf)
+  return view
+
+
+def _stack(values: Sequence[Any]) -> Any:
+  if all(isinstance(v, np.ndarray) for v in values):
+    return np.stack(values)
+  return jnp.stack([jnp.asarray(v) for v in values])
+
+
+def _cast(value: Any, dtype: Any) -> Any:
+  if np.dtype(value.dtype) == np.dtype(dtype):
+    return value
+  return value.astype(dtype)
+
+
+def _hint(path: str) -> str:
+  if path.endswith("pos_embedding"):
+    return (" (a different image size or patch grid: load the teacher at the student's resolution"
+            " with checkpoints.load_vit_params, which resamples the position embedding)")
+  if path.startswith("head/"):
+    return " (a different label set: prepend the rule ('head/.*', 'keep'))"
+  return ""
+
+
+# ------------------------------------------------------------------------------------------------
+# The transplant.
+
+def transplant(teacher_params: Mapping[str, Any], student_params: Mapping[str, Any],
+               policy: Union[str, Sequence[Sequence[str]]] = "copy_same"
+               ) -> tuple[Params, SurgeryReport]:
+  """Student-layout params where each leaf is the teacher's ('copy') or the student's ('keep').
+
+  Args:
+    teacher_params: the softmax teacher's params (nested dict, per-block or scanned).
+    student_params: the student's freshly initialised params (nested dict, per-block or scanned).
+    policy: a name in `POLICIES` or a list of (path_regex, action) rules (first match wins).
+
+  Returns:
+    (params, report): params with the student's structure, layout, shapes and dtypes; the report
+    has one row per student leaf.
+
+  Raises:
+    SurgeryError: a student leaf no rule matches; a copy rule for a leaf the teacher lacks; a
+      copy across different shapes (the message names the path and both shapes).
+  """
+  rules = get_policy(policy)
+  compiled = [(re.compile(p), p, a) for p, a in rules]
+  teacher = _per_block_view(teacher_params, "teacher")
+  student = _per_block_view(student_params, "student")
+
+  rows: list[Row] = []
+  chosen: dict[str, Any] = {}    # per-block path -> value (non-scanned student leaves: final)
+  sources: dict[str, _Ref] = {}  # per-block path -> teacher ref, for copies
+  problems: list[str] = []
+  for path in sorted(student, key=_natural_key):
+    s = student[path]
+    match = next(((p, a) for rx, p, a in compiled if rx.fullmatch(path)), None)
+    if match is None:
+      problems.append(f"'{path}' is matched by no rule (end the policy with a catch-all such as "
+                      "('.*', 'keep'))")
+      continue
+    pattern, action = match
+    note = ""
+    if action == "copy":
+      t = teacher.get(path)
+      if t is None:
+        problems.append(f"'{path}': rule ({pattern!r}, 'copy') but the teacher has no such leaf"
+                        + (" (feature maps are student-only: keep them)"
+                           if "/feature_map_" in path else ""))
+        continue
+      if t.shape != s.shape:
+        problems.append(f"'{path}': rule ({pattern!r}, 'copy') but shapes differ: teacher "
+                        f"{t.shape}, student {s.shape}{_hint(path)}")
+        continue
+      t_dtype, s_dtype = np.dtype(t.leaf.dtype), np.dtype(s.leaf.dtype)
+      if t_dtype != s_dtype:
+        note = f"cast {t_dtype} -> {s_dtype}"
+      sources[path] = t
+    rows.append(Row(path, action, s.shape, pattern, note))
+  if problems:
+    raise SurgeryError(f"surgery policy cannot be applied ({len(problems)} problem"
+                       f"{'s' if len(problems) > 1 else ''}):\n  " + "\n  ".join(problems))
+
+  # Assemble in the student's layout. A scanned student leaf whose blocks all come from one
+  # scanned teacher leaf (or all stay) is passed through whole: no stacking, bitwise identical.
+  by_stacked: dict[str, list[str]] = {}
+  for path, s in student.items():
+    if s.stacked is None:
+      t = sources.get(path)
+      chosen[path] = _cast(t.value(), s.leaf.dtype) if t is not None else s.leaf
+    else:
+      by_stacked.setdefault(s.stacked, []).append(path)
+  for stacked_path, block_paths in by_stacked.items():
+    block_paths.sort(key=lambda p: student[p].index)
+    s_leaf = student[block_paths[0]].leaf
+    refs = [sources.get(p) for p in block_paths]
+    if all(r is None for r in refs):
+      chosen[stacked_path] = s_leaf
+    elif (all(r is not None for r in refs) and len({id(r.leaf) for r in refs}) == 1
+          and refs[0].stacked is not None and [r.index for r in refs] == list(range(len(refs)))
+          and np.shape(refs[0].leaf)[0] == len(refs)):
+      chosen[stacked_path] = _cast(refs[0].leaf, s_leaf.dtype)
+    else:
+      chosen[stacked_path] = _stack([
+          _cast(r.value(), s_leaf.dtype) if r is not None else student[p].value()
+          for p, r in zip(block_paths, refs)])
+
+  used = set(sources)
+  unused = sorted((p for p in teacher if p not in used), key=_natural_key)
+  return _unflatten(chosen), SurgeryReport(rows, rules, unused)
+
+
+def _natural_key(path: str) -> list[Any]:
+  """Sorts encoderblock_10 after encoderblock_9."""
+  return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path)]
