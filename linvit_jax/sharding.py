@@ -363,6 +363,7 @@ def shard_tree(tree: Any, shardings: Any) -> Any:
         return jax.device_put(x, sharding)
       return jax.jit(lambda a: a, out_shardings=sharding)(x)
     x = np.asarray(x)
+    x = x.astype(jax.dtypes.canonicalize_dtype(x.dtype), copy=False)  # float64 → float32 w/o x64
     return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
 
   return jax.tree.map(one, tree, shardings)

@@ -1,0 +1,535 @@
+"""One generic stage runner: sharded state, a pure jitted step, optax, orbax resume, metrics.
+
+A stage (distill_attention, finetune, ...) is a loss, the parameters it trains and a schedule;
+this file knows nothing about what the loss computes. `run_stage` owns everything around it:
+
+* the TrainState (step, params, opt_state, rng, non-finite counters) is created directly in its
+  shardings (`jax.jit(init, out_shardings=...)`), or restored by orbax from
+  `<workdir>/<stage>/checkpoints` — a killed run continues at its last checkpoint with the same
+  data position (`batch_iter_fn(step)`) and RNG (`fold_in(rng, step)`), so it ends bit-identical
+  to an uninterrupted one; a finished stage is skipped and returns its final params;
+* `train_step(state, frozen, batch) -> (state, metrics)` is pure, jitted once with explicit
+  shardings and the state donated; gradient accumulation is a `lax.scan` inside it;
+* a non-finite loss or gradient skips that update (params and optimizer state unchanged), is
+  counted, and after `max_nonfinite_in_a_row` such steps in a row the stage stops with an error;
+* process 0 shows a tqdm bar and writes metrics.jsonl + TensorBoard events in `<workdir>/<stage>/`.
+
+Stage config (ConfigDict or dict; defaults in STAGE_DEFAULTS / OPTIMIZER_DEFAULTS):
+    name, steps, batch_size (global), optimizer=dict(name="adamw"|"adam"|"sgd", lr, wd, b1, b2,
+    eps, momentum, grad_clip, warmup_steps, schedule="cosine"|"linear"|"constant", end_lr_ratio,
+    accum_steps, wd_pattern), checkpoint_every, max_to_keep, log_every, eval_every,
+    max_nonfinite_in_a_row, progress. Other fields (the loss's own settings) are ignored here.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import tqdm
+
+from linvit_jax import metrics as metrics_lib
+from linvit_jax import sharding as sharding_lib
+
+Params = Any  # a pytree of arrays
+Batch = Mapping[str, Any]
+# loss_fn(params, frozen, batch, rng) -> (scalar loss, {name: scalar}); pure and jittable.
+LossFn = Callable[[Params, Any, Batch, jax.Array], tuple[jax.Array, Mapping[str, jax.Array]]]
+
+STAGE_DEFAULTS = dict(
+    steps=None,               # required: optimizer updates in this stage
+    batch_size=None,          # required: global batch (all processes, all micro-batches)
+    checkpoint_every=1000,    # save every N steps (and always at the end); 0 = only at the end
+    max_to_keep=2,
+    log_every=50,             # metrics row every N steps (and the first and last)
+    eval_every=0,             # call eval_fn(params) every N steps (and at the end); 0 = at the end
+    max_nonfinite_in_a_row=10,
+    progress=True,            # tqdm bar on process 0
+)
+OPTIMIZER_DEFAULTS = dict(
+    name="adamw",
+    lr=1e-3,
+    wd=0.0,                   # decoupled weight decay (optax convention: multiplied by the lr)
+    wd_pattern=None,          # regex of param paths that decay; None = all with ndim >= 2
+    b1=0.9,
+    b2=0.999,
+    eps=1e-8,
+    momentum=0.9,             # sgd only
+    grad_clip=0.0,            # global-norm clip over the trained params; 0 = off
+    warmup_steps=0,
+    schedule="cosine",        # after a linear warmup from 0: cosine | linear | constant
+    end_lr_ratio=0.0,         # final lr = lr · end_lr_ratio (cosine, linear)
+    accum_steps=1,            # micro-batches per step (gradient accumulation)
+)
+RESERVED_METRICS = ("loss", "grad_norm", "lr", "nonfinite", "nonfinite_total",
+                    "nonfinite_in_a_row")
+
+
+class NonFiniteLossError(FloatingPointError):
+  """The loss or gradients stayed non-finite for `max_nonfinite_in_a_row` steps."""
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array                # int32 []: updates done = batches consumed
+  params: Params
+  opt_state: Any
+  rng: jax.Array                 # uint32 [2]: the stage's key; step s uses fold_in(rng, s)
+  nonfinite_total: jax.Array     # int32 []: skipped updates so far
+  nonfinite_in_a_row: jax.Array  # int32 []: skipped updates since the last good one
+
+
+# ------------------------------------------------------------------------------------------------
+# Config.
+
+def _get(cfg: Any, key: str, default: Any) -> Any:
+  if cfg is None:
+    return default
+  value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
+  return default if value is None and default is not None else value
+
+
+def stage_settings(stage_cfg: Any) -> dict[str, Any]:
+  """The stage fields this runner uses, with defaults filled in and checked."""
+  s = {k: _get(stage_cfg, k, v) for k, v in STAGE_DEFAULTS.items()}
+  s["name"] = _get(stage_cfg, "name", None)
+  for k in ("steps", "batch_size"):
+    if not isinstance(s[k], (int, np.integer)) or s[k] <= 0:
+      raise ValueError(f"stage {s['name']!r}: {k} must be a positive integer, got {s[k]!r}")
+  opt_cfg = _get(stage_cfg, "optimizer", None)
+  opt_cfg = opt_cfg.to_dict() if hasattr(opt_cfg, "to_dict") else dict(opt_cfg or {})
+  unknown = sorted(set(opt_cfg) - set(OPTIMIZER_DEFAULTS))
+  if unknown:
+    raise ValueError(f"stage {s['name']!r}: unknown optimizer field(s) {unknown}; known: "
+                     f"{sorted(OPTIMIZER_DEFAULTS)}")
+  s["optimizer"] = {**OPTIMIZER_DEFAULTS, **{k: v for k, v in opt_cfg.items() if v is not None}}
+  if "accum_steps" not in opt_cfg and _get(stage_cfg, "accum_steps", None):
+    s["optimizer"]["accum_steps"] = int(_get(stage_cfg, "accum_steps", 1))
+  return s
+
+
+def make_schedule(opt: Mapping[str, Any], total_steps: int) -> optax.Schedule:
+  """Linear warmup from 0 to `lr` over warmup_steps, then cosine / linear decay or constant."""
+  lr, warmup = float(opt["lr"]), int(opt["warmup_steps"])
+  end = lr * float(opt["end_lr_ratio"])
+  kind = opt["schedule"]
+  if kind == "cosine":
+    return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(total_steps, warmup + 1), end)
+  if kind in ("linear", "constant"):
+    decay = (optax.linear_schedule(lr, end, max(total_steps - warmup, 1)) if kind == "linear"
+             else optax.constant_schedule(lr))
+    if warmup == 0:
+      return decay
+    return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), decay], [warmup])
+  raise ValueError(f"optimizer.schedule={kind!r}: expected 'cosine', 'linear' or 'constant'")
+
+
+def _decay_mask(pattern: str | None) -> Callable[[Params], Any]:
+  # A function of the params the inner optimizer sees (frozen leaves are optax.MaskedNode there).
+  if pattern is None:
+    return lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)
+  regex = re.compile(pattern)
+  return lambda p: jax.tree_util.tree_map_with_path(
+      lambda path, _: bool(regex.search(sharding_lib.path_str(path))), p)
+
+
+def make_optimizer(opt: Mapping[str, Any], total_steps: int,
+                   trainable_mask: Any) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """optax chain for the trained leaves; frozen leaves get a zero update and no optimizer state."""
+  schedule = make_schedule(opt, total_steps)
+  decay_mask = _decay_mask(opt["wd_pattern"])
+  name = opt["name"]
+  if name == "adamw":
+    core = optax.adamw(schedule, b1=opt["b1"], b2=opt["b2"], eps=opt["eps"],
+                       weight_decay=opt["wd"], mask=decay_mask)
+  elif name in ("adam", "sgd"):
+    core = (optax.adam(schedule, b1=opt["b1"], b2=opt["b2"], eps=opt["eps"]) if name == "adam"
+            else optax.sgd(schedule, momentum=opt["momentum"] or None))
+    if opt["wd"]:
+      core = optax.chain(optax.add_decayed_weights(opt["wd"], decay_mask), core)
+  else:
+    raise ValueError(f"optimizer.name={name!r}: expected 'adamw', 'adam' or 'sgd'")
+  if opt["grad_clip"]:
+    core = optax.chain(optax.clip_by_global_norm(float(opt["grad_clip"])), core)
+  labels = jax.tree.map(lambda m: "trained" if m else "frozen", trainable_mask)
+  return optax.multi_transform({"trained": core, "frozen": optax.set_to_zero()}, labels), schedule
+
+
+def trainable_mask_for(params_shapes: Params, mask: Any) -> Any:
+  """A pytree of Python bools like params from None (all), a path regex, a callable or a pytree."""
+  if mask is None:
+    out = jax.tree.map(lambda _: True, params_shapes)
+  elif isinstance(mask, str):
+    regex = re.compile(mask)
+    out = jax.tree_util.tree_map_with_path(
+        lambda path, _: bool(regex.search(sharding_lib.path_str(path))), params_shapes)
+  elif callable(mask):
+    out = mask(params_shapes)
+  else:
+    out = mask
+  expected = jax.tree.structure(params_shapes)
+  got = jax.tree.structure(out)
+  if got != expected:
+    raise ValueError(f"trainable_mask does not match the params tree:\n  params: {expected}\n"
+                     f"  mask:   {got}")
+  out = jax.tree.map(bool, out)
+  if not any(jax.tree.leaves(out)):
+    what = f" {mask!r}" if isinstance(mask, str) else ""
+    raise ValueError(f"trainable_mask{what} selects no parameters: the stage would train nothing")
+  return out
+
+
+# ------------------------------------------------------------------------------------------------
+# The step.
+
+def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, schedule: optax.Schedule,
+                    trainable_mask: Any, *, accum_steps: int = 1,
+                    micro_batch_sharding: Any = None) -> Callable:
+  """`train_step(state, frozen, batch) -> (state, metrics)`, pure; jit it with shardings.
+
+  Frozen leaves enter the loss behind `stop_gradient`, so their gradients are never computed.
+  With accum_steps > 1 the batch is split into strided micro-batches (rows j, j+k, j+2k, ... so
+  each stays evenly sharded without moving data) whose gradients are averaged.
+  """
+  def loss_of_params(params, frozen, batch, rng):
+    params = jax.tree.map(lambda p, m: p if m else jax.lax.stop_gradient(p), params,
+                          trainable_mask)
+    loss, aux = loss_fn(params, frozen, batch, rng)
+    return loss, dict(aux)
+
+  grad_fn = jax.value_and_grad(loss_of_params, has_aux=True)
+
+  def to_f32(tree):  # accumulate low-precision gradients in float32
+    return jax.tree.map(lambda x: x.astype(jnp.float32)
+                        if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+  def train_step(state: TrainState, frozen: Any, batch: Batch) -> tuple[TrainState, dict]:
+    rng = jax.random.fold_in(state.rng, state.step)
+    if accum_steps == 1:
+      (loss, aux), grads = grad_fn(state.params, frozen, batch, rng)
+    else:
+      def split(x):
+        x = x.reshape((x.shape[0] // accum_steps, accum_steps) + x.shape[1:]).swapaxes(0, 1)
+        if micro_batch_sharding is not None:
+          x = jax.lax.with_sharding_constraint(x, micro_batch_sharding)
+        return x
+      micro = jax.tree.map(split, batch)
+
+      def one(i):
+        mb = jax.tree.map(lambda x: x[i], micro)
+        (l, a), g = grad_fn(state.params, frozen, mb, jax.random.fold_in(rng, i))
+        return to_f32((l, a, g))
+
+      def body(carry, i):
+        return jax.tree.map(jnp.add, carry, one(i)), None
+
+      total, _ = jax.lax.scan(body, one(0), jnp.arange(1, accum_steps))
+      loss, aux, grads = jax.tree.map(lambda x: x / accum_steps, total)
+      grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
+
+    grad_norm = optax.tree.norm(grads)
+    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    # A non-finite step leaves params and optimizer state (incl. its step count) untouched.
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+    in_a_row = jnp.where(ok, 0, state.nonfinite_in_a_row + 1)
+    new_state = state.replace(
+        step=state.step + 1, params=keep(params, state.params),
+        opt_state=keep(opt_state, state.opt_state),
+        nonfinite_total=state.nonfinite_total + (~ok).astype(jnp.int32),
+        nonfinite_in_a_row=in_a_row)
+    metrics = {**aux, "loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step),
+               "nonfinite": (~ok).astype(jnp.int32), "nonfinite_total": new_state.nonfinite_total,
+               "nonfinite_in_a_row": in_a_row}
+    return new_state, metrics
+
+  return train_step
+
+
+# ------------------------------------------------------------------------------------------------
+# State placement.
+
+def init_train_state(params: Params, tx: optax.GradientTransformation,
+                     rng: jax.Array) -> TrainState:
+  """Step 0 of a stage (jit it with out_shardings to create it in place)."""
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                    rng=rng, nonfinite_total=jnp.zeros((), jnp.int32),
+                    nonfinite_in_a_row=jnp.zeros((), jnp.int32))
+
+
+def _abstract(tree: Any) -> Any:
+  def one(x):
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return x
+    dtype = jax.dtypes.canonicalize_dtype(x.dtype if hasattr(x, "dtype") else np.result_type(x))
+    return jax.ShapeDtypeStruct(np.shape(x), dtype)
+  return jax.tree.map(one, tree)
+
+
+def state_shardings(abstract_state: TrainState, mesh: jax.sharding.Mesh,
+                    param_rules: sharding_lib.Rules | None = None,
+                    min_size: int = sharding_lib.DEFAULT_MIN_SIZE) -> TrainState:
+  """Params by the rules; optimizer leaves that mirror a param (path suffix + shape) like it."""
+  by_rules = sharding_lib.param_shardings(abstract_state, mesh, param_rules, min_size)
+  param_sh = sharding_lib.param_shardings(abstract_state.params, mesh, param_rules, min_size)
+  by_path = {}
+  for (path, leaf), sh in zip(jax.tree_util.tree_flatten_with_path(abstract_state.params)[0],
+                              jax.tree.leaves(param_sh)):
+    by_path[sharding_lib.path_str(path)] = (tuple(leaf.shape), sh)
+
+  def one(path, leaf, default):
+    parts = sharding_lib.path_str(path).split("/")
+    for k in range(1, len(parts)):
+      hit = by_path.get("/".join(parts[k:]))
+      if hit is not None and hit[0] == tuple(leaf.shape):
+        return hit[1]
+    return default
+
+  return jax.tree_util.tree_map_with_path(one, abstract_state, by_rules)
+
+
+def _with_shardings(abstract: Any, shardings: Any) -> Any:
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                      abstract, shardings)
+
+
+# ------------------------------------------------------------------------------------------------
+# The runner.
+
+def _checkpoint_manager(directory: str, max_to_keep: int) -> ocp.CheckpointManager:
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=max_to_keep, create=True,
+      cleanup_tmp_directories=True,  # a write cut short by a kill is discarded on restart
+      enable_async_checkpointing=True)
+  return ocp.CheckpointManager(os.path.abspath(directory) if "://" not in directory
+                               else directory, options=options)
+
+
+def run_stage(*, stage_cfg: Any, loss_fn: LossFn, init_params: Params | Callable[[jax.Array],
+              Params], trainable_mask: Any, frozen: Any, batch_iter_fn: Callable[[int],
+              Iterable[Batch]], workdir: str, mesh: jax.sharding.Mesh,
+              param_rules: sharding_lib.Rules | None = None, seed: int = 0,
+              eval_fn: Callable[[Params], Mapping[str, float]] | None = None,
+              name: str | None = None,
+              min_shard_size: int = sharding_lib.DEFAULT_MIN_SIZE) -> tuple[Params, list[dict]]:
+  """Trains one stage (or resumes / skips it) and returns (final params, logged metric rows).
+
+  Args:
+    stage_cfg: the stage's config block (see the module docstring).
+    loss_fn: `loss_fn(params, frozen, batch, rng) -> (loss, metrics)`, pure.
+    init_params: the starting params (host or device arrays; global values on every process),
+      or `init_params(rng) -> params` to create them directly sharded. Not used on resume.
+    trainable_mask: pytree of bools like params, a path regex, a callable, or None (all).
+    frozen: arrays the loss reads but never trains (e.g. the teacher); sharded like params,
+      not checkpointed (the caller can rebuild them). None for none.
+    batch_iter_fn: `batch_iter_fn(start_step)` -> iterator of this process's numpy batches,
+      starting at batch `start_step` (resume skips ahead).
+    workdir: checkpoints and metrics go to `<workdir>/<name>/`.
+    mesh: from `sharding.make_mesh`.
+    param_rules: (regex, spec) overrides for parameter shardings (see sharding.py).
+    seed: the stage's RNG seed (init key and per-step keys).
+    eval_fn: `eval_fn(params) -> {name: float}`, called on all processes every `eval_every`
+      steps and at the end; logged as "eval/<name>".
+    name: the stage's directory name; defaults to `stage_cfg.name`.
+  """
+  cfg = stage_settings(stage_cfg)
+  name = name or cfg["name"]
+  if not name:
+    raise ValueError("run_stage: the stage needs a name (stage_cfg.name or name=...)")
+  opt, total = cfg["optimizer"], int(cfg["steps"])
+  accum = int(opt["accum_steps"])
+  sharding_lib.check_batch_size(int(cfg["batch_size"]), mesh, accum_steps=accum,
+                                what=f"stage {name!r}: batch_size")
+  stage_dir = os.path.join(workdir, name)
+  is_main = jax.process_index() == 0
+  init_rng, train_rng = jax.random.split(jax.random.PRNGKey(seed))
+
+  # Abstract state → shardings, without materializing anything.
+  if callable(init_params):
+    params_shapes = jax.eval_shape(init_params, init_rng)
+  else:
+    params_shapes = _abstract(init_params)
+  mask = trainable_mask_for(params_shapes, trainable_mask)
+  tx, schedule = make_optimizer(opt, total, mask)
+
+  create_state = functools.partial(init_train_state, tx=tx, rng=train_rng)
+  abstract_state = jax.eval_shape(create_state, params_shapes)
+  state_sh = state_shardings(abstract_state, mesh, param_rules, min_shard_size)
+  frozen = {} if frozen is None else frozen
+  frozen_sh = sharding_lib.param_shardings(_abstract(frozen), mesh, param_rules, min_shard_size)
+
+  manager = _checkpoint_manager(os.path.join(stage_dir, "checkpoints"), int(cfg["max_to_keep"]))
+  writer = None
+  try:
+    latest = manager.latest_step()
+    with jax.set_mesh(mesh):
+      if latest is not None:
+        try:
+          state = manager.restore(latest, args=ocp.args.StandardRestore(
+              _with_shardings(abstract_state, state_sh)))
+        except Exception as e:  # pylint: disable=broad-except
+          raise ValueError(f"stage {name!r}: checkpoint step {latest} in "
+                           f"{os.path.join(stage_dir, 'checkpoints')} does not fit this stage's "
+                           f"state (changed model, mask or optimizer?): {e}") from e
+        if latest >= total:
+          logging.info("stage %r: already finished (checkpoint step %d); skipping", name, latest)
+          return state.params, metrics_lib.read_jsonl(
+              os.path.join(stage_dir, metrics_lib.METRICS_FILE))
+        logging.info("stage %r: resuming from step %d of %d", name, latest, total)
+      elif callable(init_params):
+        state = jax.jit(lambda r: create_state(init_params(r)), out_shardings=state_sh)(init_rng)
+      else:
+        placed = sharding_lib.shard_tree(init_params, state_sh.params)
+        # Not donated: the caller's arrays (possibly shared with `frozen`) stay valid; jit's
+        # outputs are fresh buffers, so the step's donation never frees the caller's arrays.
+        state = jax.jit(create_state, out_shardings=state_sh)(placed)
+        del placed
+      frozen = sharding_lib.shard_tree(frozen, frozen_sh)
+      start = int(jax.device_get(state.step))
+
+      writer = metrics_lib.MetricWriter(stage_dir, enabled=is_main, resume_step=start)
+      history = metrics_lib.read_jsonl(writer.path) if start else []
+      step_fn = jax.jit(
+          make_train_step(loss_fn, tx, schedule, mask, accum_steps=accum,
+                          micro_batch_sharding=jax.sharding.NamedSharding(
+                              mesh, jax.sharding.PartitionSpec(
+                                  None, sharding_lib.batch_axes(mesh) or None))),
+          in_shardings=(state_sh, frozen_sh, sharding_lib.batch_sharding(mesh)),
+          out_shardings=(state_sh, sharding_lib.replicated(mesh)),
+          donate_argnums=(0,))
+      state = _train_loop(name=name, cfg=cfg, start=start, total=total, state=state,
+                          frozen=frozen, step_fn=step_fn, batch_iter_fn=batch_iter_fn, mesh=mesh,
+                          manager=manager, writer=writer, history=history, eval_fn=eval_fn,
+                          is_main=is_main)
+    return state.params, history
+  finally:
+    manager.wait_until_finished()
+    manager.close()
+    if writer is not None:
+      writer.close()
+
+
+def _train_loop(*, name, cfg, start, total, state, frozen, step_fn, batch_iter_fn, mesh, manager,
+                writer, history, eval_fn, is_main) -> TrainState:
+  """The Python loop around the jitted step; metrics are read one step late to keep the device
+  busy while the host prepares the next batch."""
+  log_every = max(int(cfg["log_every"]), 1)
+  ckpt_every = int(cfg["checkpoint_every"])
+  eval_every = int(cfg["eval_every"])
+  max_bad = int(cfg["max_nonfinite_in_a_row"])
+  batch_size = int(cfg["batch_size"])
+  bar = tqdm.tqdm(total=total, initial=start, desc=name, dynamic_ncols=True, mininterval=1.0,
+                  disable=not (is_main and cfg["progress"]))
+  timer = {"t": time.perf_counter(), "step": start}
+
+  def handle(step: int, device_metrics: Mapping[str, jax.Array]) -> None:
+    m = {k: np.asarray(v) for k, v in jax.device_get(device_metrics).items()}
+    bar.update(1)
+    bad = bool(m["nonfinite"])
+    if step % log_every == 0 or step == total or step == start + 1 or bad:
+      now = time.perf_counter()
+      rate = (step - timer["step"]) / max(now - timer["t"], 1e-9)
+      timer.update(t=now, step=step)
+      row = writer.write(step, {**m, "steps_per_sec": rate,
+                                "examples_per_sec": rate * batch_size})
+      history.append(row)
+      bar.set_postfix(loss=f"{float(m['loss']):.4g}", refresh=False)
+    if bad:
+      in_a_row = int(m["nonfinite_in_a_row"])
+      logging.warning("stage %r step %d: non-finite loss %s / grad norm %s; update skipped "
+                      "(%d in a row, %d in total)", name, step, m["loss"], m["grad_norm"],
+                      in_a_row, int(m["nonfinite_total"]))
+      if in_a_row >= max_bad:
+        writer.flush()
+        raise NonFiniteLossError(
+            f"stage {name!r}: the loss or its gradients were non-finite for {in_a_row} steps in a "
+            f"row (steps {step - in_a_row + 1}..{step}); those updates were skipped, so the "
+            f"params are those of step {step - in_a_row}. Lower optimizer.lr, add "
+            f"optimizer.grad_clip, check the data, or raise stage.max_nonfinite_in_a_row "
+            f"(={max_bad}).")
+
+  it: Iterator[Batch] = iter(batch_iter_fn(start))
+  pending = None
+  try:
+    for step in range(start, total):
+      try:
+        local = next(it)
+      except StopIteration:
+        raise RuntimeError(f"stage {name!r}: batch_iter_fn({start}) ran out of batches at step "
+                           f"{step} of {total}") from None
+      batch = sharding_lib.make_global_batch(local, mesh)
+      state, device_metrics = step_fn(state, frozen, batch)
+      if pending is not None:
+        handle(*pending)
+      pending = (step + 1, device_metrics)
+      done = step + 1
+      if eval_fn is not None and ((eval_every and done % eval_every == 0) or done == total):
+        scores = eval_fn(state.params)
+        history.append(writer.write(done, {f"eval/{k}": v for k, v in scores.items()}))
+      if (ckpt_every and done % ckpt_every == 0) or done == total:
+        handle(*pending)  # never checkpoint past a stop the metrics would have called for
+        pending = None
+        manager.save(done, args=ocp.args.StandardSave(state))
+    if pending is not None:
+      handle(*pending)
+  finally:
+    bar.close()
+  return state
+
+
+# ------------------------------------------------------------------------------------------------
+# Evaluation.
+
+@functools.lru_cache(maxsize=32)
+def _jitted_eval(eval_fn: Callable, mesh: jax.sharding.Mesh) -> Callable:
+  def sums(params, batch):
+    values = eval_fn(params, batch)
+    mask = batch["_mask"].astype(jnp.float32)
+    out = {}
+    for k, v in values.items():
+      if v.ndim != 1 or v.shape[0] != mask.shape[0]:
+        raise ValueError(f"eval_fn output {k!r} must be per-example [{mask.shape[0]}], got shape "
+                         f"{v.shape}")
+      out[k] = jnp.sum(v.astype(jnp.float32) * mask)
+    return out, jnp.sum(mask)
+  return jax.jit(sums, out_shardings=sharding_lib.replicated(mesh))
+
+
+def evaluate(params: Params, eval_fn: Callable[[Params, Batch], Mapping[str, jax.Array]],
+             eval_iter: Iterable[Batch], mesh: jax.sharding.Mesh) -> dict[str, float]:
+  """Means over the real examples of `eval_fn`'s per-example values, over the whole iterator.
+
+  `eval_fn(params, batch) -> {name: [B] values}` (e.g. correct = argmax == label). Padding rows
+  carry `batch["_mask"] == 0` and are excluded; `params` may be any pytree (pass the teacher
+  alongside the student to compare them). Returns {name: mean, "num_examples": count}; every
+  process gets the same numbers.
+  """
+  fn = _jitted_eval(eval_fn, mesh)
+  totals: dict[str, float] = {}
+  count = 0.0
+  with jax.set_mesh(mesh):
+    for local in eval_iter:
+      local = dict(local)
+      if "_mask" not in local:
+        first = jax.tree.leaves(local)[0]
+        local["_mask"] = np.ones((np.shape(first)[0],), np.bool_)
+      sums, n = jax.device_get(fn(params, sharding_lib.make_global_batch(local, mesh)))
+      for k, v in sums.items():
+        totals[k] = totals.get(k, 0.0) + float(v)
+      count += float(n)
+  if count == 0:
+    raise ValueError("evaluate: the eval iterator held no real examples (all masked or empty)")
+  return {**{k: v / count for k, v in totals.items()}, "num_examples": int(count)}

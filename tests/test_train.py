@@ -1,0 +1,317 @@
+"""train.py: the stage runner on one device, 8 simulated devices, 2 processes, and after kill -9.
+
+The task is tests/helpers/tiny_task.py (an MLP matching a frozen linear teacher, with RNG noise,
+one frozen leaf); multi-device runs are subprocesses of that script.
+"""
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+
+from linvit_jax import metrics as metrics_lib
+from linvit_jax import sharding
+from linvit_jax import train
+from tests.helpers import tiny_task as tt
+from tests.test_sharding import subprocess_env
+
+HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "tiny_task.py")
+TOL = 1e-5
+
+
+def _mesh():
+  return sharding.make_mesh([("data", -1), ("fsdp", 1)])
+
+
+def _run(workdir, steps=5, batch_iter_fn=None, **cfg):
+  return train.run_stage(
+      stage_cfg=tt.stage_cfg(steps, **cfg), loss_fn=tt.loss_fn, init_params=tt.init_params,
+      trainable_mask=tt.TRAINABLE, frozen=tt.frozen_teacher(), workdir=str(workdir),
+      mesh=_mesh(), batch_iter_fn=batch_iter_fn or tt.batch_iter_fn(), seed=0,
+      min_shard_size=tt.MIN_SHARD_SIZE)
+
+
+def _losses(history):
+  return [r["loss"] for r in history if "loss" in r]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """The 5-step run on this process's single device."""
+  workdir = tmp_path_factory.mktemp("ref")
+  params, history = _run(workdir)
+  return workdir, params, history
+
+
+def _run_helper(tmp_path, *args, num_devices=8, env_extra=None, timeout=300, **popen):
+  out = str(tmp_path / "out.json")
+  env = subprocess_env(num_devices)
+  env.update(env_extra or {})
+  cmd = [sys.executable, HELPER, "--workdir", str(tmp_path / "work"), "--out", out, *args]
+  return out, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, **popen)
+
+
+def _wait(proc, timeout=300):
+  try:
+    output, _ = proc.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    output, _ = proc.communicate()
+    raise AssertionError(f"subprocess timed out:\n{output[-4000:]}") from None
+  assert proc.returncode == 0, output[-4000:]
+  return output
+
+
+# ------------------------------------------------------------------------------------------------
+# Single device.
+
+def test_reference_run_trains_logs_and_checkpoints(reference):
+  workdir, params, history = reference
+  losses = _losses(history)
+  assert len(losses) == 5 and all(np.isfinite(losses))
+  assert [r["step"] for r in history] == [1, 2, 3, 4, 5]
+  assert history[-1]["nonfinite_total"] == 0
+  assert "target_rms" in history[0] and "lr" in history[0] and "grad_norm" in history[0]
+  stage_dir = os.path.join(workdir, "tiny")
+  assert metrics_lib.read_jsonl(os.path.join(stage_dir, "metrics.jsonl")) == history
+  assert any(f.startswith("events.out.tfevents") for f in os.listdir(stage_dir))
+  assert sorted(os.listdir(os.path.join(stage_dir, "checkpoints"))) == ["5"]
+  # The frozen leaf never moves; the trained ones do.
+  np.testing.assert_array_equal(np.asarray(params["Dense_0"]["bias"]),
+                                np.full((tt.HIDDEN,), 0.01, np.float32))  # its init value
+  assert np.any(np.asarray(params["Dense_1"]["bias"]))  # initialized to zeros
+
+
+def test_finished_stage_is_skipped_and_returns_its_params(reference):
+  workdir, params, history = reference
+  def no_batches(start):
+    raise AssertionError(f"a finished stage asked for data from step {start}")
+  params2, history2 = _run(workdir, batch_iter_fn=no_batches)
+  assert history2 == history
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_host_params_and_frozen_arrays_stay_usable(tmp_path):
+  """numpy init params shared with `frozen` (like copied teacher leaves) are never donated away."""
+  init = tt.init_params(jax.random.PRNGKey(3))
+  init["Dense_0"] = jax.tree.map(np.asarray, init["Dense_0"])  # host and device leaves mixed
+  frozen = {"w": jnp.asarray(tt.frozen_teacher()["w"]), "shared": init["Dense_1"]["kernel"]}
+  cfg = tt.stage_cfg(2, optimizer=dict(name="sgd", lr=0.1, schedule="constant"))
+  params, history = train.run_stage(
+      stage_cfg=cfg, name="sgd_stage", loss_fn=tt.loss_fn, init_params=init,
+      trainable_mask=None, frozen=frozen, workdir=str(tmp_path), mesh=_mesh(),
+      batch_iter_fn=tt.batch_iter_fn(), min_shard_size=tt.MIN_SHARD_SIZE)
+  assert os.path.isdir(tmp_path / "sgd_stage" / "checkpoints" / "2")
+  assert not frozen["shared"].is_deleted() and not init["Dense_1"]["kernel"].is_deleted()
+  assert np.isfinite(np.asarray(frozen["shared"])).all()
+  assert len(_losses(history)) == 2
+  assert not np.array_equal(np.asarray(params["Dense_0"]["bias"]), init["Dense_0"]["bias"])
+
+
+def test_nonfinite_batches_are_skipped_counted_and_stop_the_stage(tmp_path):
+  """Step 3 (batch index 2) has a NaN: its update is skipped. Steps 5 and 6 too: the stage stops."""
+  with pytest.raises(train.NonFiniteLossError) as e:
+    _run(tmp_path, steps=10, batch_iter_fn=tt.batch_iter_fn(nan_steps={2, 4, 5}),
+         checkpoint_every=1, max_to_keep=10, max_nonfinite_in_a_row=2)
+  msg = str(e.value)
+  assert "2 steps in a row" in msg and "steps 5..6" in msg and "step 4" in msg
+  rows = metrics_lib.read_jsonl(str(tmp_path / "tiny" / "metrics.jsonl"))
+  by_step = {r["step"]: r for r in rows}
+  assert by_step[3]["nonfinite"] == 1 and by_step[3]["loss"] is None
+  assert by_step[4]["nonfinite"] == 0 and by_step[4]["nonfinite_in_a_row"] == 0
+  assert np.isfinite(by_step[4]["loss"])
+  assert by_step[6]["nonfinite_total"] == 3 and by_step[6]["nonfinite_in_a_row"] == 2
+  # The skipped step left params and optimizer state exactly as they were.
+  ckpts = ocp.CheckpointManager(str(tmp_path / "tiny" / "checkpoints"))
+  s2, s3, s4 = (ckpts.restore(s, args=ocp.args.StandardRestore()) for s in (2, 3, 4))
+  for a, b in zip(jax.tree.leaves(s2["params"]), jax.tree.leaves(s3["params"])):
+    np.testing.assert_array_equal(a, b)
+  for a, b in zip(jax.tree.leaves(s2["opt_state"]), jax.tree.leaves(s3["opt_state"])):
+    np.testing.assert_array_equal(a, b)
+  assert int(s3["step"]) == 3 and int(s3["nonfinite_total"]) == 1
+  assert not np.array_equal(s3["params"]["Dense_0"]["kernel"], s4["params"]["Dense_0"]["kernel"])
+  assert ckpts.all_steps() == [1, 2, 3, 4, 5]  # none at the stop
+  ckpts.close()
+
+
+def test_gradient_accumulation_matches_one_big_batch():
+  """accum_steps=2 averages two micro-batch gradients: the full batch's loss and update."""
+  loss_fn = lambda p, f, b, r: tt.loss_fn(p, f, b, r, noise=0.0)
+  mask = train.trainable_mask_for(jax.eval_shape(tt.init_params, jax.random.PRNGKey(0)),
+                                  tt.TRAINABLE)
+  opt = train.stage_settings(tt.stage_cfg(3))["optimizer"]
+  tx, schedule = train.make_optimizer(opt, 3, mask)
+  steps = [train.make_train_step(loss_fn, tx, schedule, mask, accum_steps=k) for k in (1, 2)]
+
+  @jax.jit
+  def both(batch):
+    state = train.init_train_state(tt.init_params(jax.random.PRNGKey(0)), tx,
+                                   jax.random.PRNGKey(1))
+    return [step(state, tt.frozen_teacher(), batch) for step in steps]
+
+  (s1, m1), (s2, m2) = both(tt.global_batch(0))
+  np.testing.assert_allclose(m2["loss"], m1["loss"], rtol=TOL)
+  np.testing.assert_allclose(m2["grad_norm"], m1["grad_norm"], rtol=1e-4)
+  for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+  assert int(s2.step) == 1
+
+
+def test_config_errors_are_clear_and_early(tmp_path):
+  def run(**over):
+    cfg = tt.stage_cfg(3)
+    cfg.update(over)
+    return train.run_stage(
+        stage_cfg=cfg, loss_fn=tt.loss_fn, init_params=tt.init_params,
+        trainable_mask=tt.TRAINABLE, frozen=None, workdir=str(tmp_path), mesh=_mesh(),
+        batch_iter_fn=tt.batch_iter_fn())
+  with pytest.raises(ValueError, match="accumulation"):
+    run(optimizer=dict(accum_steps=3))
+  with pytest.raises(ValueError, match=r"unknown optimizer field\(s\) \['learning_rate'\]"):
+    run(optimizer=dict(learning_rate=0.1))
+  with pytest.raises(ValueError, match="steps must be a positive integer"):
+    run(steps=None)
+  with pytest.raises(ValueError, match="selects no parameters"):
+    train.trainable_mask_for({"a": np.zeros(3)}, "nothing-matches")
+  with pytest.raises(ValueError, match="does not match the params tree"):
+    train.trainable_mask_for({"a": np.zeros(3)}, {"b": True})
+  assert not os.listdir(tmp_path)  # nothing was created before the errors
+
+
+def test_frozen_leaves_have_no_optimizer_state():
+  params = {"a": np.ones((4, 4), np.float32), "b": np.ones((4,), np.float32)}
+  mask = train.trainable_mask_for(params, r"^a$")
+  assert mask == {"a": True, "b": False}
+  opt = train.stage_settings({"name": "x", "steps": 4, "batch_size": 1})["optimizer"]
+  tx, _ = train.make_optimizer(opt, 4, mask)
+  state = jax.eval_shape(tx.init, params)
+  n_state = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state) if x.ndim)
+  assert n_state == 2 * 16  # adam mu and nu of "a" only
+  updates, _ = jax.jit(lambda p: tx.update(p, tx.init(p), p))(params)
+  assert not np.any(np.asarray(updates["b"])) and np.all(np.asarray(updates["a"]))
+
+
+def test_schedule_warmup_then_cosine():
+  opt = dict(train.OPTIMIZER_DEFAULTS, lr=1.0, warmup_steps=10, end_lr_ratio=0.1)
+  scheds = [train.make_schedule(dict(opt, schedule=k), 110) for k in ("cosine", "linear",
+                                                                       "constant")]
+  at = jnp.array([0, 5, 10, 60, 100, 110])
+  cos, lin, const = (np.asarray(v) for v in jax.jit(lambda t: [f(t) for f in scheds])(at))
+  np.testing.assert_allclose(cos, [0, 0.5, 1, 0.55, 0.1 + 0.9 * (1 + np.cos(0.9 * np.pi)) / 2,
+                                   0.1], atol=1e-6)
+  np.testing.assert_allclose(lin, [0, 0.5, 1, 0.55, 0.19, 0.1], atol=1e-6)
+  np.testing.assert_allclose(const, [0, 0.5, 1, 1, 1, 1], atol=1e-6)
+  with pytest.raises(ValueError, match="'cosine', 'linear' or 'constant'"):
+    train.make_schedule(dict(opt, schedule="step"), 10)
+
+
+def test_evaluate_ignores_padding():
+  mesh = _mesh()
+  def eval_fn(params, batch):
+    return {"correct": (batch["pred"] * params["scale"] == batch["labels"]).astype(jnp.float32)}
+  batches = [{"pred": np.array([1, 2, 3, 4]), "labels": np.array([1, 0, 3, 9]),
+              "_mask": np.array([1, 1, 1, 0], bool)},
+             {"pred": np.array([5, 6, 7, 8]), "labels": np.array([5, 6, 0, 0]),
+              "_mask": np.array([1, 1, 0, 0], bool)}]
+  out = train.evaluate({"scale": jnp.ones((), jnp.int32)}, eval_fn, iter(batches), mesh)
+  assert out == {"correct": pytest.approx(4 / 5), "num_examples": 5}
+
+
+# ------------------------------------------------------------------------------------------------
+# Many devices, many processes, kill -9.
+
+@pytest.fixture(scope="module")
+def eight_devices(tmp_path_factory):
+  """The 5-step run on 8 simulated devices, meshes (8, 1) and (4, 2), checkpointing every step."""
+  tmp = tmp_path_factory.mktemp("eight")
+  out, proc = _run_helper(tmp, "--mesh", "8,1", "--mesh", "4,2", "--checkpoint_every", "1")
+  _wait(proc)
+  with open(out) as f:
+    return out, json.load(f)
+
+
+def test_same_losses_on_8_devices_meshes_8x1_and_4x2(reference, eight_devices):
+  out, res = eight_devices
+  ref = _losses(reference[2])
+  assert res["device_count"] == 8
+  for tag in ("8x1", "4x2"):
+    np.testing.assert_allclose(res["runs"][tag]["losses"], ref, rtol=TOL, atol=TOL)
+  assert res["runs"]["4x2"]["kernel_spec"] == "P(None, 'fsdp')"  # really fsdp-sharded
+  ref_params = tt.flat(reference[1])
+  got = np.load(out + ".4x2.npz")
+  for k, v in ref_params.items():
+    np.testing.assert_allclose(got[k], v, rtol=1e-4, atol=1e-5)
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def test_same_losses_on_2_processes_x_4_devices(reference, tmp_path):
+  port = _free_port()
+  procs = []
+  for pid in range(2):
+    env = {"JAX_COORDINATOR_ADDRESS": f"localhost:{port}", "JAX_NUM_PROCESSES": "2",
+           "JAX_PROCESS_ID": str(pid)}
+    procs.append(_run_helper(tmp_path, "--mesh", "4,2", num_devices=4, env_extra=env)[1])
+  try:
+    outputs = [_wait(p, timeout=300) for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  with open(tmp_path / "out.json") as f:
+    res = json.load(f)
+  assert res["process_count"] == 2 and res["device_count"] == 8, outputs
+  np.testing.assert_allclose(res["runs"]["4x2"]["losses"], _losses(reference[2]),
+                             rtol=TOL, atol=TOL)
+  assert res["runs"]["4x2"]["rows"] == [0, 8]  # process 0 fed the first half of each batch
+
+
+def test_kill_9_then_restart_ends_bitwise_equal(eight_devices, tmp_path):
+  """Killed at a random step of the (4, 2) run, restarted: the same final params, bit for bit."""
+  steps, seed = 5, random.randrange(1 << 30)
+  kill_at = random.Random(seed).randint(2, steps - 1)
+  common = ["--steps", str(steps), "--checkpoint_every", "1", "--mesh", "4,2"]
+  progress = tmp_path / "progress.txt"
+  out, proc = _run_helper(tmp_path, *common, "--sleep", "0.3", "--progress_file", str(progress))
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None:
+    requested = progress.read_text().split() if progress.exists() else []
+    if requested and int(requested[-1]) >= kill_at:
+      break
+    time.sleep(0.05)
+  assert proc.poll() is None, f"finished before the kill (seed {seed}):\n{proc.communicate()[0]}"
+  os.kill(proc.pid, signal.SIGKILL)
+  proc.communicate()
+  assert not os.path.exists(out), "the killed run must not have finished"
+
+  restart_progress = tmp_path / "progress_restart.txt"
+  _, proc = _run_helper(tmp_path, *common, "--progress_file", str(restart_progress))
+  _wait(proc)
+  resumed_from = int(restart_progress.read_text().split()[0])
+  assert 1 <= resumed_from <= kill_at, (seed, kill_at, resumed_from)
+  ref_out, ref = eight_devices
+  ref_params = np.load(ref_out + ".4x2.npz")
+  got = np.load(out + ".4x2.npz")
+  assert sorted(ref_params) == sorted(got)
+  for k in ref_params:
+    np.testing.assert_array_equal(got[k], ref_params[k],
+                                  err_msg=f"{k} (seed {seed}, kill at {kill_at})")
+  with open(out) as f:
+    assert json.load(f)["runs"]["4x2"]["losses"] == ref["runs"]["4x2"]["losses"]
