@@ -490,6 +490,9 @@ def do_delete(args, r: Runner, t: Target, check: bool = True) -> None:
 
 def dispatch(args, r: Runner) -> int:
   check_name(args.name)
+  if os.path.isabs(args.remote_dir) or ".." in args.remote_dir.split("/"):
+    raise LaunchError(f"--remote_dir={args.remote_dir!r} must be a path under $HOME, like "
+                      "linvit_jax")
   t = Target(args.name, args.zone, args.project)
   info = slice_info(args.accelerator_type, args.hosts) if args.accelerator_type else None
   needs_type = args.cmd in ("create", "setup", "run", "all")
