@@ -401,7 +401,8 @@ def run_stage(*, stage_cfg: Any, loss_fn: LossFn, init_params: Params | Callable
       start = int(jax.device_get(state.step))
 
       writer = metrics_lib.MetricWriter(stage_dir, enabled=is_main, resume_step=start)
-      history = metrics_lib.read_jsonl(writer.path) if start else []
+      # Every process reads the log (process 0 may be rewriting it: keep only rows <= start).
+      history = [r for r in metrics_lib.read_jsonl(writer.path) if r.get("step", 0) <= start]
       step_fn = jax.jit(
           make_train_step(loss_fn, tx, schedule, mask, accum_steps=accum,
                           micro_batch_sharding=jax.sharding.NamedSharding(

@@ -15,8 +15,8 @@ import time
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
-import optax
 import orbax.checkpoint as ocp
 import pytest
 
@@ -109,12 +109,17 @@ def test_host_params_and_frozen_arrays_stay_usable(tmp_path):
   init = tt.init_params(jax.random.PRNGKey(3))
   init["Dense_0"] = jax.tree.map(np.asarray, init["Dense_0"])  # host and device leaves mixed
   frozen = {"w": jnp.asarray(tt.frozen_teacher()["w"]), "shared": init["Dense_1"]["kernel"]}
-  cfg = tt.stage_cfg(2, optimizer=dict(name="sgd", lr=0.1, schedule="constant"))
+  cfg = ml_collections.ConfigDict(tt.stage_cfg(2, eval_every=1, kind="finetune", w_label=1.0,
+                                               optimizer=dict(name="sgd", lr=0.1,
+                                                              schedule="constant")))
+  eval_fn = jax.jit(lambda p: {"bias_norm": jnp.linalg.norm(p["Dense_1"]["bias"])})
   params, history = train.run_stage(
       stage_cfg=cfg, name="sgd_stage", loss_fn=tt.loss_fn, init_params=init,
       trainable_mask=None, frozen=frozen, workdir=str(tmp_path), mesh=_mesh(),
-      batch_iter_fn=tt.batch_iter_fn(), min_shard_size=tt.MIN_SHARD_SIZE)
+      batch_iter_fn=tt.batch_iter_fn(), min_shard_size=tt.MIN_SHARD_SIZE, eval_fn=eval_fn)
   assert os.path.isdir(tmp_path / "sgd_stage" / "checkpoints" / "2")
+  evals = [r for r in history if "eval/bias_norm" in r]
+  assert [r["step"] for r in evals] == [1, 2] and evals[-1]["eval/bias_norm"] > 0
   assert not frozen["shared"].is_deleted() and not init["Dense_1"]["kernel"].is_deleted()
   assert np.isfinite(np.asarray(frozen["shared"])).all()
   assert len(_losses(history)) == 2

@@ -47,14 +47,11 @@ def main(out: str) -> None:
                 "min_per_device": min(per_device.values()),
                 "replicated": sum(z.nbytes for z in jax.tree.leaves(zeros)),
                 "num_devices": len(per_device)}
-  specs = sharding.param_shardings(shapes, fsdp_mesh)
-  r["specs"] = {k: str(specs["Transformer"]["encoderblock_0"][k1][k2][k3].spec)
-                for k, (k1, k2, k3) in {
-                    "qkv_kernel": ("MultiHeadDotProductAttention_0", "query", "kernel"),
-                    "mlp_kernel": ("MlpBlock_0", "Dense_0", "kernel"),
-                    "ln_scale": ("LayerNorm_0", "scale", None)}.items()
-                if k3 is not None}
-  r["specs"]["ln_scale"] = str(specs["Transformer"]["encoderblock_0"]["LayerNorm_0"]["scale"].spec)
+  block = sharding.param_shardings(shapes, fsdp_mesh)["Transformer"]["encoderblock_0"]
+  r["specs"] = {
+      "qkv_kernel": str(block["MultiHeadDotProductAttention_0"]["query"]["kernel"].spec),
+      "mlp_kernel": str(block["MlpBlock_0"]["Dense_0"]["kernel"].spec),
+      "ln_scale": str(block["LayerNorm_0"]["scale"].spec)}
 
   # The optimizer state follows its params (mu/nu sharded like the kernel they mirror).
   mesh42 = sharding.make_mesh([("data", 4), ("fsdp", 2)])
@@ -73,7 +70,7 @@ def main(out: str) -> None:
            "labels": np.arange(16, dtype=np.int32)}
   g = sharding.make_global_batch(local, mesh42)
   r["batch"] = {"shape": list(g["image"].shape),
-                "shard_shapes": sorted({tuple(s.data.shape) for s in g["image"].addressable_shards}),
+                "shard_shapes": sorted({s.data.shape for s in g["image"].addressable_shards}),
                 "equal": bool(np.array_equal(np.asarray(g["image"]), local["image"])),
                 "rows": [sharding.process_batch_rows(16, mesh42).start,
                          sharding.process_batch_rows(16, mesh42).stop]}
