@@ -147,7 +147,8 @@ def check_workdir(workdir: str | None, info: SliceInfo) -> None:
         f"region as the TPU, e.g. --workdir gs://BUCKET/linvit/run1")
 
 
-def check_config(config: str | None, repo_root: str = REPO_ROOT) -> None:
+def check_config(config: str | None, repo_root: str | None = None) -> None:
+  repo_root = repo_root or REPO_ROOT
   if not config:
     raise LaunchError("--config is required for 'run', e.g. --config configs/demo.py:tiny=True")
   path = config.split(":", 1)[0]  # the ':arg' part may itself contain ':' (gs://...)
@@ -176,8 +177,9 @@ def normalize_overrides(items: Sequence[str]) -> list[str]:
   return out
 
 
-def jax_tpu_requirement(repo_root: str = REPO_ROOT) -> str:
+def jax_tpu_requirement(repo_root: str | None = None) -> str:
   """'jax[tpu]' with the version range setup.py pins jax to (the range the project is tested on)."""
+  repo_root = repo_root or REPO_ROOT
   try:
     with open(os.path.join(repo_root, "setup.py")) as f:
       m = re.search(r"""["']jax\s*([<>=!~][^"']*)["']""", f.read())
@@ -326,7 +328,8 @@ def logs_script(lines: int, follow: bool) -> list[str]:
   ]
 
 
-def tar_cmd(tarball: str, repo_root: str = REPO_ROOT) -> list[str]:
+def tar_cmd(tarball: str, repo_root: str | None = None) -> list[str]:
+  repo_root = repo_root or REPO_ROOT
   return ["tar", "-czf", tarball, *(f"--exclude={e}" for e in TAR_EXCLUDES), "-C", repo_root, "."]
 
 

@@ -282,7 +282,7 @@ def test_local_two_processes_agree_on_a_global_sum():
 
 def test_local_launcher_stops_all_on_first_failure():
   script = ('echo up $JAX_PROCESS_ID/$JAX_NUM_PROCESSES $XLA_FLAGS; '
-            'if [ "$JAX_PROCESS_ID" = 1 ]; then exit 7; fi; sleep 60')
+            'if [ "$JAX_PROCESS_ID" = 1 ]; then sleep 1; exit 7; fi; sleep 60')  # others up first
   code, out = run_local("-n", "3", "-d", "4", "--", "bash", "-c", script, timeout=30)
   assert code == 7, out
   assert "process 1 exited with code 7" in out
@@ -344,6 +344,12 @@ if "ssh" in sys.argv and "linvit_jax.main" in sys.argv[-1]:
 """)
   fake.chmod(0o755)
   monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+  # A small stand-in checkout: tar of the real one could race with files others are writing.
+  repo = tmp_path / "repo"
+  (repo / "configs").mkdir(parents=True)
+  (repo / "configs" / "imagenet_vit.py").write_text("# stand-in\n")
+  (repo / "setup.py").write_text(open(os.path.join(ROOT, "setup.py")).read())
+  monkeypatch.setattr(tpu_pod, "REPO_ROOT", str(repo))
   out = io.StringIO()
   code = tpu_pod.main(["all", *V4_32, "--config", CONFIG, "--workdir", WORKDIR,
                        "--log_dir", str(tmp_path / "logs")], out=out)
@@ -354,6 +360,8 @@ if "ssh" in sys.argv and "linvit_jax.main" in sys.argv[-1]:
              if line.startswith("+ gcloud")]
   assert [c[1:] for c in printed] == calls
   assert not os.path.exists(printed[1][5])  # the local tarball is removed after the copy
+  tar = [shlex.split(line[2:]) for line in out.getvalue().splitlines() if line.startswith("+ tar")]
+  assert len(tar) == 1 and tar[0][-3:] == ["-C", str(repo), "."]
   files = sorted(os.listdir(tmp_path / "logs"))
   assert [f.split(".", 1)[1] for f in files] == ["worker0.log", "worker1.log"]
   assert (tmp_path / "logs" / files[1]).read_text() == "step 1 loss 2.0\ndone\n"
