@@ -1,4 +1,4 @@
-"""Input pipelines: per-process splits, eval coverage, determinism, skip-ahead, mock ImageNet, JFT."""
+"""Input pipelines: process shares, eval coverage, determinism, skip-ahead, mock ImageNet, JFT."""
 
 import collections
 import itertools

@@ -45,7 +45,8 @@ def test_vgg_value_range():
 
 
 def test_resize_keeps_dtype_and_area_averages():
-  image = np.array([[0, 2, 10, 20], [4, 6, 30, 40], [1, 1, 0, 0], [1, 1, 0, 8]], np.uint8)[..., None]
+  image = np.array([[0, 2, 10, 20], [4, 6, 30, 40], [1, 1, 0, 0], [1, 1, 0, 8]], np.uint8)
+  image = image[..., None]
   out = run('resize(2, method="area")', image=image)["image"]
   assert out.dtype == np.uint8
   np.testing.assert_array_equal(out[..., 0], [[3, 25], [1, 2]])
@@ -53,8 +54,8 @@ def test_resize_keeps_dtype_and_area_averages():
 
 
 def test_resize_small_keeps_aspect_ratio():
-  assert run("resize_small(10)", image=np.zeros((30, 60, 3), np.uint8))["image"].shape == (10, 20, 3)
-  assert run("resize_small(10)", image=np.zeros((45, 15, 1), np.uint8))["image"].shape == (30, 10, 1)
+  for shape, expected in [((30, 60, 3), (10, 20, 3)), ((45, 15, 1), (30, 10, 1))]:
+    assert run("resize_small(10)", image=np.zeros(shape, np.uint8))["image"].shape == expected
 
 
 def test_central_crop():

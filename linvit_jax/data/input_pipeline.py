@@ -28,11 +28,12 @@ the records when there are fewer files than processes) and yields local batches 
 
 Train order. The stream is epoch after epoch of the process's share, drop-remainder batched across
 epoch boundaries. Epoch e is read in an order that depends only on (seed, e): the share is cut into
-up to 16 contiguous blocks read in a random order (big_vision's file shuffling, without the cost of
-reading across files), then a `shuffle_buffer` shuffle seeded by (seed, e). Random pp ops are
-stateless, seeded by (seed, process, position of the example in the stream). So a seed fixes every
-batch, and `start_step=k` starts at epoch (k * local_batch) // epoch_size, skipping only the raw
-(still encoded) records before the offset inside that epoch: no image of a skipped step is decoded.
+up to 16 contiguous blocks read in a random order (like big_vision's file shuffling, and also for
+one-file datasets; for `jft:` the files themselves), then a `shuffle_buffer` shuffle seeded by
+(seed, e). Random pp ops are stateless, seeded by (seed, process, position of the example in the
+stream). So a seed fixes every batch, and `start_step=k` starts at epoch
+(k * local_batch) // epoch_size, skipping only the raw (still encoded) records before the offset
+inside that epoch: no image of a skipped step is decoded.
 (`tf.random.set_seed` changes the shuffle order, as it does for any tf.data shuffle.)
 
 Eval: one pass over the process's share in file order, padded with zero examples (`_mask` False) to

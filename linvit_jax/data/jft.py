@@ -1,4 +1,4 @@
-"""JFT-style data: TFRecord files of (JPEG bytes, list of label ids), for multi-label sigmoid training.
+"""JFT-style data: TFRecords of (JPEG bytes, list of label ids), for multi-label sigmoid training.
 
 Record format (tf.train.Example):  `image/encoded` bytes (JPEG),  `image/labels` int64 list.
 Parsed examples are `{"image": <encoded bytes>, "labels": int64 [n]}`; `n` varies (may be 0).

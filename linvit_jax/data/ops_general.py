@@ -3,9 +3,9 @@
   onehot(depth, key="labels", key_result=None, multi=True, on=1.0, off=0.0)
       a scalar label -> one-hot float32 [depth]; a list of labels -> multi-hot [depth] (multi=True)
       or one one-hot row per label [n, depth] (multi=False).
-  keep(*keys)   keeps only these keys;  drop(*keys)   removes them.  A missing key is an error (a typo
-      would otherwise silently drop the labels).  The internal `_rng` survives both; the pipeline
-      removes it.
+  keep(*keys)   keeps only these keys;  drop(*keys)   removes them.  A missing key is an error
+      (a typo would otherwise silently drop the labels).  The internal `_rng` survives both; the
+      pipeline removes it.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ Every op takes `key=` (or `inkey=`/`outkey=`), default "image". Images are HxWxC
 `flip_lr`) are stateless, seeded from the example's `_rng` (see registry.py).
 
   decode(channels=3, precise=False)        encoded bytes (JPEG/PNG/...) -> uint8 HxWxC
-  decode_jpeg_and_inception_crop(size=None, area_min=5, area_max=100, ratio_min=0.75, ratio_max=1.33,
-                                 method="bilinear", antialias=False)   JPEG bytes -> crop, 3 channels
+  decode_jpeg_and_inception_crop(size=None, area_min=5, area_max=100, ratio_min=0.75,
+                                 ratio_max=1.33, method="bilinear", antialias=False)
+                                           JPEG bytes -> crop, 3 channels
   inception_crop(size=None, area_min=5, area_max=100, ratio_min=0.75, ratio_max=1.33, ...)
   resize(size, method="bilinear", antialias=False)      size: H or (H, W); keeps the dtype
   resize_small(smaller_size, method="area", antialias=False)   shorter side -> smaller_size
@@ -36,8 +37,8 @@ def _check_method(method: str) -> None:
 
 
 def _resize_keep_dtype(image: tf.Tensor, size, method: str, antialias: bool) -> tf.Tensor:
-  # Like big_vision: clip and cast back (truncating) to the input dtype, so a uint8 image stays uint8
-  # and a teacher trained with big_vision sees bit-identical inputs.
+  # Like big_vision: clip and cast back (truncating) to the input dtype, so a uint8 image stays
+  # uint8 and a teacher trained with big_vision sees bit-identical inputs.
   dtype = image.dtype
   out = tf.image.resize(image, size, method=method, antialias=antialias)
   if dtype.is_integer:

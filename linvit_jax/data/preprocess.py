@@ -7,8 +7,8 @@
 Ops run left to right, separated by `|`; each is `name` or `name(args)` with Python-literal
 arguments. The ops (see ops_image.py, ops_general.py, jft.py for arguments):
 
-  images: decode, decode_jpeg_and_inception_crop, inception_crop, resize, resize_small, central_crop,
-          random_crop, flip_lr, value_range, vgg_value_range, grayscale_to_rgb
+  images: decode, decode_jpeg_and_inception_crop, inception_crop, resize, resize_small,
+          central_crop, random_crop, flip_lr, value_range, vgg_value_range, grayscale_to_rgb
   labels: onehot (one-hot, or multi-hot for a list), multi_hot (JFT-style id lists)
   dicts:  keep, drop
 

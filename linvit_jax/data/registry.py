@@ -1,4 +1,4 @@
-"""The registry of preprocessing ops and the parser of one op spec like `resize(224, method="area")`.
+"""The registry of preprocessing ops, and the parser of op specs like `resize(224, method="area")`.
 
 An op is registered as a *getter*: called with the spec's arguments, it returns `fn(data) -> data`
 over a dict of tf tensors (one example, traced inside `tf.data.Dataset.map`).
@@ -8,10 +8,10 @@ over a dict of tf tensors (one example, traced inside `tf.data.Dataset.map`).
     def get_flip_lr():
       return lambda image, seed: tf.image.stateless_random_flip_left_right(image, seed)
 
-`keyed` lifts a function of one tensor to a function of the dict, adding big_vision's `key`, `inkey`,
-`outkey` arguments (default "image"). Random ops are stateless: their seed comes from the example's
-`_rng` entry, which the input pipeline sets from (seed, position in the stream); that is what makes a
-seed reproduce the same augmentations, and skip-ahead land on the same ones.
+`keyed` lifts a function of one tensor to a function of the dict, adding big_vision's `key`,
+`inkey`, `outkey` arguments (default "image"). Random ops are stateless: their seed comes from the
+example's `_rng` entry, which the input pipeline sets from (seed, position in the stream); that is
+what makes a seed reproduce the same augmentations, and skip-ahead land on the same ones.
 """
 
 from __future__ import annotations
