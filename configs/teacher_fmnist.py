@@ -1,0 +1,34 @@
+r"""Trains the demo's softmax ViT teacher on the embedded Fashion-MNIST (no teacher, one stage).
+
+This is the config that produced the shipped `linvit_jax/assets/teacher_fmnist_vit.npz`:
+
+  python -m linvit_jax.main --config configs/teacher_fmnist.py --workdir workdirs/teacher
+  cp workdirs/teacher/student.npz linvit_jax/assets/teacher_fmnist_vit.npz
+
+Model: width 128, depth 4, 4 heads, MLP 256, patch 4 on 28×28 → 7×7 = 49 patches + cls = 50 tokens
+(enough tokens that attention routing is not trivial, cheap enough for 2 CPU cores).
+`:epochs=` sets the training length (default 4).
+"""
+
+from linvit_jax import config_lib
+
+STEPS_PER_EPOCH = 60_000 // 128
+
+
+def get_config(arg=None):
+  arg = config_lib.parse_arg(arg, epochs=4, patch=4)
+  c = config_lib.base_config()
+  c.model.patch_size = (arg.patch, arg.patch)
+  c.data.pp_train = ('decode(1)|flip_lr|value_range(-1,1)|'
+                     'onehot(10,key="label",key_result="labels")|keep("image","labels")')
+  c.data.pp_eval = 'decode(1)|value_range(-1,1)|onehot(10,key="label",key_result="labels")|keep("image","labels")'
+  c.teacher.init = ""
+  c.student.attention = "softmax"
+  c.surgery.policy = "copy_none"
+  c.surgery.calibrate = False
+  c.stages = ["train"]
+  c.train = config_lib.stage("train", steps=arg.epochs * STEPS_PER_EPOCH, batch_size=128,
+                             lr=2e-3, wd=0.05, warmup_steps=STEPS_PER_EPOCH // 2)
+  c.eval.attention_map_images = 0
+  c.eval.resolution_factors = [1]
+  return c

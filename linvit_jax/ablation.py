@@ -1,0 +1,153 @@
+"""The ablation: which parts of a softmax teacher are worth copying into a linear student?
+
+Every arm gets the same fine-tune budget (steps × batch) on the same data and seed; arms differ
+only in how the student starts:
+
+  teacher_ft         the softmax teacher itself, fine-tuned for the budget (a control)
+  random             linear, every weight at random init (copy_none)
+  copy_attention     linear, every weight copied, attention q/k/v/out included (copy_all)
+  copy_same          linear, everything but attention copied (copy_same), no distillation
+  copy_same_distill  copy_same + teacher-forced attention distillation before fine-tuning
+  copy_all_distill   copy_all + distillation
+  copy_same_distill_in_budget  copy_same + distillation, whose steps count into the budget
+
+Results: `ablation.md` (top-1 before and after fine-tuning, mean ± std over seeds, per-layer
+fidelity) and `ablation.png` (test accuracy during fine-tuning), plus each run's own workdir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+import ml_collections as mlc
+import numpy as np
+
+ARMS: dict[str, dict[str, Any]] = {
+    "teacher_ft": dict(attention="softmax", policy="copy_all", distill=False),
+    "random": dict(policy="copy_none", distill=False),
+    "copy_attention": dict(policy="copy_all", distill=False),
+    "copy_same": dict(policy="copy_same", distill=False),
+    "copy_same_distill": dict(policy="copy_same", distill=True),
+    "copy_all_distill": dict(policy="copy_all", distill=True),
+    "copy_same_distill_in_budget": dict(policy="copy_same", distill=True, in_budget=True),
+}
+
+
+def arm_config(base: mlc.ConfigDict, arm: str, seed: int, finetune_steps: int,
+               distill_steps: int, eval_every: int) -> mlc.ConfigDict:
+  """The run config of one (arm, seed): the base conversion config with the arm's choices."""
+  if arm not in ARMS:
+    raise ValueError(f"unknown ablation arm {arm!r}; known: {sorted(ARMS)}")
+  spec = ARMS[arm]
+  c = mlc.ConfigDict(base.to_dict())
+  c.seed = seed
+  if "attention" in spec:
+    c.student.attention = spec["attention"]
+  c.surgery.policy = spec["policy"]
+  # Calibration rescales freshly initialised attention against the teacher; fully random
+  # students have no teacher stream to calibrate against.
+  c.surgery.calibrate = spec["policy"] == "copy_same"
+  ft = finetune_steps
+  if spec["distill"]:
+    c.stages = ["distill_attention", "finetune"]
+    c.distill_attention.steps = distill_steps
+    if spec.get("in_budget"):
+      ft = finetune_steps - distill_steps
+      if ft <= 0:
+        raise ValueError(f"in-budget arm: distill_steps {distill_steps} ≥ budget {finetune_steps}")
+  else:
+    c.stages = ["finetune"]
+  c.finetune.steps = ft
+  c.finetune.eval_every = eval_every
+  c.finetune.checkpoint_every = max(1, ft // 2)
+  c.finetune.log_every = max(1, ft // 10)
+  c.eval.plots = False
+  c.eval.resolution_factors = []
+  c.eval.attention_map_images = 0
+  return c
+
+
+def _mean_std(values: list[float]) -> str:
+  a = 100 * np.asarray(values, np.float64)
+  if len(a) == 0:
+    return "n/a"
+  return f"{a.mean():.2f} ± {a.std(ddof=1) if len(a) > 1 else 0.0:.2f}"
+
+
+def summarize(results: Mapping[str, list[dict]], teacher_top1: float | None) -> str:
+  """The markdown table of ablation.md."""
+  lines = ["| arm | top-1 before fine-tune (%) | top-1 after fine-tune (%) | Δ vs teacher "
+           "(points) | last-layer cosine after | seeds |",
+           "|---|---|---|---|---|---|"]
+  for arm, runs in results.items():
+    before = [r.get("student_top1_before_finetune", float("nan")) for r in runs]
+    after = [r["student_top1"] for r in runs]
+    delta = (f"{100 * (np.mean(after) - teacher_top1):+.2f}" if teacher_top1 is not None
+             else "n/a")
+    fid_key = next((k for k in ("fidelity_after_finetune", "fidelity_converted") if k in runs[0]),
+                   None)
+    cos = (f"{np.mean([r[fid_key][-1]['cosine'] for r in runs]):.3f}" if fid_key else "n/a")
+    lines.append(f"| {arm} | {_mean_std(before)} | {_mean_std(after)} | {delta} | {cos} | "
+                 f"{len(runs)} |")
+  return "\n".join(lines)
+
+
+def plot_curves(results: Mapping[str, list[dict]], path: str, teacher_top1: float | None) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(7, 4.2))
+  for arm, runs in results.items():
+    curves = []
+    for r in runs:
+      rows = [h for h in r["histories"].get("finetune", []) if "eval/top1" in h]
+      curves.append([(h["step"], h["eval/top1"]) for h in rows])
+    if not curves or not curves[0]:
+      continue
+    steps = [s for s, _ in curves[0]]
+    acc = np.array([[a for _, a in c][:len(steps)] for c in curves if len(c) >= len(steps)])
+    mean, std = 100 * acc.mean(0), 100 * acc.std(0)
+    ax.plot(steps, mean, marker="o", ms=3, label=arm)
+    ax.fill_between(steps, mean - std, mean + std, alpha=0.15)
+  if teacher_top1 is not None:
+    ax.axhline(100 * teacher_top1, color="k", ls="--", lw=1, label="teacher (before)")
+  ax.set_xlabel("fine-tune step")
+  ax.set_ylabel("test top-1 (%)")
+  ax.set_title("Same fine-tune budget, different starting points")
+  ax.legend(fontsize=7, loc="lower right")
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def run_ablation(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Runs every (arm, seed) in its own sub-workdir (each resumable) and writes the report."""
+  from linvit_jax import run as run_lib  # the single-run path, shared with main.py
+  a = config.ablation
+  results: dict[str, list[dict]] = {}
+  teacher_top1 = None
+  for arm in a.arms:
+    for seed in a.seeds:
+      sub = os.path.join(workdir, arm, f"seed{seed}")
+      done = os.path.join(sub, "results.json")
+      if os.path.exists(done):  # finished earlier: a rerun of the ablation only fills the gaps
+        with open(done) as f:
+          r = json.load(f)
+      else:
+        cfg = arm_config(config, arm, seed, a.finetune_steps, a.distill_steps, a.eval_every)
+        r = run_lib.run(cfg, sub)
+      results.setdefault(arm, []).append(r)
+      teacher_top1 = r.get("teacher_top1", teacher_top1)
+      print(f"[ablation] {arm} seed {seed}: top-1 {100 * r['student_top1']:.2f} %", flush=True)
+  table = summarize(results, teacher_top1)
+  with open(os.path.join(workdir, "ablation.md"), "w") as f:
+    f.write(f"# Ablation\n\nteacher top-1 (softmax, before any fine-tuning): "
+            f"{100 * teacher_top1:.2f} %\n\nfine-tune budget: {a.finetune_steps} steps × batch "
+            f"{config.finetune.batch_size}; distillation: {a.distill_steps} steps; seeds "
+            f"{list(a.seeds)}\n\n{table}\n")
+  plot_curves(results, os.path.join(workdir, "ablation.png"), teacher_top1)
+  print(table)
+  return {"table": table, "teacher_top1": teacher_top1}

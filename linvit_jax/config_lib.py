@@ -1,0 +1,105 @@
+"""Config-as-code helpers: the `:arg` string parser and the base config every run starts from.
+
+A config file's `get_config(arg)` starts from `base_config()` and overrides fields; main.py locks
+the result, so a typo such as `--config.finetune.stpes=10` is an error instead of a silent no-op.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections as mlc
+
+STAGE_KINDS = ("train", "distill_attention", "finetune")
+
+
+def parse_arg(arg: str | None, **defaults: Any) -> mlc.ConfigDict:
+  """Parses 'k=v,k2=v2' into a ConfigDict typed after `defaults`; unknown keys are an error.
+
+  A value may itself contain '/' or ':' (a variant 'S/16', a path 'gs://b/x.npz'), not ','.
+  """
+  out = mlc.ConfigDict(defaults)
+  if not arg:
+    return out
+  for item in arg.split(","):
+    if not item:
+      continue
+    if "=" not in item:
+      raise ValueError(f"config arg {item!r} is not of the form key=value (in {arg!r})")
+    key, value = item.split("=", 1)
+    if key not in defaults:
+      raise ValueError(f"unknown config arg {key!r}; known: {sorted(defaults)}")
+    default = defaults[key]
+    if isinstance(default, bool):
+      if value.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(f"config arg {key}={value!r} is not a boolean")
+      out[key] = value.lower() in ("true", "1")
+    elif isinstance(default, int):
+      out[key] = int(value)
+    elif isinstance(default, float):
+      out[key] = float(value)
+    else:
+      out[key] = value
+  return out
+
+
+def optimizer(lr: float, *, wd: float = 1e-4, warmup_steps: int = 0, grad_clip: float = 1.0,
+              b2: float = 0.999, schedule: str = "cosine", accum_steps: int = 1) -> dict:
+  return dict(name="adamw", lr=lr, wd=wd, b2=b2, grad_clip=grad_clip, warmup_steps=warmup_steps,
+              schedule=schedule, accum_steps=accum_steps)
+
+
+def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> dict:
+  """One stage block. kind: train (labels, from the current params), distill_attention (only
+  attention + feature-map params train, teacher-forced losses), finetune (all params, labels and
+  optionally teacher logits / features)."""
+  if kind not in STAGE_KINDS:
+    raise ValueError(f"unknown stage kind {kind!r}; known: {STAGE_KINDS}")
+  opt_kw = {k: kw.pop(k) for k in ("wd", "warmup_steps", "grad_clip", "b2", "schedule",
+                                   "accum_steps") if k in kw}
+  block = dict(kind=kind, steps=steps, batch_size=batch_size, optimizer=optimizer(lr, **opt_kw),
+               checkpoint_every=max(1, steps // 4), max_to_keep=2, log_every=max(1, steps // 20),
+               max_nonfinite_in_a_row=10, eval_every=0,
+               # losses (which ones apply depends on kind; unused weights are ignored)
+               w_label=1.0, w_logit_kd=0.0, kd_temperature=1.0, w_feature=0.0,
+               label_loss="softmax_xent")
+  block.update(kw)
+  return block
+
+
+def base_config() -> mlc.ConfigDict:
+  """Every field a run understands, with defaults; config files override what they need."""
+  c = mlc.ConfigDict()
+  c.seed = 0
+  c.mesh = [("data", -1), ("fsdp", 1)]
+  c.param_rules = []  # [(path regex, "fsdp" | "replicate")], first match wins
+
+  c.data = dict(dataset="fashion_mnist_local", data_dir="", train_split="train",
+                eval_split="test", eval_dataset="", pp_train="", pp_eval="", image_size=28, num_classes=10,
+                label_key="labels", shuffle_buffer=10_000, eval_batch_size=500,
+                eval_max_examples=0)  # 0: the whole split
+
+  # The teacher's architecture (big_vision ViT fields); the student is the same with `attention`.
+  c.model = dict(variant="", num_classes=10, width=128, depth=4, mlp_dim=256, num_heads=4,
+                 patch_size=(4, 4), posemb="learn", pool_type="tok", rep_size=False,
+                 dropout=0.0, head_zeroinit=True, scan=False, remat_policy="nothing_saveable",
+                 dtype_mm="float32", gelu_approximate=True)
+
+  c.teacher = dict(init="", dont_load=[])  # init: big_vision npz; "" → no teacher (train a model)
+  c.student = dict(attention="elu1", dont_load=[])
+  c.surgery = dict(policy="copy_same", calibrate=True)  # calibrate: data-dependent out-proj init
+
+  c.distill = dict(metric="nmse", w_attn=1.0, w_routing=0.1, routing_temperature=1.0,
+                   routing_queries=32, routing_kind="xent", lookahead=0, w_lookahead=0.0,
+                   w_feature=0.0, w_logit_kd=0.0, kd_temperature=1.0)
+
+  c.stages = ["distill_attention", "finetune"]
+  c.distill_attention = stage("distill_attention", steps=500, batch_size=64, lr=3e-3,
+                              warmup_steps=25)
+  c.finetune = stage("finetune", steps=500, batch_size=64, lr=3e-4, warmup_steps=25)
+  c.train = stage("train", steps=0, batch_size=64, lr=1e-3)
+
+  c.eval = dict(curve_examples=2000, fidelity_images=128, attention_map_images=4, throughput_batch=64,
+                resolution_factors=[1, 2], plots=True)
+  c.export = dict(npz=True)
+  return c

@@ -1,0 +1,210 @@
+"""Evaluation: top-1, per-layer attention fidelity, attention maps, resolution scaling, plots.
+
+Fidelity is measured teacher-forced: every student attention layer gets the teacher's own input at
+that layer, and its output (after the out projection) is compared with the teacher's, so a layer's
+number says how well *that* operator imitates softmax, not how errors compound downstream.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linvit_jax import checkpoints
+from linvit_jax.models import attention as attn_lib
+
+
+# ----------------------------------------------------------------------------- accuracy
+
+def make_predict_fn(model: nn.Module) -> Callable[[Any, jax.Array], jax.Array]:
+  @jax.jit
+  def predict(params, images):
+    logits, _ = model.apply({"params": params}, images, train=False)
+    return logits
+  return predict
+
+
+def correct_fn(model: nn.Module, label_key: str = "labels") -> Callable[[Any, Mapping], dict]:
+  """Per-example top-1 hits; one-hot or multi-hot labels count a hit when the top-scoring class
+  is positive, integer labels when it is equal."""
+  def fn(params, batch):
+    logits, _ = model.apply({"params": params}, batch["image"], train=False)
+    pred = jnp.argmax(logits, axis=-1)
+    labels = batch[label_key]
+    if labels.ndim == 2:
+      hit = jnp.take_along_axis(labels, pred[:, None], axis=-1)[:, 0] > 0
+    else:
+      hit = pred == labels
+    return {"top1": hit.astype(jnp.float32)}
+  return fn
+
+
+def top1(model: nn.Module, params: Any, batches: Iterable[Mapping[str, np.ndarray]],
+         mesh: jax.sharding.Mesh | None = None, label_key: str = "labels") -> float:
+  """Top-1 accuracy over padded eval batches (rows with `_mask` False are ignored), summed over
+  every process's batches on the mesh."""
+  from linvit_jax import sharding, train  # train imports orbax; keep evaluate light to import
+  mesh = mesh or sharding.make_mesh([("data", -1)])
+  return train.evaluate(params, correct_fn(model, label_key), batches, mesh)["top1"]
+
+
+# ----------------------------------------------------------------------------- internals of a model
+
+def block_names(params: Mapping[str, Any]) -> list[str]:
+  """Per-block names of a params tree: encoderblock_0..L-1 (scanned trees are unstacked first)."""
+  t = params["Transformer"]
+  if "encoderblock" in t:
+    depth = len(jax.tree.leaves(t["encoderblock"])[0])
+    return [f"encoderblock_{i}" for i in range(depth)]
+  return sorted((k for k in t if k.startswith("encoderblock_")), key=lambda k: int(k.split("_")[1]))
+
+
+def per_block(params: Mapping[str, Any]) -> Mapping[str, Any]:
+  """The per-block (python-loop) layout of a params tree."""
+  if "encoderblock" in params["Transformer"]:
+    return checkpoints.scan_to_pyloop(params)
+  return params
+
+
+def intermediates(model: nn.Module, params: Any, images: jax.Array) -> tuple[Any, dict, dict]:
+  """(logits, out, per-block {attn_input, q, k}) of one forward pass."""
+  (logits, out), state = model.apply({"params": params}, images, mutable=["intermediates"])
+  inter = state["intermediates"]["Transformer"]
+  blocks = {}
+  if "encoderblock" in inter:  # scanned: every sown value has a leading depth axis
+    stacked = inter["encoderblock"]
+    depth = stacked["attn_input"][0].shape[0]
+    for i in range(depth):
+      blocks[f"encoderblock_{i}"] = {
+          "attn_input": stacked["attn_input"][0][i],
+          "q": stacked["MultiHeadDotProductAttention_0"]["q"][0][i],
+          "k": stacked["MultiHeadDotProductAttention_0"]["k"][0][i]}
+  else:
+    for name, b in inter.items():
+      blocks[name] = {"attn_input": b["attn_input"][0],
+                      "q": b["MultiHeadDotProductAttention_0"]["q"][0],
+                      "k": b["MultiHeadDotProductAttention_0"]["k"][0]}
+  return logits, out, blocks
+
+
+def layer_specs(model: nn.Module) -> tuple[attn_lib.AttentionSpec, ...]:
+  return attn_lib.parse_layer_specs(model.attention, model.depth)
+
+
+def attention_fidelity(teacher: nn.Module, teacher_params: Any, student: nn.Module,
+                       student_params: Any, images: jax.Array) -> list[dict[str, float]]:
+  """Per layer: normalised MSE (MSE / Var(teacher)) and mean token cosine, teacher-forced."""
+  from linvit_jax import distill  # distill imports vit; evaluate stays importable on its own
+  targets = distill.teacher_targets(teacher, teacher_params, images)
+  outputs = distill.student_attention_outputs(student, student_params, targets["attn_input"])
+  m = jax.device_get(distill.output_metrics(outputs, targets["sa"]))
+  return [{"layer": i, "nmse": float(m["nmse"][i]), "cosine": float(m["cosine"][i])}
+          for i in range(len(m["nmse"]))]
+
+
+def cls_attention_maps(model: nn.Module, params: Any, images: jax.Array) -> np.ndarray:
+  """Attention of the first token (cls) to the image tokens, [layers, B, heads, h, w].
+
+  Softmax layers give softmax(q·kᵀ/√d); linear layers their normalised φ(q)φ(k)ᵀ weights.
+  """
+  _, out, blocks = intermediates(model, params, images)
+  p = per_block(params)["Transformer"]
+  _, h, w, _ = out["stem"].shape
+  maps = []
+  for name, spec in zip(block_names(params), layer_specs(model)):
+    q, k = blocks[name]["q"][:, :1], blocks[name]["k"]
+    if spec.kind == "linear":
+      phi_q, phi_k = attn_lib.feature_maps_of(spec, q, k, p[name]["MultiHeadDotProductAttention_0"])
+      weights = attn_lib.linear_weights(phi_q, phi_k, spec.eps)
+    else:
+      weights = attn_lib.softmax_weights(q, k)
+    weights = weights[:, :, 0, -h * w:]  # drop the cls→cls entry when there is a cls token
+    maps.append(np.asarray(weights).reshape(weights.shape[0], weights.shape[1], h, w))
+  return np.stack(maps)
+
+
+# ----------------------------------------------------------------------------- speed & resolution
+
+def images_per_second(model: nn.Module, params: Any, images: np.ndarray, repeats: int = 5) -> float:
+  """Median forward throughput of a jitted apply (compile excluded)."""
+  predict = make_predict_fn(model)
+  jax.block_until_ready(predict(params, images))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(predict(params, images))
+    times.append(time.perf_counter() - t0)
+  return len(images) / float(np.median(times))
+
+
+def resample_for_resolution(params: Mapping[str, Any], new_grid: tuple[int, int]) -> dict:
+  """Params with the learned position embedding resampled to a new token grid."""
+  params = dict(params)
+  if "pos_embedding" in params:
+    pe = np.asarray(params["pos_embedding"])
+    new_shape = (1, new_grid[0] * new_grid[1], pe.shape[-1])
+    params["pos_embedding"] = checkpoints.resample_posemb(pe, new_shape)
+  return params
+
+
+# ----------------------------------------------------------------------------- pictures
+
+def _plt():
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def plot_fidelity(rows_by_name: Mapping[str, list[dict[str, float]]], path: str) -> None:
+  """Bar chart of per-layer cosine and normalised MSE for one or more students."""
+  plt = _plt()
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+  names = list(rows_by_name)
+  width = 0.8 / max(1, len(names))
+  for j, name in enumerate(names):
+    rows = rows_by_name[name]
+    x = np.arange(len(rows)) + j * width
+    axes[0].bar(x, [r["cosine"] for r in rows], width, label=name)
+    axes[1].bar(x, [r["nmse"] for r in rows], width, label=name)
+  for ax, title in zip(axes, ("cosine (↑)", "normalised MSE (↓)")):
+    ax.set_xlabel("layer")
+    ax.set_title(f"attention-output fidelity: {title}")
+    ax.set_xticks(np.arange(len(next(iter(rows_by_name.values())))) + 0.4 - width / 2)
+    ax.set_xticklabels(range(len(next(iter(rows_by_name.values())))))
+  axes[0].set_ylim(0, 1.02)
+  axes[0].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def plot_attention_maps(images: np.ndarray, teacher_maps: np.ndarray, student_maps: np.ndarray,
+                        path: str, layer: int = -1) -> None:
+  """Grid: one row per image; the image, then the teacher's and the student's cls maps per head."""
+  plt = _plt()
+  n_img, heads = teacher_maps.shape[1], teacher_maps.shape[2]
+  cols = 1 + 2 * heads
+  fig, axes = plt.subplots(n_img, cols, figsize=(1.4 * cols, 1.5 * n_img), squeeze=False)
+  for i in range(n_img):
+    img = images[i]
+    img = (img - img.min()) / (img.max() - img.min() + 1e-9)
+    axes[i, 0].imshow(img.squeeze(), cmap="gray" if img.shape[-1] == 1 else None)
+    for h in range(heads):
+      axes[i, 1 + h].imshow(teacher_maps[layer, i, h], cmap="viridis")
+      axes[i, 1 + heads + h].imshow(student_maps[layer, i, h], cmap="viridis")
+      if i == 0:
+        axes[i, 1 + h].set_title(f"teacher h{h}", fontsize=7)
+        axes[i, 1 + heads + h].set_title(f"student h{h}", fontsize=7)
+  for ax in axes.flat:
+    ax.set_xticks([])
+    ax.set_yticks([])
+  fig.suptitle(f"cls-token attention, layer {layer % teacher_maps.shape[0]}", fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)

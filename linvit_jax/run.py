@@ -1,0 +1,331 @@
+"""One conversion run, end to end, as a function of (config, workdir); main.py is its CLI.
+
+Kept separate from main.py so the ablation driver, the notebook and the tests call the same path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Iterator, Mapping
+
+import jax
+import jax.numpy as jnp
+import ml_collections as mlc
+import numpy as np
+
+from linvit_jax import checkpoints
+from linvit_jax import evaluate
+from linvit_jax import sharding
+from linvit_jax import stages
+from linvit_jax import surgery
+from linvit_jax import train
+from linvit_jax.data import input_pipeline
+from linvit_jax.models import attention as attn_lib
+from linvit_jax.models import vit
+
+
+class ConfigError(ValueError):
+  """A config that cannot run, found before any compute."""
+
+
+def model_kwargs(config: mlc.ConfigDict) -> dict[str, Any]:
+  kw = config.model.to_dict()
+  variant = kw.pop("variant") or None
+  if variant:
+    # A variant decides width/depth/mlp/heads/patch; explicit fields only override when asked
+    # (base_config's small defaults must not shadow 'S/16').
+    for k in ("width", "depth", "mlp_dim", "num_heads", "patch_size"):
+      kw.pop(k, None)
+    kw["variant"] = variant
+  kw["patch_size"] = tuple(kw["patch_size"]) if "patch_size" in kw else None
+  if kw["patch_size"] is None:
+    kw.pop("patch_size")
+  return kw
+
+
+def build_models(config: mlc.ConfigDict) -> tuple[Any, Any]:
+  kw = model_kwargs(config)
+  return vit.Model(**kw, attention="softmax"), vit.Model(**kw, attention=_attention(config))
+
+
+def _attention(config: mlc.ConfigDict) -> Any:
+  a = config.student.attention
+  return a.to_dict() if hasattr(a, "to_dict") else a
+
+
+def validate(config: mlc.ConfigDict) -> None:
+  """Everything that can be checked before compute, each with a message naming the field."""
+  for name in config.stages:
+    if name not in config:
+      raise ConfigError(f"stage {name!r} is listed in config.stages but config.{name} is missing")
+    kind = config[name].kind
+    if kind not in ("train", "distill_attention", "finetune"):
+      raise ConfigError(f"config.{name}.kind={kind!r}: unknown stage kind")
+    if kind in ("distill_attention",) and not config.teacher.init:
+      raise ConfigError(f"stage {name!r} distills attention but config.teacher.init is empty")
+  attn_lib.parse_layer_specs(_attention(config), config.model.depth or 1)
+  surgery.get_policy(config.surgery.policy)
+  if config.data.pp_train:
+    input_pipeline.get_preprocess_fn(config.data.pp_train)
+  if config.data.pp_eval:
+    input_pipeline.get_preprocess_fn(config.data.pp_eval)
+
+
+def _train_iter_fn(config, batch_size: int, seed: int):
+  def make(start_step: int) -> Iterator[dict]:
+    return input_pipeline.make_train_iterator(
+        dataset=config.data.dataset, split=config.data.train_split, pp=config.data.pp_train,
+        global_batch_size=batch_size, seed=seed, data_dir=config.data.data_dir or None,
+        shuffle_buffer=config.data.shuffle_buffer, start_step=start_step)
+  return make
+
+
+def _eval_batches(config, pp: str | None = None, max_examples: int = 0) -> Iterator[dict]:
+  it = input_pipeline.make_eval_iterator(
+      dataset=config.data.eval_dataset or config.data.dataset, split=config.data.eval_split,
+      pp=pp or config.data.pp_eval,
+      global_batch_size=config.data.eval_batch_size, data_dir=config.data.data_dir or None)
+  seen = 0
+  limit = min(filter(None, (max_examples, config.data.eval_max_examples)), default=0)
+  for batch in it:
+    if limit and seen >= limit:
+      return
+    seen += len(batch["image"])
+    yield batch
+
+
+def _sample_images(config, n: int) -> np.ndarray:
+  """The first n eval images, the same on every process (calibration and fidelity must agree)."""
+  it = input_pipeline.make_eval_iterator(
+      dataset=config.data.eval_dataset or config.data.dataset, split=config.data.eval_split,
+      pp=config.data.pp_eval, global_batch_size=max(n, 8), data_dir=config.data.data_dir or None,
+      process_index=0, process_count=1)
+  out = []
+  for batch in it:
+    out.append(batch["image"][np.asarray(batch["_mask"])])
+    if sum(len(o) for o in out) >= n:
+      break
+  return np.concatenate(out)[:n]
+
+
+def _is_remote(path: str) -> bool:
+  return "://" in path
+
+
+def _write_text(path: str, text: str) -> None:
+  """Atomic write (temp + rename) to a local path or, through tf.io.gfile, to gs:// etc."""
+  tmp = path + ".tmp"
+  if _is_remote(path):
+    import tensorflow as tf
+    with tf.io.gfile.GFile(tmp, "w") as f:
+      f.write(text)
+    tf.io.gfile.rename(tmp, path, overwrite=True)
+    return
+  with open(tmp, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def _write_json(path: str, obj: Any) -> None:
+  _write_text(path, json.dumps(obj, indent=1, default=float))
+
+
+def _prepare_workdir(workdir: str) -> None:
+  """Creates the workdir and proves it writable before any compute."""
+  try:
+    if _is_remote(workdir):
+      import tensorflow as tf
+      tf.io.gfile.makedirs(workdir)
+    else:
+      os.makedirs(workdir, exist_ok=True)
+    _write_text(os.path.join(workdir, ".write_test"), "ok")
+  except Exception as e:  # noqa: BLE001 - any failure here means the same thing to the user
+    raise ConfigError(f"workdir {workdir!r} is not writable: {type(e).__name__}: {e}") from e
+
+
+def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Runs a config in workdir and returns the results dict (also written to results.json)."""
+  sharding.maybe_initialize_distributed()
+  validate(config)
+  is_main = jax.process_index() == 0
+  if is_main:
+    _prepare_workdir(workdir)
+    _write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=1))
+
+  mesh = sharding.make_mesh(config.mesh)
+  for name in config.stages:  # before any compute: a batch the mesh cannot split is a config bug
+    sharding.check_batch_size(config[name].batch_size, mesh,
+                              accum_steps=config[name].optimizer.accum_steps,
+                              what=f"config.{name}.batch_size")
+  teacher_model, student_model = build_models(config)
+  rng = jax.random.PRNGKey(config.seed)
+  sample = _sample_images(config, max(8, config.eval.fidelity_images))
+  results: dict[str, Any] = {"config": config.to_dict(), "timing_s": {}}
+  t_start = time.time()
+
+  # --- teacher and surgery ------------------------------------------------------------------
+  student_params = jax.jit(student_model.init)(rng, sample[:1])["params"]
+  teacher_params = None
+  if config.teacher.init:
+    teacher_shapes = jax.eval_shape(teacher_model.init, rng, sample[:1])["params"]
+    teacher_params = vit.load(teacher_shapes, config.teacher.init, model_kwargs(config),
+                              dont_load=tuple(config.teacher.dont_load))
+    student_params, report = surgery.transplant(teacher_params, student_params,
+                                                config.surgery.policy)
+    if is_main:
+      report.to_json(os.path.join(workdir, "surgery_report.json"))
+      print(report.table(max_rows=40) if hasattr(report, "table") else report)
+    copied_attention = report.copied_attention() if hasattr(report, "copied_attention") else False
+    if config.surgery.calibrate and not copied_attention:
+      student_params = stages.calibrate(teacher_model, teacher_params, student_model,
+                                        student_params, sample[:64])
+    results["teacher_top1"] = evaluate.top1(teacher_model, teacher_params, _eval_batches(config), mesh)
+    results["student_top1_converted"] = evaluate.top1(student_model, student_params,
+                                                      _eval_batches(config), mesh)
+    results["fidelity_converted"] = evaluate.attention_fidelity(
+        teacher_model, teacher_params, student_model, student_params,
+        sample[:config.eval.fidelity_images])
+
+  # --- stages ----------------------------------------------------------------------------------
+  histories = {}
+  last_top1 = results.get("student_top1_converted")
+  eval_correct = evaluate.correct_fn(student_model, config.data.label_key)
+
+  def eval_fn(params):
+    # Curves use the first `curve_examples` test images: cheap enough to draw every few steps.
+    batches = _eval_batches(config, max_examples=config.eval.curve_examples)
+    return {"top1": train.evaluate(params, eval_correct, batches, mesh)["top1"]}
+
+  for i, name in enumerate(config.stages):
+    stage_cfg = config[name]
+    t0 = time.time()
+    if stage_cfg.kind == "finetune" and last_top1 is not None:
+      results["student_top1_before_finetune"] = last_top1
+    loss_fn, mask = stages.build(stage_cfg.kind, stage_cfg, config, teacher_model, student_model,
+                                 student_params)
+    student_params, history = train.run_stage(
+        stage_cfg=stage_cfg, name=name, loss_fn=loss_fn, init_params=student_params,
+        trainable_mask=mask, frozen=teacher_params, workdir=workdir, mesh=mesh,
+        batch_iter_fn=_train_iter_fn(config, stage_cfg.batch_size, config.seed + 1000 * (i + 1)),
+        param_rules=[tuple(r) for r in config.param_rules], seed=config.seed + i,
+        eval_fn=eval_fn if stage_cfg.eval_every else None)
+    histories[name] = history
+    results["timing_s"][name] = time.time() - t0
+    last_top1 = results[f"student_top1_after_{name}"] = evaluate.top1(
+        student_model, student_params, _eval_batches(config), mesh)
+    if teacher_params is not None:
+      results[f"fidelity_after_{name}"] = evaluate.attention_fidelity(
+          teacher_model, teacher_params, student_model, student_params,
+          sample[:config.eval.fidelity_images])
+  results["student_top1"] = last_top1 if last_top1 is not None else evaluate.top1(
+      student_model, student_params, _eval_batches(config), mesh)
+  results["histories"] = histories
+
+  # --- speed and pictures ----------------------------------------------------------------------
+  tb = sample[:config.eval.throughput_batch]
+  if len(tb) < config.eval.throughput_batch:
+    tb = np.resize(tb, (config.eval.throughput_batch,) + tb.shape[1:])
+  results["student_images_per_s"] = evaluate.images_per_second(student_model, student_params, tb)
+  if teacher_params is not None:
+    results["teacher_images_per_s"] = evaluate.images_per_second(teacher_model, teacher_params, tb)
+    results["resolution"] = _resolution_scaling(config, mesh, teacher_model, teacher_params,
+                                                student_model, student_params)
+    if is_main and config.eval.plots:
+      _plots(config, workdir, results, teacher_model, teacher_params, student_model,
+             student_params, sample)
+  results["timing_s"]["total"] = time.time() - t_start
+  # A fingerprint of the exported model: logits of the final student on 4 fixed images.
+  results["student_logits_sample"] = np.asarray(
+      evaluate.make_predict_fn(student_model)(student_params, sample[:4])).tolist()
+
+  # --- export ------------------------------------------------------------------------------------
+  if is_main:
+    checkpoints.save_npz(os.path.join(workdir, "student.npz"), jax.device_get(student_params))
+    student_cfg = {**model_kwargs(config), "attention": _attention(config)}
+    _write_json(os.path.join(workdir, "student_config.json"), student_cfg)
+    _write_json(os.path.join(workdir, "results.json"), results)
+  return results
+
+
+def _with_resize(pp: str, size: int) -> str:
+  """The eval pp string with `resize(size)` after the geometric ops (before value_range)."""
+  ops = pp.split("|")
+  at = next((i for i, op in enumerate(ops) if "value_range" in op), len(ops))
+  return "|".join(ops[:at] + [f"resize({size})"] + ops[at:])
+
+
+def _resolution_scaling(config, mesh, teacher_model, teacher_params, student_model, student_params):
+  """Top-1 and images/s of teacher and student at each factor × the training resolution."""
+  rows = []
+  size = config.data.image_size
+  for factor in config.eval.resolution_factors:
+    new = size * factor
+    pp = config.data.pp_eval if factor == 1 else _with_resize(config.data.pp_eval, new)
+    grid = (new // config.model.patch_size[0], new // config.model.patch_size[1])
+    row = {"factor": factor, "image_size": new, "tokens": grid[0] * grid[1] + 1}
+    images = None
+    for name, model, params in (("teacher", teacher_model, teacher_params),
+                                ("student", student_model, student_params)):
+      p = evaluate.resample_for_resolution(params, grid)
+      row[f"{name}_top1"] = evaluate.top1(model, p, _eval_batches(config, pp), mesh)
+      if images is None:
+        images = next(iter(_eval_batches(config, pp)))["image"][:config.eval.throughput_batch]
+      row[f"{name}_images_per_s"] = evaluate.images_per_second(model, p, images)
+    rows.append(row)
+  return rows
+
+
+def _plots(config, workdir, results, teacher_model, teacher_params, student_model,
+           student_params, sample) -> None:
+  import tempfile
+  # matplotlib writes local files; a gs:// workdir gets a copy of each.
+  local = tempfile.mkdtemp() if _is_remote(workdir) else workdir
+  fid = {k.replace("fidelity_", ""): v for k, v in results.items() if k.startswith("fidelity_")}
+  evaluate.plot_fidelity(fid, os.path.join(local, "fidelity.png"))
+  n = config.eval.attention_map_images
+  if n:
+    tmaps = evaluate.cls_attention_maps(teacher_model, teacher_params, sample[:n])
+    smaps = evaluate.cls_attention_maps(student_model, student_params, sample[:n])
+    evaluate.plot_attention_maps(sample[:n], tmaps, smaps,
+                                 os.path.join(local, "attention_maps.png"))
+  if local != workdir:
+    import tensorflow as tf
+    for name in os.listdir(local):
+      tf.io.gfile.copy(os.path.join(local, name), os.path.join(workdir, name), overwrite=True)
+
+
+def format_summary(results: Mapping[str, Any]) -> str:
+  """The table main.py prints: accuracy, per-layer fidelity, speed."""
+  lines = ["", "== linvit_jax results " + "=" * 50]
+  def pct(x):
+    return f"{100 * x:6.2f} %" if isinstance(x, float) else "   n/a"
+  if "teacher_top1" in results:
+    lines.append(f"teacher (softmax) top-1          {pct(results['teacher_top1'])}")
+    lines.append(f"student after surgery top-1      {pct(results['student_top1_converted'])}")
+  for k, v in results.items():
+    if k.startswith("student_top1_after_"):
+      lines.append(f"student after {k[19:]:<19s}top-1 {pct(v)}")
+  lines.append(f"student final top-1              {pct(results['student_top1'])}")
+  fids = [(k[9:], v) for k, v in results.items() if k.startswith("fidelity_")]
+  if fids:
+    lines.append("")
+    lines.append("per-layer attention fidelity (teacher-forced), cosine / normalised MSE")
+    header = "  " + " ".join(f"{name:>22s}" for name, _ in fids)
+    lines.append("layer" + header[5:] if len(header) > 5 else header)
+    for i in range(len(fids[0][1])):
+      cells = " ".join(f"{v[i]['cosine']:>10.3f} / {v[i]['nmse']:<9.3f}" for _, v in fids)
+      lines.append(f"{i:>5d}  {cells}")
+  if "teacher_images_per_s" in results:
+    lines.append("")
+    lines.append(f"images/s (forward, batch {results['config']['eval']['throughput_batch']}): "
+                 f"teacher {results['teacher_images_per_s']:.0f}, "
+                 f"student {results['student_images_per_s']:.0f}")
+  for row in results.get("resolution", []):
+    lines.append(f"  {row['image_size']:>4d}px ({row['tokens']} tokens): top-1 teacher "
+                 f"{pct(row['teacher_top1'])}, student {pct(row['student_top1'])}; images/s "
+                 f"teacher {row['teacher_images_per_s']:.0f}, student "
+                 f"{row['student_images_per_s']:.0f}")
+  lines.append(f"total time {results['timing_s']['total']:.0f} s")
+  return "\n".join(lines)
