@@ -99,37 +99,45 @@ def softmax_weights(q: jax.Array, k: jax.Array, temperature: float = 1.0) -> jax
 
 def chunked_softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array,
                               chunk_size: int = 512) -> jax.Array:
-  """Exact softmax attention by an online softmax over key blocks: O(Nq·block) live memory."""
+  """Exact softmax attention by an online softmax over key blocks: O(Nq·block) live memory.
+
+  Each block's step is rematerialised in the backward pass (flash-attention style), so the
+  gradient does not keep the [Nq, Nk] scores either; blocks are head-major ([B,H,block,D]) so both
+  contractions are plain batched matmuls with no per-step transposes.
+  """
   b, nk, h, d = k.shape
   chunk_size = min(chunk_size, nk)
   n_chunks = -(-nk // chunk_size)
   pad = n_chunks * chunk_size - nk
-  if pad:
-    k = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0)))
-    v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
-  valid = (jnp.arange(n_chunks * chunk_size) < nk).reshape(n_chunks, chunk_size)
-  k = k.reshape(b, n_chunks, chunk_size, h, d).swapaxes(0, 1)
-  v = v.reshape(b, n_chunks, chunk_size, h, d).swapaxes(0, 1)
-  qs = (q / jnp.sqrt(d).astype(q.dtype)).astype(jnp.float32)
+  f32 = jnp.float32
 
+  def blocks(x):  # [B,Nk,H,D] -> [n_chunks, B, H, chunk, D]
+    x = jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) if pad else x
+    return x.reshape(b, n_chunks, chunk_size, h, d).transpose(1, 0, 3, 2, 4)
+
+  valid = (jnp.arange(n_chunks * chunk_size) < nk).reshape(n_chunks, chunk_size)
+  qs = (q / jnp.sqrt(d).astype(q.dtype)).transpose(0, 2, 1, 3)  # [B,H,Nq,D]
+
+  @jax.checkpoint
   def step(carry, blk):
     m_prev, l_prev, acc = carry
     k_blk, v_blk, valid_blk = blk
-    s = jnp.einsum("bqhd,bkhd->bhqk", qs, k_blk.astype(jnp.float32))
-    s = jnp.where(valid_blk[None, None, None, :], s, -jnp.inf)
+    s = jnp.einsum("bhqd,bhkd->bhqk", qs, k_blk, preferred_element_type=f32)
+    if pad:
+      s = jnp.where(valid_blk, s, -jnp.inf)
     m_new = jnp.maximum(m_prev, s.max(axis=-1))
     p = jnp.exp(s - m_new[..., None])
     correction = jnp.exp(m_prev - m_new)
     l_new = l_prev * correction + p.sum(axis=-1)
-    acc = acc * correction[..., None] + jnp.einsum("bhqk,bkhd->bhqd", p, v_blk.astype(jnp.float32))
+    acc = acc * correction[..., None] + jnp.einsum(
+        "bhqk,bhkd->bhqd", p.astype(v_blk.dtype), v_blk, preferred_element_type=f32)
     return (m_new, l_new, acc), None
 
   nq = q.shape[1]
-  init = (jnp.full((b, h, nq), -jnp.inf, jnp.float32), jnp.zeros((b, h, nq), jnp.float32),
-          jnp.zeros((b, h, nq, v.shape[-1]), jnp.float32))
-  (_, l_final, acc), _ = jax.lax.scan(step, init, (k, v, valid))
-  out = acc / l_final[..., None]
-  return out.transpose(0, 2, 1, 3).astype(v.dtype)
+  init = (jnp.full((b, h, nq), -jnp.inf, f32), jnp.zeros((b, h, nq), f32),
+          jnp.zeros((b, h, nq, v.shape[-1]), f32))
+  (_, l_final, acc), _ = jax.lax.scan(step, init, (blocks(k), blocks(v), valid))
+  return (acc / l_final[..., None]).transpose(0, 2, 1, 3).astype(v.dtype)
 
 
 def linear_attention(phi_q: jax.Array, phi_k: jax.Array, v: jax.Array,
