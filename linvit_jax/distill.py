@@ -1,0 +1,638 @@
+"""Distill the difference: losses that teach a linear-attention student its teacher's attention.
+
+Everything here is a pure, jit-friendly function of params, arrays and a model. A "model" argument
+is a `vit.Model(...)` instance or the config dict it was built from (`vit.Model(**cfg)`).
+
+One teacher forward (no gradient) gives every layer's input and target, stacked on a leading layer
+axis L (`teacher_targets`):
+
+    attn_input [L,B,N,D]  the LayerNorm_0 output = each attention sublayer's input
+    q, k       [L,B,N,H,Dh] post-projection queries/keys (for the routing loss)
+    sa         [L,B,N,D]  each attention sublayer's output (after the out projection)
+    +sa, +mlp  [L,B,N,D]  the residual stream after the attention / MLP sublayer of each block
+    encoded    [B,N,D]    after encoder_norm;  pre_logits [B,D];  logits [B,C] (if a head)
+
+Teacher forcing (`student_attention_outputs`) runs each student attention layer on the teacher's
+own `attn_input`, so all layers train in one pass and errors do not compound during the stage.
+
+Losses (each a function below; formulas in their docstrings):
+    attention_output_loss   per-layer MSE/Var(teacher) ("nmse") or 1 - cosine
+    routing_loss            xent/KL between softmax(QKᵀ/(τ√d)) and φ(q)φ(k)ᵀ/Σ on s sampled queries
+    lookahead_loss          the student's attention error pushed through k frozen teacher sublayers
+    feature_alignment_loss  the student's own (not teacher-forced) encoded tokens / pre_logits
+    logit_kd_loss           Hinton KD with temperature;  softmax_xent / sigmoid_xent for labels
+
+The attention-distillation stage's loss, called inside a jitted train step (weights from the
+`cfg.distill` ml_collections block, defaults in `DISTILL_DEFAULTS`):
+
+    loss_fn = make_distill_loss(teacher_model, student_model, config.distill)
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        student_params, teacher_params, batch, rng)
+
+    cfg.distill = dict(metric="nmse", w_attn=1.0, w_routing=0.1, routing_temperature=1.0,
+                       routing_queries=64, routing_kind="xent", lookahead=0, w_lookahead=0.0,
+                       w_feature=0.0, feature_keys=("encoded", "pre_logits"), w_logit_kd=0.0,
+                       kd_temperature=1.0)
+
+Metrics are flat dicts of scalars: loss, attn_nmse, attn_cosine, attn_nmse/layer_00, ...,
+attn_cosine/layer_00, ..., routing, routing/layer_00, ..., lookahead, lookahead/layer_00, ...,
+feature_nmse/<key>, feature_cosine/<key>, logit_kd. Fine-tuning combines `softmax_xent` /
+`sigmoid_xent`, `logit_kd_loss` and `feature_alignment_loss` (stages.py).
+
+Argument order is model before params throughout (as in `model.apply(params, ...)`).
+
+Which parameters train: `trainable_mask(params, "distill_attention" | "finetune" | regex)` and
+`masked_optimizer(opt, mask)` (frozen leaves get exactly zero updates and no optimizer state).
+
+A freshly initialised student attention should first go through `calibrate_out_projection` (one
+batch): checkpoints with LayerScale folded in have small attention outputs, and a standard init
+can be ~170x too large in variance there.
+
+All losses are computed in float32; every variance and norm in a denominator is guarded by `eps`.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Union
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from linvit_jax.models import attention as attn_lib
+from linvit_jax.models import vit
+
+Array = jax.Array
+Params = Mapping[str, Any]
+ModelLike = Union[nn.Module, Mapping[str, Any]]
+
+EPS = 1e-12      # guards variances and norms in denominators (absolute: outputs can be tiny)
+LOG_EPS = 1e-9   # guards log() of attention weights that a feature map can make exactly zero
+ATTN = "MultiHeadDotProductAttention_0"
+
+DISTILL_DEFAULTS = dict(
+    metric="nmse",              # attention-output metric in the loss: "nmse" | "cosine"
+    w_attn=1.0,
+    w_routing=0.1,
+    routing_temperature=1.0,    # τ of the teacher's softmax(QKᵀ/(τ√d)); >1 softens targets
+    routing_queries=64,         # s sampled query tokens per step (0: all queries)
+    routing_kind="xent",        # "xent" | "kl" (same gradient; kl is 0 at the optimum)
+    lookahead=0,                # k: teacher sublayers the attention error is pushed through
+    w_lookahead=0.0,
+    w_feature=0.0,              # end-to-end alignment of the student's own stream
+    feature_keys=("encoded", "pre_logits"),
+    w_logit_kd=0.0,
+    kd_temperature=1.0,
+)
+
+# Which parameters train in a stage (re.fullmatch on '/'-joined paths, scanned or per-block).
+STAGE_TRAINABLE = {
+    "distill_attention": r"Transformer/encoderblock(_\d+)?/" + ATTN + r"/.*",
+    "finetune": r".*",
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Models, layers and param subtrees.
+
+def as_model(model: ModelLike) -> nn.Module:
+  """A vit model instance, or one built from its config dict / ConfigDict."""
+  if isinstance(model, nn.Module):
+    return model
+  if hasattr(model, "to_dict"):
+    model = model.to_dict()
+  if not isinstance(model, Mapping):
+    raise TypeError(f"expected a vit.Model or its config dict, got {type(model).__name__}")
+  return vit.Model(**model)
+
+
+def layer_specs(model: ModelLike) -> tuple[attn_lib.AttentionSpec, ...]:
+  """The attention operator of every encoder layer."""
+  model = as_model(model)
+  return attn_lib.parse_layer_specs(model.attention, model.depth)
+
+
+def _is_scanned(params: Params) -> bool:
+  return "encoderblock" in params["Transformer"]
+
+
+def block_params(params: Params, layer: int) -> Params:
+  """Block `layer`'s params subtree, from a per-block or scanned (stacked) tree."""
+  t = params["Transformer"]
+  if "encoderblock" in t:
+    return jax.tree.map(lambda x: x[layer], t["encoderblock"])
+  return t[f"encoderblock_{layer}"]
+
+
+def _attention_module(model: nn.Module, spec: attn_lib.AttentionSpec) -> attn_lib.Attention:
+  return attn_lib.Attention(num_heads=model.num_heads, spec=spec, dtype_mm=model.dtype_mm)
+
+
+def _f32(x: Array) -> Array:
+  return jnp.asarray(x, jnp.float32)
+
+
+# ------------------------------------------------------------------------------------------------
+# The teacher's targets and the teacher-forced student.
+
+def teacher_targets(teacher_model: ModelLike, teacher_params: Params, images: Array) -> dict:
+  """One teacher forward (eval mode, stop_gradient): every layer's input and targets.
+
+  Returns a dict with attn_input, q, k, sa, +sa, +mlp stacked on a leading layer axis, and
+  encoded, pre_logits, logits (when the model has a head); see the module docstring for shapes.
+  """
+  model = as_model(teacher_model)
+  (logits, out), state = model.apply({"params": teacher_params}, images, train=False,
+                                     mutable=["intermediates"])
+  inter = state["intermediates"]["Transformer"]
+  if "encoderblock" in inter:
+    blk = inter["encoderblock"]
+    attn_input, q, k = blk["attn_input"][0], blk[ATTN]["q"][0], blk[ATTN]["k"][0]
+  else:
+    blocks = [inter[f"encoderblock_{l}"] for l in range(model.depth)]
+    attn_input = jnp.stack([b["attn_input"][0] for b in blocks])
+    q = jnp.stack([b[ATTN]["q"][0] for b in blocks])
+    k = jnp.stack([b[ATTN]["k"][0] for b in blocks])
+  enc = [out["encoder"][f"block{l:02d}"] for l in range(model.depth)]
+  targets = {"attn_input": attn_input, "q": q, "k": k,
+             "sa": jnp.stack([e["sa"] for e in enc]),
+             "+sa": jnp.stack([e["+sa"] for e in enc]),
+             "+mlp": jnp.stack([e["+mlp"] for e in enc]),
+             "encoded": out["encoded"], "pre_logits": out["pre_logits"]}
+  if model.num_classes:
+    targets["logits"] = logits
+  return jax.tree.map(jax.lax.stop_gradient, targets)
+
+
+def student_attention_outputs(student_model: ModelLike, student_params: Params,
+                              attn_inputs: Array, *, rng: Array | None = None,
+                              with_qk: bool = False):
+  """Teacher-forced student attention: layer l's attention applied to `attn_inputs[l]`.
+
+  Args:
+    student_model: the student vit model (or its config): gives each layer's AttentionSpec.
+    student_params: the student's params (per-block or scanned).
+    attn_inputs: [L,B,N,D], the teacher's attention inputs (`teacher_targets(...)["attn_input"]`).
+    rng: only for FAVOR+ with redraw (one key per layer is folded in).
+    with_qk: also return the student's q and k, each [L,B,N,H,Dh].
+
+  Returns:
+    outputs [L,B,N,D] (after the out projection), or (outputs, q, k) with `with_qk`.
+  """
+  model = as_model(student_model)
+  specs = layer_specs(model)
+  depth = len(specs)
+  if attn_inputs.shape[0] != depth:
+    raise ValueError(f"attn_inputs has {attn_inputs.shape[0]} layers, the student has {depth}")
+
+  def apply_one(spec, p, x, key):
+    rngs = {"favor": key} if (spec.favor_redraw and key is not None) else None
+    y, state = _attention_module(model, spec).apply({"params": p}, x, rngs=rngs,
+                                                    mutable=["intermediates"])
+    return y, state["intermediates"]["q"][0], state["intermediates"]["k"][0]
+
+  keys = None if rng is None else jax.random.split(rng, depth)
+  if _is_scanned(student_params):
+    if len(set(specs)) != 1:
+      raise ValueError("a scanned student must use one attention operator in every layer")
+    stacked = student_params["Transformer"]["encoderblock"][ATTN]
+    if keys is None:
+      ys, qs, ks = jax.vmap(lambda p, x: apply_one(specs[0], p, x, None))(stacked, attn_inputs)
+    else:
+      ys, qs, ks = jax.vmap(functools.partial(apply_one, specs[0]))(stacked, attn_inputs, keys)
+  else:
+    outs = [apply_one(specs[l], block_params(student_params, l)[ATTN], attn_inputs[l],
+                      None if keys is None else keys[l]) for l in range(depth)]
+    ys, qs, ks = (jnp.stack(t) for t in zip(*outs))
+  return (ys, qs, ks) if with_qk else ys
+
+
+# ------------------------------------------------------------------------------------------------
+# Attention-output matching.
+
+def output_metrics(student_out: Array, teacher_out: Array, eps: float = EPS
+                   ) -> dict[str, Array]:
+  """Per-layer nmse and cosine of [L, ..., D] outputs (float32).
+
+    nmse_l   = mean((s_l - t_l)²) / (Var(t_l) + eps)       (Var over all of layer l's elements)
+    cosine_l = mean over tokens of ⟨s, t⟩ / max(|s|·|t|, eps)
+  """
+  s, t = _f32(student_out), _f32(teacher_out)
+  axes = tuple(range(1, s.ndim))
+  mse = jnp.mean(jnp.square(s - t), axis=axes)
+  nmse = mse / (jnp.var(t, axis=axes) + eps)
+  dot = jnp.sum(s * t, axis=-1)
+  norms = jnp.linalg.norm(s, axis=-1) * jnp.linalg.norm(t, axis=-1)
+  cos = jnp.mean(dot / jnp.maximum(norms, eps), axis=tuple(range(1, dot.ndim)))
+  return {"nmse": nmse, "cosine": cos}
+
+
+def attention_output_loss(student_out: Array | Sequence[Array],
+                          teacher_out: Array | Sequence[Array], metric: str = "nmse",
+                          eps: float = EPS) -> tuple[Array, Array]:
+  """Teacher-forced attention-output matching, averaged over layers.
+
+    metric="nmse":   loss_l = mean((s_l - t_l)²) / (Var(t_l) + eps)
+    metric="cosine": loss_l = 1 - mean_tokens cos(s_l, t_l)
+
+  Args: [L,B,N,D] stacked outputs (or per-layer lists) after the out projection.
+  Returns: (mean over layers, per-layer losses [L]).
+  """
+  if metric not in ("nmse", "cosine"):
+    raise ValueError(f"unknown attention-output metric {metric!r}; known: nmse, cosine")
+  m = output_metrics(jnp.stack(student_out) if isinstance(student_out, (list, tuple)) else
+                     student_out,
+                     jnp.stack(teacher_out) if isinstance(teacher_out, (list, tuple)) else
+                     teacher_out, eps)
+  per_layer = m["nmse"] if metric == "nmse" else 1.0 - m["cosine"]
+  return jnp.mean(per_layer), per_layer
+
+
+# ------------------------------------------------------------------------------------------------
+# Routing: the attention weights themselves.
+
+def _sample_queries(n: int, num_queries: int, rng: Array | None) -> Array | None:
+  if not num_queries or num_queries >= n:
+    return None
+  if rng is None:
+    raise ValueError(f"routing loss samples {num_queries} of {n} queries: it needs an rng")
+  # The s largest of n uniform draws: a uniform subset without replacement, cheaper to compile
+  # and run than jax.random.choice(replace=False) (which shuffles by repeated sorts).
+  return jax.lax.top_k(jax.random.uniform(rng, (n,)), num_queries)[1]
+
+
+def routing_loss(teacher_q: Array, teacher_k: Array, student_q: Array, student_k: Array,
+                 spec: attn_lib.AttentionSpec, fmap_params: Params | None = None,
+                 num_queries: int = 64, rng: Array | None = None, temperature: float = 1.0,
+                 kind: str = "xent") -> Array:
+  """Cross-entropy / KL from the teacher's attention probabilities to the student's weights.
+
+    P = softmax(q_t k_tᵀ / (τ √d))                           teacher, [B,H,s,N]
+    W = φ(q_s) φ(k_s)ᵀ / (Σ_keys φ(q_s) φ(k_s)ᵀ + ε_spec)     linear student (softmax(q_s k_sᵀ/√d)
+                                                              for a softmax student)
+    xent = -Σ_keys P log(W + 1e-9);   kl = Σ_keys P (log P - log(W + 1e-9))
+
+  averaged over batch, heads and s query tokens sampled uniformly without replacement (the same
+  for the whole batch), so the cost is O(N·s), not O(N²). Only q/k projections and feature maps
+  get a gradient. One layer: q/k are [B,N,H,Dh]; `fmap_params` is the layer's attention subtree
+  (or just its feature_map_q/feature_map_k entries).
+  """
+  if kind not in ("xent", "kl"):
+    raise ValueError(f"unknown routing loss kind {kind!r}; known: xent, kl")
+  teacher_q, teacher_k, student_q, student_k = map(jnp.asarray, (teacher_q, teacher_k, student_q,
+                                                              student_k))
+  idx = _sample_queries(teacher_q.shape[1], num_queries, rng)
+  if idx is not None:
+    teacher_q, student_q = teacher_q[:, idx], student_q[:, idx]
+  p = attn_lib.softmax_weights(teacher_q, teacher_k, temperature)
+  if spec.kind == "linear":
+    phi_q, phi_k = attn_lib.feature_maps_of(spec, student_q, student_k, fmap_params)
+    w = attn_lib.linear_weights(phi_q, phi_k, spec.eps)
+  else:
+    w = attn_lib.softmax_weights(student_q, student_k, 1.0)
+  xent = -jnp.sum(p * jnp.log(w + LOG_EPS), axis=-1)
+  if kind == "kl":
+    xent = xent + jnp.sum(jax.scipy.special.xlogy(p, p), axis=-1)
+  return jnp.mean(xent)
+
+
+def routing_losses(targets: Mapping[str, Array], student_q: Array, student_k: Array,
+                   student_model: ModelLike, student_params: Params, rng: Array | None, *,
+                   num_queries: int = 64, temperature: float = 1.0, kind: str = "xent"
+                   ) -> tuple[Array, Array]:
+  """`routing_loss` for every layer (one query sample per layer). Returns (mean, per-layer [L])."""
+  specs = layer_specs(student_model)
+  keys = [None] * len(specs) if rng is None else list(jax.random.split(rng, len(specs)))
+  per_layer = jnp.stack([
+      routing_loss(targets["q"][l], targets["k"][l], student_q[l], student_k[l], spec,
+                   block_params(student_params, l)[ATTN], num_queries, keys[l], temperature, kind)
+      for l, spec in enumerate(specs)])
+  return jnp.mean(per_layer), per_layer
+
+
+# ------------------------------------------------------------------------------------------------
+# Lookahead: how the attention error grows through the next frozen teacher sublayers.
+
+def _teacher_sublayer(model: nn.Module, spec: attn_lib.AttentionSpec, bp: Params, kind: str,
+                      h: Array) -> Array:
+  """h + sublayer(LayerNorm(h)) for one pre-LN sublayer of a block (eval mode)."""
+  if kind == "mlp":
+    y = nn.LayerNorm().apply({"params": bp["LayerNorm_1"]}, h)
+    return h + vit.MlpBlock(mlp_dim=model.mlp_dim, dtype_mm=model.dtype_mm,
+                            gelu_approximate=model.gelu_approximate).apply(
+                                {"params": bp["MlpBlock_0"]}, y, True)
+  y = nn.LayerNorm().apply({"params": bp["LayerNorm_0"]}, h)
+  return h + _attention_module(model, spec).apply({"params": bp[ATTN]}, y)
+
+
+def lookahead_loss(teacher_model: ModelLike, teacher_params: Params,
+                   targets: Mapping[str, Array], student_out: Array, k: int,
+                   metric: str = "nmse", eps: float = EPS) -> tuple[Array, Array]:
+  """The student's attention output at layer l, pushed through the next k teacher sublayers.
+
+  With x_l the teacher's block input and T_{l,k} the next k frozen teacher sublayers after
+  attention l (MLP l, attention l+1, MLP l+1, …; fewer near the top of the network):
+
+    h_t = x_l + sa_t(l),   h_s = x_l + sa_s(l)      (teacher-forced student output at layer l)
+    Δ_t = T_{l,k}(h_t) − x_l,   Δ_s = T_{l,k}(h_s) − x_l
+    nmse_l = mean((Δ_s − Δ_t)²) / (Var(Δ_t) + eps)          cosine_l = 1 − cos(Δ_s, Δ_t)
+
+  i.e. the student is matched to the teacher's representation at depth l+k (the stored +mlp/+sa
+  stream: T_{l,k}(h_t) is not recomputed), measured as the update the window adds to x_l. k = 0 is
+  exactly plain matching (Δ = the attention outputs). Gradients reach only the student's
+  attention (the teacher params are stop_gradient'ed). Costs about k/2 teacher blocks per layer.
+
+  Returns: (mean over layers, per-layer [L]).
+  """
+  if metric not in ("nmse", "cosine"):
+    raise ValueError(f"unknown lookahead metric {metric!r}; known: nmse, cosine")
+  if k < 0:
+    raise ValueError(f"lookahead depth must be >= 0, got {k}")
+  model = as_model(teacher_model)
+  specs = layer_specs(model)
+  depth = len(specs)
+  tparams = jax.lax.stop_gradient(teacher_params)
+  sa_t, plus_sa, plus_mlp = targets["sa"], targets["+sa"], targets["+mlp"]
+  per_layer = []
+  for l in range(depth):
+    if k == 0:
+      d_s, d_t = student_out[l], sa_t[l]
+    else:
+      # x_l: the previous block's output; the first block's input by subtraction (≤ 1 ulp off).
+      x_l = plus_mlp[l - 1] if l else plus_sa[0] - sa_t[0]
+      h = plus_sa[l] + (student_out[l] - sa_t[l])
+      j, kind, target = l, "mlp", plus_sa[l]
+      for _ in range(min(k, 2 * (depth - 1 - l) + 1)):
+        h = _teacher_sublayer(model, specs[j], block_params(tparams, j), kind, h)
+        if kind == "mlp":
+          target, kind, j = plus_mlp[j], "attn", j + 1
+        else:
+          target, kind = plus_sa[j], "mlp"
+      d_t = target - x_l
+      d_s = d_t + (h - target)  # exact zero error when h == target
+    m = output_metrics(d_s[None], d_t[None], eps)
+    per_layer.append(m["nmse"][0] if metric == "nmse" else 1.0 - m["cosine"][0])
+  per_layer = jnp.stack(per_layer)
+  return jnp.mean(per_layer), per_layer
+
+
+# ------------------------------------------------------------------------------------------------
+# End-to-end alignment, logits, labels.
+
+def feature_alignment_loss(student_out: Array | Mapping[str, Array],
+                           teacher_out: Array | Mapping[str, Array], *,
+                           keys: Sequence[str] = ("encoded", "pre_logits"), w_nmse: float = 1.0,
+                           w_cosine: float = 1.0, eps: float = EPS
+                           ) -> tuple[Array, dict[str, Array]]:
+  """Match the student's own (not teacher-forced) features to the frozen teacher's.
+
+    loss = w_nmse · mean((s − t)²)/(Var(t) + eps) + w_cosine · (1 − mean cos(s, t))
+
+  on encoded tokens [B,N,D] or pre_logits [B,D] (cosine over the last axis). Teacher-forced
+  per-layer matching does not make the network match end to end (errors compound over depth);
+  this loss trains on the compounded error, and needs no classification head.
+
+  Arrays give (loss, {"nmse", "cosine"}). The models' `out` dicts give the mean loss over `keys`
+  and metrics {"nmse/<key>", "cosine/<key>"}.
+  """
+  if isinstance(student_out, Mapping) or isinstance(teacher_out, Mapping):
+    if not (isinstance(student_out, Mapping) and isinstance(teacher_out, Mapping)):
+      raise TypeError("feature_alignment_loss: pass two arrays or two `out` dicts")
+    losses, metrics = [], {}
+    for key in keys:
+      if key not in student_out or key not in teacher_out:
+        raise ValueError(f"feature alignment on {key!r}: not an output of both models (student "
+                         f"has {sorted(student_out)}, teacher {sorted(teacher_out)})")
+      loss, m = feature_alignment_loss(student_out[key], teacher_out[key], w_nmse=w_nmse,
+                                       w_cosine=w_cosine, eps=eps)
+      metrics[f"nmse/{key}"], metrics[f"cosine/{key}"] = m["nmse"], m["cosine"]
+      losses.append(loss)
+    return jnp.mean(jnp.stack(losses)), metrics
+  m = output_metrics(_f32(student_out)[None], _f32(teacher_out)[None], eps)
+  nmse, cos = m["nmse"][0], m["cosine"][0]
+  return w_nmse * nmse + w_cosine * (1.0 - cos), {"nmse": nmse, "cosine": cos}
+
+
+def logit_kd_loss(student_logits: Array, teacher_logits: Array,
+                  temperature: float = 1.0) -> Array:
+  """Hinton KD: T² · mean_batch KL(softmax(t/T) ‖ softmax(s/T)); 0 iff the logits agree up to a
+  per-example shift. The T² keeps gradient magnitudes comparable across temperatures."""
+  t = _f32(teacher_logits) / temperature
+  s = _f32(student_logits) / temperature
+  p = jax.nn.softmax(t, axis=-1)
+  kl = jnp.sum(p * (jax.nn.log_softmax(t, axis=-1) - jax.nn.log_softmax(s, axis=-1)), axis=-1)
+  return temperature ** 2 * jnp.mean(kl)
+
+
+def _dense_labels(logits: Array, labels: Array) -> Array:
+  if labels.ndim == logits.ndim - 1 and jnp.issubdtype(labels.dtype, jnp.integer):
+    return jax.nn.one_hot(labels, logits.shape[-1], dtype=jnp.float32)
+  if labels.shape != logits.shape:
+    raise ValueError(f"labels {labels.shape} do not fit logits {logits.shape}: expected one-hot/"
+                     "multi-hot of the same shape or integer class ids")
+  return _f32(labels)
+
+
+def softmax_xent(logits: Array, labels: Array) -> Array:
+  """mean_batch −Σ_c y_c log softmax(z)_c; labels one-hot/soft [B,C] (big_vision) or ids [B]."""
+  y = _dense_labels(logits, labels)
+  return jnp.mean(-jnp.sum(y * jax.nn.log_softmax(_f32(logits), axis=-1), axis=-1))
+
+
+def sigmoid_xent(logits: Array, labels: Array) -> Array:
+  """mean_batch −Σ_c [y_c log σ(z_c) + (1 − y_c) log σ(−z_c)]: multi-label (JFT-style) data."""
+  y, z = _dense_labels(logits, labels), _f32(logits)
+  return jnp.mean(-jnp.sum(y * jax.nn.log_sigmoid(z) + (1 - y) * jax.nn.log_sigmoid(-z), axis=-1))
+
+
+LABEL_LOSSES = {"softmax_xent": softmax_xent, "sigmoid_xent": sigmoid_xent}
+
+
+# ------------------------------------------------------------------------------------------------
+# Data-dependent init of a fresh student attention.
+
+def out_projection_scales(targets: Mapping[str, Array], student_model: ModelLike,
+                          student_params: Params, *, rng: Array | None = None,
+                          eps: float = EPS) -> Array:
+  """α_l = sqrt((Var(teacher sa_l) + eps) / (Var(student teacher-forced sa_l) + eps)), [L]."""
+  ys = student_attention_outputs(student_model, student_params, targets["attn_input"], rng=rng)
+  axes = tuple(range(1, ys.ndim))
+  return jnp.sqrt((jnp.var(_f32(targets["sa"]), axis=axes) + eps) /
+                  (jnp.var(_f32(ys), axis=axes) + eps))
+
+
+def calibrate_out_projection(targets: Mapping[str, Array], student_model: ModelLike,
+                             student_params: Params, *, layers: Sequence[int] | None = None,
+                             rng: Array | None = None, eps: float = EPS) -> Params:
+  """Rescale each layer's out/kernel and out/bias by α_l so the student's teacher-forced output
+  variance equals the teacher's on this batch (`targets` = `teacher_targets(...)` of one batch).
+
+  y = W z + b → α y has variance α² Var(y), so this is exact for the batch. Use it on freshly
+  initialised attention (copy_same / copy_none arms) before distilling; `layers` limits it to some
+  layers. A zero-initialised out kernel cannot be calibrated (α stays finite but useless).
+  Returns new params in the student's layout (inputs untouched).
+  """
+  alpha = out_projection_scales(targets, student_model, student_params, rng=rng, eps=eps)
+  depth = alpha.shape[0]
+  use = np.zeros(depth, bool)
+  use[list(range(depth)) if layers is None else list(layers)] = True
+  alpha = jnp.where(jnp.asarray(use), alpha, 1.0)
+
+  def scale(x, a):
+    return (_f32(x) * a).astype(x.dtype)
+
+  params = dict(student_params)  # fresh containers along the edited paths; other leaves shared
+  params["Transformer"] = dict(params["Transformer"])
+  if _is_scanned(student_params):
+    blk = dict(params["Transformer"]["encoderblock"])
+    att = dict(blk[ATTN])
+    out = att["out"]
+    att["out"] = {"kernel": scale(out["kernel"], alpha[:, None, None, None]),
+                  "bias": scale(out["bias"], alpha[:, None])}
+    blk[ATTN] = att
+    params["Transformer"]["encoderblock"] = blk
+  else:
+    for l in range(depth):
+      if not use[l]:
+        continue
+      name = f"encoderblock_{l}"
+      blk = dict(params["Transformer"][name])
+      att = dict(blk[ATTN])
+      att["out"] = {key: scale(v, alpha[l]) for key, v in att["out"].items()}
+      blk[ATTN] = att
+      params["Transformer"][name] = blk
+  return params
+
+
+# ------------------------------------------------------------------------------------------------
+# Which parameters train.
+
+def _path_str(path) -> str:
+  return "/".join(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
+
+
+def trainable_mask(params: Params, stage: str = "distill_attention") -> Any:
+  """A pytree of bools like `params`: True where the stage trains the leaf.
+
+  `stage` is a name in STAGE_TRAINABLE ("distill_attention": encoder attention q/k/v/out and
+  feature maps; "finetune": everything) or a regex fully matched against '/'-joined paths.
+  """
+  pattern = re.compile(STAGE_TRAINABLE.get(stage, stage))
+  mask = jax.tree_util.tree_map_with_path(lambda p, _: bool(pattern.fullmatch(_path_str(p))),
+                                          params)
+  if not any(jax.tree.leaves(mask)):
+    raise ValueError(f"trainable mask for stage {stage!r} selects no parameter")
+  return mask
+
+
+def masked_optimizer(opt: optax.GradientTransformation, mask: Any
+                     ) -> optax.GradientTransformation:
+  """`opt` on the leaves where `mask` is True; exactly zero updates and no state elsewhere."""
+  labels = jax.tree.map(lambda m: "train" if m else "frozen", mask)
+  return optax.multi_transform({"train": opt, "frozen": optax.set_to_zero()}, labels)
+
+
+# ------------------------------------------------------------------------------------------------
+# Stage losses.
+
+def _block(cfg: Any, name: str, defaults: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """The `cfg.<name>` block (or cfg itself) merged over defaults; unknown fields are errors."""
+  if cfg is None:
+    given = {}
+  else:
+    if hasattr(cfg, name) or (isinstance(cfg, Mapping) and name in cfg):
+      cfg = cfg[name] if isinstance(cfg, Mapping) else getattr(cfg, name)
+    given = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+  unknown = sorted(set(given) - set(defaults))
+  if unknown:
+    raise ValueError(f"unknown {name} config field(s) {unknown}; known: {sorted(defaults)}")
+  return ml_collections.ConfigDict({**defaults, **given})
+
+
+def distill_config(**overrides) -> ml_collections.ConfigDict:
+  """The `cfg.distill` block with defaults (fields: see DISTILL_DEFAULTS)."""
+  return _block(overrides, "distill", DISTILL_DEFAULTS)
+
+
+def _layer_metrics(metrics: dict, name: str, per_layer: Array) -> None:
+  for l in range(per_layer.shape[0]):
+    metrics[f"{name}/layer_{l:02d}"] = per_layer[l]
+
+
+def _feature_terms(student_out: Mapping[str, Array], targets: Mapping[str, Array],
+                   keys: Sequence[str], metrics: dict) -> Array:
+  loss, m = feature_alignment_loss(student_out, targets, keys=tuple(keys))
+  metrics.update({f"feature_{k}": v for k, v in m.items()})
+  return loss
+
+
+def distill_loss(student_params: Params, teacher_params: Params, batch: Mapping[str, Array],
+                 rng: Array | None, *, student_model: ModelLike, teacher_model: ModelLike,
+                 cfg: Any = None) -> tuple[Array, dict[str, Array]]:
+  """The attention-distillation stage's loss (`cfg.distill` weights; zero weights cost nothing):
+
+    w_attn·attention_output_loss + w_routing·routing + w_lookahead·lookahead
+      + w_feature·feature_alignment (student's own stream) + w_logit_kd·logit_kd
+
+  One teacher forward gives all targets; the attention terms are teacher-forced, so their gradient
+  reaches only the student's attention params (feature/logit terms reach everything: use
+  `trainable_mask` to choose what trains). Returns (loss, flat dict of scalar metrics).
+  """
+  c = _block(cfg, "distill", DISTILL_DEFAULTS)
+  student, teacher = as_model(student_model), as_model(teacher_model)
+  images = batch["image"]
+  rng_route, rng_fmap = (None, None) if rng is None else tuple(jax.random.split(rng))
+  targets = teacher_targets(teacher, teacher_params, images)
+  sa, q, k = student_attention_outputs(student, student_params, targets["attn_input"],
+                                       rng=rng_fmap, with_qk=True)
+
+  m = output_metrics(sa, targets["sa"])
+  metrics: dict[str, Array] = {"attn_nmse": jnp.mean(m["nmse"]),
+                               "attn_cosine": jnp.mean(m["cosine"])}
+  _layer_metrics(metrics, "attn_nmse", m["nmse"])
+  _layer_metrics(metrics, "attn_cosine", m["cosine"])
+  attn, _ = attention_output_loss(sa, targets["sa"], c.metric)
+  loss = c.w_attn * attn
+
+  if c.w_routing:
+    route, route_layers = routing_losses(targets, q, k, student, student_params, rng_route,
+                                         num_queries=c.routing_queries,
+                                         temperature=c.routing_temperature, kind=c.routing_kind)
+    metrics["routing"] = route
+    _layer_metrics(metrics, "routing", route_layers)
+    loss += c.w_routing * route
+  if c.w_lookahead:
+    look, look_layers = lookahead_loss(teacher, teacher_params, targets, sa, c.lookahead,
+                                       c.metric)
+    metrics["lookahead"] = look
+    _layer_metrics(metrics, "lookahead", look_layers)
+    loss += c.w_lookahead * look
+  if c.w_feature or c.w_logit_kd:
+    logits, out = student.apply({"params": student_params}, images, train=False)
+    if c.w_feature:
+      loss += c.w_feature * _feature_terms(out, targets, c.feature_keys, metrics)
+    if c.w_logit_kd:
+      if "logits" not in targets or not student.num_classes:
+        raise ValueError("w_logit_kd > 0 needs a classification head on teacher and student")
+      metrics["logit_kd"] = logit_kd_loss(logits, targets["logits"], c.kd_temperature)
+      loss += c.w_logit_kd * metrics["logit_kd"]
+  metrics["loss"] = loss
+  return loss, metrics
+
+
+def make_distill_loss(teacher_model: ModelLike, student_model: ModelLike, cfg: Any = None):
+  """`loss_fn(student_params, teacher_params, batch, rng) -> (loss, metrics)`: `distill_loss`
+  with the models and the `cfg.distill` block bound (validated now, not at the first step)."""
+  block = _block(cfg, "distill", DISTILL_DEFAULTS)
+  if block.metric not in ("nmse", "cosine"):
+    raise ValueError(f"distill.metric must be nmse or cosine, got {block.metric!r}")
+  if block.routing_kind not in ("xent", "kl"):
+    raise ValueError(f"distill.routing_kind must be xent or kl, got {block.routing_kind!r}")
+  return functools.partial(distill_loss, student_model=as_model(student_model),
+                           teacher_model=as_model(teacher_model), cfg=block)
