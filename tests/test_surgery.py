@@ -34,7 +34,8 @@ def _student_init(model_config, images, seed=1, **kw):
 @pytest.fixture(scope="module")
 def teacher_and_student(bv_fixture):
   meta, flat, ref = bv_fixture
-  return meta, unflatten(flat), _student_init(meta["model_config"], ref["images"], attention="hedgehog")
+  student = _student_init(meta["model_config"], ref["images"], attention="hedgehog")
+  return meta, unflatten(flat), student
 
 
 def _expected_action(policy, path):
@@ -120,12 +121,11 @@ def test_mixed_rules_within_scanned_leaf_and_inputs_untouched(teacher_and_studen
                              prepend=[(r"Transformer/encoderblock_2/MultiHeadDotProductAttention_0/"
                                        r"(query|key|value|out)/.*", "copy")])
   params, report = surgery.transplant(teacher, s, rules)
-  q = params["Transformer"]["encoderblock"]["MultiHeadDotProductAttention_0"]["query"]["kernel"]
-  tq = lambda i: teacher["Transformer"][f"encoderblock_{i}"]["MultiHeadDotProductAttention_0"][  # noqa: E731
-      "query"]["kernel"]
-  np.testing.assert_array_equal(q[2], tq(2))
-  np.testing.assert_array_equal(q[1], before["Transformer/encoderblock/MultiHeadDotProductAttention_0"
-                                             "/query/kernel"][1])
+  attn = "MultiHeadDotProductAttention_0"
+  q = params["Transformer"]["encoderblock"][attn]["query"]["kernel"]
+  teacher_q2 = teacher["Transformer"]["encoderblock_2"][attn]["query"]["kernel"]
+  np.testing.assert_array_equal(q[2], teacher_q2)
+  np.testing.assert_array_equal(q[1], before[f"Transformer/encoderblock/{attn}/query/kernel"][1])
   assert report.action_of("Transformer/encoderblock_2/MultiHeadDotProductAttention_0/out/bias") == \
       "copy"
   after = _flat(s)
