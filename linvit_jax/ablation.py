@@ -138,7 +138,10 @@ def run_ablation(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
           r = json.load(f)
       else:
         cfg = arm_config(config, arm, seed, a.finetune_steps, a.distill_steps, a.eval_every)
+        cfg.eval.teacher = teacher_top1 is None  # one shared teacher: evaluate it once
         r = run_lib.run(cfg, sub)
+        if teacher_top1 is not None:
+          r["teacher_top1"] = teacher_top1
       results.setdefault(arm, []).append(r)
       teacher_top1 = r.get("teacher_top1", teacher_top1)
       print(f"[ablation] {arm} seed {seed}: top-1 {100 * r['student_top1']:.2f} %", flush=True)

@@ -34,10 +34,12 @@ def parse_arg(arg: str | None, **defaults: Any) -> mlc.ConfigDict:
       if value.lower() not in ("true", "false", "1", "0"):
         raise ValueError(f"config arg {key}={value!r} is not a boolean")
       out[key] = value.lower() in ("true", "1")
-    elif isinstance(default, int):
-      out[key] = int(value)
-    elif isinstance(default, float):
-      out[key] = float(value)
+    elif isinstance(default, (int, float)):
+      try:
+        out[key] = type(default)(value)
+      except ValueError:
+        what = "an integer" if isinstance(default, int) else "a number"
+        raise ValueError(f"config arg {key}={value!r} is not {what}") from None
     else:
       out[key] = value
   return out
@@ -71,7 +73,9 @@ def base_config() -> mlc.ConfigDict:
   """Every field a run understands, with defaults; config files override what they need."""
   c = mlc.ConfigDict()
   c.seed = 0
-  c.mesh = [("data", -1), ("fsdp", 1)]
+  c.compile_cache = ""  # XLA executables reused across runs; "" = ~/.cache/linvit_jax/xla, "none"
+  # A tuple, so that `--config.mesh="(('data',4),('fsdp',2))"` works (lists are not overridable).
+  c.mesh = (("data", -1), ("fsdp", 1))
   c.param_rules = []  # [(path regex, "fsdp" | "replicate")], first match wins
 
   c.data = dict(dataset="fashion_mnist_local", data_dir="", train_split="train",
@@ -99,7 +103,7 @@ def base_config() -> mlc.ConfigDict:
   c.finetune = stage("finetune", steps=500, batch_size=64, lr=3e-4, warmup_steps=25)
   c.train = stage("train", steps=0, batch_size=64, lr=1e-3)
 
-  c.eval = dict(curve_examples=2000, fidelity_images=128, attention_map_images=4, throughput_batch=64,
+  c.eval = dict(teacher=True, curve_examples=2000, fidelity_images=128, attention_map_images=4, throughput_batch=64,
                 resolution_factors=[1, 2], plots=True)
   c.export = dict(npz=True)
   return c

@@ -16,6 +16,8 @@ import ml_collections as mlc
 import numpy as np
 
 from linvit_jax import checkpoints
+from linvit_jax import compile_cache
+from linvit_jax import distill
 from linvit_jax import evaluate
 from linvit_jax import sharding
 from linvit_jax import stages
@@ -57,6 +59,14 @@ def _attention(config: mlc.ConfigDict) -> Any:
 
 def validate(config: mlc.ConfigDict) -> None:
   """Everything that can be checked before compute, each with a message naming the field."""
+  def check(field: str, fn, *args) -> Any:
+    try:
+      return fn(*args)
+    except ConfigError:
+      raise
+    except (ValueError, TypeError, KeyError) as e:  # the libraries' own messages, located
+      raise ConfigError(f"config.{field}: {e}") from e
+
   for name in config.stages:
     if name not in config:
       raise ConfigError(f"stage {name!r} is listed in config.stages but config.{name} is missing")
@@ -65,12 +75,22 @@ def validate(config: mlc.ConfigDict) -> None:
       raise ConfigError(f"config.{name}.kind={kind!r}: unknown stage kind")
     if kind in ("distill_attention",) and not config.teacher.init:
       raise ConfigError(f"stage {name!r} distills attention but config.teacher.init is empty")
-  attn_lib.parse_layer_specs(_attention(config), config.model.depth or 1)
-  surgery.get_policy(config.surgery.policy)
+    settings = check(name, train.stage_settings, config[name])
+    check(f"{name}.optimizer", train.make_optimizer, settings["optimizer"], settings["steps"],
+          {"w": True})
+    if kind != "distill_attention":
+      check(f"{name}.label_loss", stages.LABEL_LOSSES.__getitem__, config[name].label_loss)
+  teacher_model, student_model = check("model", build_models, config)
+  depth = check("model", vit.decode_variant, config.model.variant or None).get(
+      "depth", config.model.depth)
+  check("student.attention", attn_lib.parse_layer_specs, _attention(config), depth or 1)
+  check("surgery.policy", surgery.get_policy, config.surgery.policy)
+  if any(config[name].kind == "distill_attention" for name in config.stages):
+    check("distill", distill.make_distill_loss, teacher_model, student_model, config)
   if config.data.pp_train:
-    input_pipeline.get_preprocess_fn(config.data.pp_train)
+    check("data.pp_train", input_pipeline.get_preprocess_fn, config.data.pp_train)
   if config.data.pp_eval:
-    input_pipeline.get_preprocess_fn(config.data.pp_eval)
+    check("data.pp_eval", input_pipeline.get_preprocess_fn, config.data.pp_eval)
 
 
 def _train_iter_fn(config, batch_size: int, seed: int):
@@ -132,6 +152,57 @@ def _write_json(path: str, obj: Any) -> None:
   _write_text(path, json.dumps(obj, indent=1, default=float))
 
 
+# What decides the contents of a workdir's checkpoints (plus every listed stage's block); a rerun
+# that differs here would resume or skip stages trained for another config.
+_RUN_IDENTITY = ("seed", "model", "student", "surgery", "distill", "stages", "data.dataset",
+                 "data.train_split", "data.pp_train", "teacher.dont_load")
+_STAGE_BOOKKEEPING = ("checkpoint_every", "max_to_keep", "log_every", "eval_every", "progress",
+                      "max_nonfinite_in_a_row")
+
+
+def _read_text(path: str) -> str | None:
+  if _is_remote(path):
+    import tensorflow as tf
+    return tf.io.gfile.GFile(path).read() if tf.io.gfile.exists(path) else None
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return f.read()
+
+
+def _check_same_run(workdir: str, config: mlc.ConfigDict) -> None:
+  """A rerun in a workdir resumes the run recorded there (config.json), never a different one."""
+  try:
+    text = _read_text(os.path.join(workdir, "config.json"))
+    old = json.loads(text) if text else None
+  except (OSError, ValueError):
+    return  # unreadable or torn: _prepare_workdir reports an unusable workdir
+  if not isinstance(old, dict):
+    return
+  new = json.loads(config.to_json_best_effort())
+
+  def get(tree: Any, key: str) -> Any:
+    for part in key.split("."):
+      tree = tree.get(part) if isinstance(tree, dict) else None
+    if isinstance(tree, dict) and key in new.get("stages", []):  # bookkeeping may change
+      tree = {k: v for k, v in tree.items() if k not in _STAGE_BOOKKEEPING}
+    return tree
+
+  keys = list(_RUN_IDENTITY) + list(new.get("stages", [])) + ["teacher.init"]
+  diffs = []
+  for key in keys:
+    a, b = get(old, key), get(new, key)
+    if key == "teacher.init":  # the same file may be reached by another path or machine
+      a, b = (os.path.basename(x) if isinstance(x, str) else x for x in (a, b))
+    if a != b:
+      diffs.append(f"{key}: {json.dumps(a)} there, {json.dumps(b)} now")
+  if diffs:
+    more = f" (+{len(diffs) - 4} more)" if len(diffs) > 4 else ""
+    raise ConfigError(
+        f"workdir {workdir!r} holds a run of another config ({'; '.join(diffs[:4])}{more}); "
+        "resuming it would mix the two. Pass a new --workdir, or delete that one to start over.")
+
+
 def _prepare_workdir(workdir: str) -> None:
   """Creates the workdir and proves it writable before any compute."""
   try:
@@ -148,17 +219,22 @@ def _prepare_workdir(workdir: str) -> None:
 def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs a config in workdir and returns the results dict (also written to results.json)."""
   sharding.maybe_initialize_distributed()
+  compile_cache.enable(config.compile_cache or None)
   validate(config)
+  try:  # before any compute: a mesh the devices cannot form or a batch it cannot split
+    mesh = sharding.make_mesh(config.mesh)
+    for name in config.stages:
+      sharding.check_batch_size(config[name].batch_size, mesh,
+                                accum_steps=config[name].optimizer.accum_steps,
+                                what=f"config.{name}.batch_size")
+  except ValueError as e:
+    raise ConfigError(f"config.mesh / batch_size on {jax.device_count()} devices: {e}") from e
+  _check_same_run(workdir, config)
   is_main = jax.process_index() == 0
   if is_main:
     _prepare_workdir(workdir)
     _write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=1))
 
-  mesh = sharding.make_mesh(config.mesh)
-  for name in config.stages:  # before any compute: a batch the mesh cannot split is a config bug
-    sharding.check_batch_size(config[name].batch_size, mesh,
-                              accum_steps=config[name].optimizer.accum_steps,
-                              what=f"config.{name}.batch_size")
   teacher_model, student_model = build_models(config)
   rng = jax.random.PRNGKey(config.seed)
   sample = _sample_images(config, max(8, config.eval.fidelity_images))
@@ -166,12 +242,13 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   t_start = time.time()
 
   # --- teacher and surgery ------------------------------------------------------------------
-  student_params = jax.jit(student_model.init)(rng, sample[:1])["params"]
   teacher_params = None
-  if config.teacher.init:
+  if config.teacher.init:  # read and checked before any compute: a bad checkpoint fails fast
     teacher_shapes = jax.eval_shape(teacher_model.init, rng, sample[:1])["params"]
     teacher_params = vit.load(teacher_shapes, config.teacher.init, model_kwargs(config),
                               dont_load=tuple(config.teacher.dont_load))
+  student_params = jax.jit(student_model.init)(rng, sample[:1])["params"]
+  if teacher_params is not None:
     student_params, report = surgery.transplant(teacher_params, student_params,
                                                 config.surgery.policy)
     if is_main:
@@ -181,7 +258,9 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
     if config.surgery.calibrate and not copied_attention:
       student_params = stages.calibrate(teacher_model, teacher_params, student_model,
                                         student_params, sample[:64])
-    results["teacher_top1"] = evaluate.top1(teacher_model, teacher_params, _eval_batches(config), mesh)
+    if config.eval.teacher:  # the ablation evaluates its shared teacher once, not per arm
+      results["teacher_top1"] = evaluate.top1(teacher_model, teacher_params,
+                                              _eval_batches(config), mesh)
     results["student_top1_converted"] = evaluate.top1(student_model, student_params,
                                                       _eval_batches(config), mesh)
     results["fidelity_converted"] = evaluate.attention_fidelity(
