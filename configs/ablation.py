@@ -20,8 +20,8 @@ ASSETS = os.path.join(os.path.dirname(os.path.abspath(config_lib.__file__)), "as
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, feature_map="hedgehog", patch=4, seeds=3, finetune_steps=400,
-                             distill_steps=300, arms="+".join(ARMS), eval_every=100, tiny=False)
+  arg = config_lib.parse_arg(arg, feature_map="hedgehog", patch=4, seeds=3, finetune_steps=150,
+                             distill_steps=100, arms="+".join(ARMS), eval_every=50, tiny=False)
   c = config_lib.base_config()
   c.model.patch_size = (arg.patch, arg.patch)
   c.data.pp_train = ('decode(1)|flip_lr|value_range(-1,1)|'
@@ -45,4 +45,5 @@ def get_config(arg=None):
     c.eval.fidelity_images, c.eval.throughput_batch = 16, 8
     c.eval.curve_examples = 32
     c.data.shuffle_buffer = 256
+  c.eval.curve_examples = min(c.eval.curve_examples, 1000)
   return c

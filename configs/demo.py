@@ -21,8 +21,8 @@ TEACHER = os.path.join(os.path.dirname(os.path.abspath(config_lib.__file__)), "a
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, feature_map="hedgehog", policy="copy_same", distill_steps=600,
-                             finetune_steps=300, tiny=False)
+  arg = config_lib.parse_arg(arg, feature_map="hedgehog", policy="copy_same", distill_steps=300,
+                             finetune_steps=200, tiny=False)
   c = config_lib.base_config()
   c.data.pp_train = ('decode(1)|flip_lr|value_range(-1,1)|'
                      'onehot(10,key="label",key_result="labels")|keep("image","labels")')

@@ -104,6 +104,6 @@ def base_config() -> mlc.ConfigDict:
   c.train = stage("train", steps=0, batch_size=64, lr=1e-3)
 
   c.eval = dict(teacher=True, curve_examples=2000, fidelity_images=128, attention_map_images=4, throughput_batch=64,
-                resolution_factors=[1, 2], plots=True)
+                resolution_factors=[1, 2], resolution_examples=2000, plots=True)
   c.export = dict(npz=True)
   return c

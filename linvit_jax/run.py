@@ -348,7 +348,8 @@ def _resolution_scaling(config, mesh, teacher_model, teacher_params, student_mod
     for name, model, params in (("teacher", teacher_model, teacher_params),
                                 ("student", student_model, student_params)):
       p = evaluate.resample_for_resolution(params, grid)
-      row[f"{name}_top1"] = evaluate.top1(model, p, _eval_batches(config, pp), mesh)
+      batches = _eval_batches(config, pp, max_examples=config.eval.resolution_examples)
+      row[f"{name}_top1"] = evaluate.top1(model, p, batches, mesh)
       if images is None:
         images = next(iter(_eval_batches(config, pp)))["image"][:config.eval.throughput_batch]
       row[f"{name}_images_per_s"] = evaluate.images_per_second(model, p, images)
