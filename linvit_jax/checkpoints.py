@@ -115,17 +115,58 @@ def _split_selector(path: str) -> tuple[str, str | None]:
     return m.group(1), m.group(2).rstrip("/")
 
 
+# Seconds a remote (gs://, ...) read may take before it is reported instead of waited for: without
+# network or credentials the GCS client can otherwise retry for many minutes.
+REMOTE_TIMEOUT_S = float(os.environ.get("LINVIT_REMOTE_TIMEOUT_S", "120"))
+
+
+def _remote_call(path: str, what: str, fn: Callable[[], Any]) -> Any:
+    """fn() with a deadline; storage errors become CheckpointErrors that say what to check."""
+    import threading  # pylint: disable=import-outside-toplevel
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # pylint: disable=broad-except  (re-raised in the caller)
+            box["error"] = e
+
+    worker = threading.Thread(target=target, name=f"read {path}", daemon=True)
+    worker.start()
+    worker.join(REMOTE_TIMEOUT_S)
+    scheme = path.split("://", 1)[0]
+    hint = ("is there network access and are there Google Cloud credentials (`gcloud auth "
+            "application-default login` or GOOGLE_APPLICATION_CREDENTIALS)?" if scheme == "gs"
+            else f"is there network access and are there credentials for {scheme}://?")
+    if worker.is_alive():
+        raise CheckpointError(f"checkpoint '{path}': no answer within {REMOTE_TIMEOUT_S:.0f} s "
+                              f"while trying to {what} (LINVIT_REMOTE_TIMEOUT_S sets the limit); "
+                              f"{hint}")
+    error = box.get("error")
+    if error is None:
+        return box.get("value")
+    if isinstance(error, CheckpointError) or not hasattr(error, "error_code"):
+        raise error  # ours, or not a storage (tf.errors.OpError) failure
+    detail = " ".join(str(getattr(error, "message", error)).split())
+    raise CheckpointError(f"checkpoint '{path}': cannot {what}: {type(error).__name__}: "
+                          f"{detail[:300]}. Check the path; {hint}") from None
+
+
 def _open(path: str):
     """A readable binary file object, or a CheckpointError naming the file and what is wrong."""
     if _is_remote(path):
         gfile = _gfile()
-        if not gfile.exists(path):
-            raise CheckpointError(f"checkpoint '{path}': file not found")
-        if gfile.isdir(path):
-            raise CheckpointError(f"checkpoint '{path}': is a directory, expected an .npz file")
-        # np.load needs seeks, which remote files do poorly: read it all, as big_vision does.
-        with gfile.GFile(path, "rb") as f:
-            return io.BytesIO(f.read())
+
+        def fetch() -> bytes:
+            if not gfile.exists(path):
+                raise CheckpointError(f"checkpoint '{path}': file not found")
+            if gfile.isdir(path):
+                raise CheckpointError(f"checkpoint '{path}': is a directory, expected an .npz "
+                                      "file")
+            # np.load needs seeks, which remote files do poorly: read it all, as big_vision does.
+            with gfile.GFile(path, "rb") as f:
+                return f.read()
+        return io.BytesIO(_remote_call(path, "read it", fetch))
     if not os.path.exists(path):
         raise CheckpointError(f"checkpoint '{path}': file not found (cwd {os.getcwd()!r})")
     if os.path.isdir(path):

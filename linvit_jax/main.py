@@ -9,6 +9,7 @@ skipped, an interrupted stage continues from its last checkpoint.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -41,12 +42,42 @@ def main(argv: list[str]) -> None:
   print(run_lib.format_summary(results))
 
 
+# Errors that are the user's to fix (config, checkpoint, data, disk), by module and class name:
+# the CLI prints their message, not a traceback. Anything else is a bug and keeps its traceback.
+_USER_ERRORS = (("linvit_jax.run", "ConfigError"), ("linvit_jax.checkpoints", "CheckpointError"),
+                ("linvit_jax.surgery", "SurgeryError"), ("linvit_jax.train", "NonFiniteLossError"))
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
+_INTERRUPTED = ("interrupted outside a training stage; finished stages are checkpointed, rerun "
+                "the same command to resume")
+
+
+def _user_error_message(e: BaseException) -> str | None:
+  kinds = tuple(getattr(sys.modules[m], n) for m, n in _USER_ERRORS if m in sys.modules)
+  if kinds and isinstance(e, kinds):
+    return str(e)
+  if isinstance(e, OSError) and e.errno in _DISK_ERRNOS:
+    if type(e).__name__ == "WorkdirWriteError":  # train.py's message already says where
+      return str(e)
+    where = f" {e.filename!r}" if e.filename else f" under --workdir {FLAGS.workdir!r}"
+    return f"cannot write{where}: {e.strerror or e}"
+  return None
+
+
 def _entry() -> None:
-  # A config field that does not exist is a flags error; make it one clear line, not a traceback.
+  # Known user errors end in `error: <message>` on stderr and exit code 2 (130 for Ctrl-C).
   try:
     app.run(main)
-  except KeyError as e:
+  except KeyError as e:  # a config field that does not exist
     sys.exit(f"error: {e}")
+  except KeyboardInterrupt as e:  # train.StageInterrupted says which step it saved
+    print(f"error: {e or _INTERRUPTED}", file=sys.stderr)
+    sys.exit(130)
+  except Exception as e:  # pylint: disable=broad-except
+    message = _user_error_message(e)
+    if message is None:
+      raise
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

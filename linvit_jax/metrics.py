@@ -120,8 +120,32 @@ class MetricWriter:
         self._tb.flush()
 
   def close(self) -> None:
-    if self.enabled:
+    if not self.enabled:
+      return
+    self.enabled = False
+    try:
       self._file.close()
+    finally:
       if self._tb is not None:
-        self._tb.close()
-      self.enabled = False
+        try:
+          self._tb.close()
+        except OSError:
+          # e.g. a full disk: tensorboardX would retry the same flush at exit and print a
+          # traceback there; mark its writers closed (the jsonl file is the source of truth).
+          for fw in (getattr(self._tb, "all_writers", None) or {}).values():
+            _abandon(getattr(fw, "event_writer", None))
+          raise
+
+
+def _abandon(event_writer: Any) -> None:
+  """Stops a tensorboardX EventFileWriter whose final flush failed, without flushing again
+  (best effort, private fields: its worker thread and exit hook would otherwise print tracebacks)."""
+  if event_writer is None:
+    return
+  # pylint: disable=protected-access
+  for stop in (lambda: event_writer._worker.stop(), lambda: event_writer._event_queue.close()):
+    try:
+      stop()
+    except Exception:  # pylint: disable=broad-except
+      pass
+  event_writer._closed = True

@@ -75,15 +75,16 @@ def validate(config: mlc.ConfigDict) -> None:
       raise ConfigError(f"config.{name}.kind={kind!r}: unknown stage kind")
     if kind in ("distill_attention",) and not config.teacher.init:
       raise ConfigError(f"stage {name!r} distills attention but config.teacher.init is empty")
-    settings = check(name, train.stage_settings, config[name])
+    settings = check(name, train.stage_settings, {**config[name].to_dict(), "name": name})
     check(f"{name}.optimizer", train.make_optimizer, settings["optimizer"], settings["steps"],
           {"w": True})
-    if kind != "distill_attention":
-      check(f"{name}.label_loss", stages.LABEL_LOSSES.__getitem__, config[name].label_loss)
-  teacher_model, student_model = check("model", build_models, config)
-  depth = check("model", vit.decode_variant, config.model.variant or None).get(
+    if kind != "distill_attention" and config[name].label_loss not in stages.LABEL_LOSSES:
+      raise ConfigError(f"config.{name}.label_loss={config[name].label_loss!r}: unknown; known: "
+                        f"{sorted(stages.LABEL_LOSSES)}")
+  depth = check("model.variant", vit.decode_variant, config.model.variant or None).get(
       "depth", config.model.depth)
   check("student.attention", attn_lib.parse_layer_specs, _attention(config), depth or 1)
+  teacher_model, student_model = check("model", build_models, config)
   check("surgery.policy", surgery.get_policy, config.surgery.policy)
   if any(config[name].kind == "distill_attention" for name in config.stages):
     check("distill", distill.make_distill_loss, teacher_model, student_model, config)

@@ -12,7 +12,11 @@ this file knows nothing about what the loss computes. `run_stage` owns everythin
   shardings and the state donated; gradient accumulation is a `lax.scan` inside it;
 * a non-finite loss or gradient skips that update (params and optimizer state unchanged), is
   counted, and after `max_nonfinite_in_a_row` such steps in a row the stage stops with an error;
-* process 0 shows a tqdm bar and writes metrics.jsonl + TensorBoard events in `<workdir>/<stage>/`.
+* process 0 shows a tqdm bar and writes metrics.jsonl + TensorBoard events in `<workdir>/<stage>/`;
+* Ctrl-C (KeyboardInterrupt) saves a checkpoint at the current step and raises `StageInterrupted`
+  (a KeyboardInterrupt): rerunning the same command resumes there; a full or unwritable disk is a
+  `WorkdirWriteError` (an OSError) naming the directory, raised after the previous checkpoint
+  is known to be intact.
 
 Stage config (ConfigDict or dict; defaults in STAGE_DEFAULTS / OPTIMIZER_DEFAULTS):
     name, steps, batch_size (global), optimizer=dict(name="adamw"|"adam"|"sgd", lr, wd, b1, b2,
@@ -23,6 +27,7 @@ Stage config (ConfigDict or dict; defaults in STAGE_DEFAULTS / OPTIMIZER_DEFAULT
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import math
@@ -42,6 +47,7 @@ import tqdm
 
 from linvit_jax import metrics as metrics_lib
 from linvit_jax import sharding as sharding_lib
+from linvit_jax.checkpoints import CheckpointError
 
 Params = Any  # a pytree of arrays
 Batch = Mapping[str, Any]
@@ -79,6 +85,45 @@ RESERVED_METRICS = ("loss", "grad_norm", "lr", "nonfinite", "nonfinite_total",
 
 class NonFiniteLossError(FloatingPointError):
   """The loss or gradients stayed non-finite for `max_nonfinite_in_a_row` steps."""
+
+
+class StageInterrupted(KeyboardInterrupt):
+  """Ctrl-C during a stage; the message says which step was checkpointed."""
+
+
+class WorkdirWriteError(OSError):
+  """Checkpoints or metrics could not be written: disk full, quota, read-only or no permission."""
+
+  def __init__(self, message: str, code: int):
+    super().__init__(message)
+    self.errno = code
+
+  def __str__(self) -> str:
+    return self.args[0]
+
+
+# errno → what the user should read; orbax/tensorstore report these inside other exception types.
+_DISK_ERRORS = {errno.ENOSPC: "the disk is full (No space left on device)",
+                errno.EDQUOT: "the disk quota is exceeded",
+                errno.EROFS: "the file system is read-only",
+                errno.EACCES: "permission denied"}
+_DISK_MESSAGES = {"No space left on device": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
+                  "Read-only file system": errno.EROFS, "Permission denied": errno.EACCES}
+
+
+def disk_error_code(e: BaseException) -> int | None:
+  """The errno of a disk problem anywhere in e's cause/context chain, or None."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    code = getattr(e, "errno", None)
+    if code in _DISK_ERRORS:
+      return code
+    for text, code in _DISK_MESSAGES.items():
+      if text in str(e):
+        return code
+    e = e.__cause__ or e.__context__
+  return None
 
 
 @flax.struct.dataclass
@@ -381,11 +426,12 @@ def run_stage(*, stage_cfg: Any, loss_fn: LossFn, init_params: Params | Callable
           state = manager.restore(latest, args=ocp.args.StandardRestore(
               _with_shardings(abstract_state, state_sh)))
         except Exception as e:  # pylint: disable=broad-except
-          raise ValueError(f"stage {name!r}: checkpoint step {latest} in "
+          raise CheckpointError(f"stage {name!r}: checkpoint step {latest} in "
                            f"{os.path.join(stage_dir, 'checkpoints')} does not fit this stage's "
                            f"state (changed model, mask or optimizer?): {e}") from e
         if latest >= total:
           logging.info("stage %r: already finished (checkpoint step %d); skipping", name, latest)
+          _close(manager, writer, failed=False)
           return state.params, metrics_lib.read_jsonl(
               os.path.join(stage_dir, metrics_lib.METRICS_FILE))
         logging.info("stage %r: resuming from step %d of %d", name, latest, total)
@@ -415,12 +461,52 @@ def run_stage(*, stage_cfg: Any, loss_fn: LossFn, init_params: Params | Callable
                           frozen=frozen, step_fn=step_fn, batch_iter_fn=batch_iter_fn, mesh=mesh,
                           manager=manager, writer=writer, history=history, eval_fn=eval_fn,
                           is_main=is_main)
-    return state.params, history
-  finally:
-    manager.wait_until_finished()
-    manager.close()
-    if writer is not None:
-      writer.close()
+  except Exception as e:  # pylint: disable=broad-except
+    _close(manager, writer, failed=True)
+    code = None if isinstance(e, CheckpointError) else disk_error_code(e)
+    if code is None:
+      raise
+    raise _write_error(name, stage_dir, code) from e
+  except BaseException:  # Ctrl-C (already checkpointed by the loop), SystemExit
+    _close(manager, writer, failed=True)
+    raise
+  try:
+    _close(manager, writer, failed=False)  # the last save completes here
+  except Exception as e:  # pylint: disable=broad-except
+    code = disk_error_code(e)
+    if code is None:
+      raise
+    raise _write_error(name, stage_dir, code) from e
+  return state.params, history
+
+
+def _close(manager: ocp.CheckpointManager, writer: Any, *, failed: bool) -> None:
+  """Waits for pending saves and closes; when the stage already failed, a second error here
+  (typically the same full disk) is logged instead of hiding the first one."""
+  for close in (manager.wait_until_finished, manager.close,
+                writer.close if writer is not None else None):
+    if close is None:
+      continue
+    try:
+      close()
+    except Exception as e:  # pylint: disable=broad-except
+      if not failed:
+        raise
+      logging.warning("while stopping after an error: %s: %s", type(e).__name__, e)
+
+
+def _write_error(name: str, stage_dir: str, code: int) -> WorkdirWriteError:
+  try:  # what is on disk now (a fresh read-only manager; the stage's own one is closed)
+    with ocp.CheckpointManager(os.path.join(stage_dir, "checkpoints"),
+                               options=ocp.CheckpointManagerOptions(read_only=True)) as m:
+      steps = m.all_steps()
+  except Exception:  # pylint: disable=broad-except
+    steps = []
+  kept = (f"the last complete checkpoint (step {max(steps)}) is intact and a rerun resumes from "
+          "it" if steps else "no complete checkpoint of this stage exists yet")
+  return WorkdirWriteError(
+      f"stage {name!r}: cannot write checkpoints/metrics in {stage_dir!r}: {_DISK_ERRORS[code]}. "
+      f"Free space or pass another --workdir; {kept}.", code)
 
 
 def _train_loop(*, name, cfg, start, total, state, frozen, step_fn, batch_iter_fn, mesh, manager,
@@ -486,9 +572,42 @@ def _train_loop(*, name, cfg, start, total, state, frozen, step_fn, batch_iter_f
         manager.save(done, args=ocp.args.StandardSave(state))
     if pending is not None:
       handle(*pending)
+  except KeyboardInterrupt:
+    bar.close()
+    raise _interrupted(name, total, state, manager) from None
   finally:
     bar.close()
   return state
+
+
+def _interrupted(name: str, total: int, state: TrainState,
+                 manager: ocp.CheckpointManager) -> StageInterrupted:
+  """Ctrl-C: checkpoints `state` at its step and says where a rerun resumes.
+
+  A KeyboardInterrupt that lands inside the step call may leave `state` donated (deleted); then
+  nothing new can be saved and the rerun resumes from the last periodic checkpoint.
+  """
+  saved, problem = None, ""
+  try:
+    leaves = jax.tree.leaves(state)
+    if any(getattr(x, "is_deleted", lambda: False)() for x in leaves):
+      problem = "the state was mid-update"
+    else:
+      step = int(jax.device_get(state.step))
+      if step not in manager.all_steps():
+        manager.save(step, args=ocp.args.StandardSave(state), force=True)
+      manager.wait_until_finished()
+      saved = step
+  except Exception as e:  # pylint: disable=broad-except  (report what is on disk instead)
+    problem = f"{type(e).__name__}: {e}"
+  if saved is not None:
+    return StageInterrupted(f"stage {name!r} interrupted at step {saved} of {total}; checkpoint "
+                            "saved, rerun the same command to resume")
+  latest = manager.latest_step()
+  where = (f"resumes from the last checkpoint, step {latest}" if latest is not None
+           else "starts this stage again")
+  return StageInterrupted(f"stage {name!r} interrupted ({problem}); nothing new was saved, "
+                          f"rerunning the same command {where}")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -61,6 +61,9 @@ def parse_spec(spec: Any) -> AttentionSpec:
       return AttentionSpec(kind=kind, feature_map=fmap)
     if spec in feature_maps.FEATURE_MAPS:
       return AttentionSpec(kind="linear", feature_map=spec)
+    if spec not in KINDS:  # a typo of either: name both lists
+      raise ValueError(f"unknown attention kind {spec!r}; known: {KINDS}, or a feature map for "
+                       f"linear attention: {sorted(feature_maps.FEATURE_MAPS)}")
     return AttentionSpec(kind=spec)
   if isinstance(spec, Mapping) or hasattr(spec, "to_dict"):
     fields = dict(spec.to_dict() if hasattr(spec, "to_dict") else spec)
