@@ -58,7 +58,7 @@ def _user_error_message(e: BaseException) -> str | None:
   if isinstance(e, OSError) and e.errno in _DISK_ERRNOS:
     if type(e).__name__ == "WorkdirWriteError":  # train.py's message already says where
       return str(e)
-    where = f" {e.filename!r}" if e.filename else f" under --workdir {FLAGS.workdir!r}"
+    where = f" {e.filename!r}" if e.filename else f" under --workdir {FLAGS['workdir'].value!r}"
     return f"cannot write{where}: {e.strerror or e}"
   return None
 
@@ -70,7 +70,7 @@ def _entry() -> None:
   except KeyError as e:  # a config field that does not exist
     sys.exit(f"error: {e}")
   except KeyboardInterrupt as e:  # train.StageInterrupted says which step it saved
-    print(f"error: {e or _INTERRUPTED}", file=sys.stderr)
+    print(f"error: {str(e) or _INTERRUPTED}", file=sys.stderr)
     sys.exit(130)
   except Exception as e:  # pylint: disable=broad-except
     message = _user_error_message(e)

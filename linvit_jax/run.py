@@ -189,14 +189,20 @@ def _check_same_run(workdir: str, config: mlc.ConfigDict) -> None:
       tree = {k: v for k, v in tree.items() if k not in _STAGE_BOOKKEEPING}
     return tree
 
+  def diff(a: Any, b: Any, key: str) -> None:  # down to the leaves that differ
+    if isinstance(a, dict) and isinstance(b, dict):
+      for k in sorted(set(a) | set(b)):
+        diff(a.get(k), b.get(k), f"{key}.{k}")
+    elif a != b:
+      diffs.append(f"{key}: {json.dumps(a)} there, {json.dumps(b)} now")
+
   keys = list(_RUN_IDENTITY) + list(new.get("stages", [])) + ["teacher.init"]
-  diffs = []
+  diffs: list[str] = []
   for key in keys:
     a, b = get(old, key), get(new, key)
     if key == "teacher.init":  # the same file may be reached by another path or machine
       a, b = (os.path.basename(x) if isinstance(x, str) else x for x in (a, b))
-    if a != b:
-      diffs.append(f"{key}: {json.dumps(a)} there, {json.dumps(b)} now")
+    diff(a, b, key)
   if diffs:
     more = f" (+{len(diffs) - 4} more)" if len(diffs) > 4 else ""
     raise ConfigError(

@@ -574,6 +574,8 @@ def _train_loop(*, name, cfg, start, total, state, frozen, step_fn, batch_iter_f
       handle(*pending)
   except KeyboardInterrupt:
     bar.close()
+    if pending is not None:  # log the last finished step (or stop, if it called for a stop)
+      handle(*pending)
     raise _interrupted(name, total, state, manager) from None
   finally:
     bar.close()
