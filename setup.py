@@ -27,6 +27,7 @@ setup(
     description="Convert pretrained softmax ViTs (big_vision layout) to linear-attention ViTs by "
                 "copying the operator-agnostic weights and distilling attention outputs.",
     packages=find_packages(include=["linvit_jax", "linvit_jax.*"]),
+    package_data={"linvit_jax": ["assets/*.npz", "assets/*.json", "assets/*.md"]},
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require={

@@ -19,9 +19,7 @@ def get_config(arg=None):
   arg = config_lib.parse_arg(arg, epochs=4, patch=4)
   c = config_lib.base_config()
   c.model.patch_size = (arg.patch, arg.patch)
-  c.data.pp_train = ('decode(1)|flip_lr|value_range(-1,1)|'
-                     'onehot(10,key="label",key_result="labels")|keep("image","labels")')
-  c.data.pp_eval = 'decode(1)|value_range(-1,1)|onehot(10,key="label",key_result="labels")|keep("image","labels")'
+  c.data.pp_train, c.data.pp_eval = config_lib.FMNIST_PP_TRAIN, config_lib.FMNIST_PP_EVAL
   c.teacher.init = ""
   c.student.attention = "softmax"
   c.surgery.policy = "copy_none"

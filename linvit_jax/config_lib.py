@@ -6,6 +6,7 @@ the result, so a typo such as `--config.finetune.stpes=10` is an error instead o
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import ml_collections as mlc
@@ -106,4 +107,39 @@ def base_config() -> mlc.ConfigDict:
   c.eval = dict(teacher=True, curve_examples=2000, fidelity_images=128, attention_map_images=4, throughput_batch=64,
                 resolution_factors=[1, 2], resolution_examples=2000, plots=True)
   c.export = dict(npz=True)
+  return c
+
+
+# ------------------------------------------------------------------------------ embedded data
+
+ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
+FMNIST_PP_TRAIN = ('decode(1)|flip_lr|value_range(-1,1)|'
+                   'onehot(10,key="label",key_result="labels")|keep("image","labels")')
+FMNIST_PP_EVAL = ('decode(1)|value_range(-1,1)|'
+                  'onehot(10,key="label",key_result="labels")|keep("image","labels")')
+
+
+def fmnist_conversion(*, feature_map: str, patch: int = 4, distill_steps: int,
+                      finetune_steps: int, tiny: bool = False) -> mlc.ConfigDict:
+  """The conversion recipe on the embedded Fashion-MNIST with a shipped teacher (demo, ablation).
+
+  Distillation: only attention trains, lr 3e-3; fine-tuning: everything, lr 2e-4, labels plus the
+  teacher's logits at temperature 2. `tiny`: a few steps on a slice of the test split (smoke runs).
+  """
+  c = base_config()
+  c.model.patch_size = (patch, patch)
+  c.data.pp_train, c.data.pp_eval = FMNIST_PP_TRAIN, FMNIST_PP_EVAL
+  name = "teacher_fmnist_vit.npz" if patch == 4 else f"teacher_fmnist_vit_p{patch}.npz"
+  c.teacher.init = os.path.join(ASSETS, name)
+  c.student.attention = feature_map
+  c.distill_attention = stage("distill_attention", steps=distill_steps, batch_size=64, lr=3e-3,
+                              warmup_steps=30, wd=0.0)
+  c.finetune = stage("finetune", steps=finetune_steps, batch_size=64, lr=2e-4, warmup_steps=20,
+                     wd=0.01, w_label=1.0, w_logit_kd=1.0, kd_temperature=2.0)
+  if tiny:
+    c.distill_attention.steps = c.finetune.steps = 3
+    c.distill_attention.batch_size = c.finetune.batch_size = 16
+    c.data.eval_max_examples, c.data.eval_batch_size = 64, 32
+    c.eval.fidelity_images, c.eval.throughput_batch, c.eval.curve_examples = 16, 8, 32
+    c.data.shuffle_buffer = 256
   return c
