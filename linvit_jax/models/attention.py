@@ -100,6 +100,20 @@ def softmax_weights(q: jax.Array, k: jax.Array, temperature: float = 1.0) -> jax
   return jax.nn.softmax(logits / (temperature * np.sqrt(q.shape[-1])), axis=-1)
 
 
+def einsum_f32(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+  """einsum with float32 accumulation whatever the operand dtypes.
+
+  TPU/GPU multiply bf16 operands natively into an f32 accumulator (preferred_element_type). The
+  XLA:CPU runtime cannot execute some such dots ("Unsupported element type for DotThunk::Execute:
+  BF16 x BF16 = F32", e.g. a whole bf16 ViT under jit), so on CPU the operands are upcast first:
+  the same products (bf16 values are exact in f32) and the same f32 sums.
+  """
+  f32 = jnp.float32
+  if jax.default_backend() == "cpu" and (a.dtype != f32 or b.dtype != f32):
+    a, b = a.astype(f32), b.astype(f32)
+  return jnp.einsum(spec, a, b, preferred_element_type=f32)
+
+
 def chunked_softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array,
                               chunk_size: int = 512) -> jax.Array:
   """Exact softmax attention by an online softmax over key blocks: O(Nq·block) live memory.
@@ -125,15 +139,15 @@ def chunked_softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array,
   def step(carry, blk):
     m_prev, l_prev, acc = carry
     k_blk, v_blk, valid_blk = blk
-    s = jnp.einsum("bhqd,bhkd->bhqk", qs, k_blk, preferred_element_type=f32)
+    s = einsum_f32("bhqd,bhkd->bhqk", qs, k_blk)
     if pad:
       s = jnp.where(valid_blk, s, -jnp.inf)
     m_new = jnp.maximum(m_prev, s.max(axis=-1))
     p = jnp.exp(s - m_new[..., None])
     correction = jnp.exp(m_prev - m_new)
     l_new = l_prev * correction + p.sum(axis=-1)
-    acc = acc * correction[..., None] + jnp.einsum(
-        "bhqk,bhkd->bhqd", p.astype(v_blk.dtype), v_blk, preferred_element_type=f32)
+    acc = acc * correction[..., None] + einsum_f32(
+        "bhqk,bhkd->bhqd", p.astype(v_blk.dtype), v_blk)
     return (m_new, l_new, acc), None
 
   nq = q.shape[1]
@@ -147,7 +161,7 @@ def linear_attention(phi_q: jax.Array, phi_k: jax.Array, v: jax.Array,
                      eps: float = 1e-6) -> jax.Array:
   """φ(q)(φ(k)ᵀv) / (φ(q)(φ(k)ᵀ1) + ε), non-causal, sums accumulated in float32."""
   f32 = jnp.float32
-  kv = jnp.einsum("bkhf,bkhd->bhfd", phi_k, v, preferred_element_type=f32)
+  kv = einsum_f32("bkhf,bkhd->bhfd", phi_k, v)
   k_sum = jnp.sum(phi_k.astype(f32), axis=1)  # [B,H,F]
   num = jnp.einsum("bqhf,bhfd->bqhd", phi_q.astype(f32), kv)
   den = jnp.einsum("bqhf,bhf->bqh", phi_q.astype(f32), k_sum)
