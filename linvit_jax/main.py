@@ -63,10 +63,32 @@ def _user_error_message(e: BaseException) -> str | None:
   return None
 
 
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with one-line errors where ml_collections gives tracebacks: a config
+  field that does not exist, and a ValueError/TypeError from a config file's get_config (e.g. a
+  bad `:arg`; its traceback is embedded in the message, the last line says what is wrong)."""
+  try:
+    return FLAGS(argv)
+  except (KeyError, AttributeError) as e:  # --config.<field> that the config does not have
+    detail: Any = e
+    while isinstance(detail, BaseException) and detail.args:  # KeyError inside AttributeError
+      detail = detail.args[0]
+    overrides = " ".join(a for a in argv[1:] if a.startswith("--config."))
+    text = f"no such config field {' '.join(str(detail).split())} (in {overrides})"
+  except flags.Error as e:
+    text = str(e)
+    if "Traceback (most recent call last)" in text:
+      lines = [line.strip() for line in text.splitlines() if line.strip()]
+      text = f"{lines[0].split(' Error whilst parsing config file')[0]} {lines[-1]}"
+  sys.stderr.write(f"FATAL Flags parsing error: {text}\n"
+                   "Pass --helpshort or --helpfull to see help on flags.\n")
+  sys.exit(1)
+
+
 def _entry() -> None:
   # Known user errors end in `error: <message>` on stderr and exit code 2 (130 for Ctrl-C).
   try:
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)
   except KeyError as e:  # a config field that does not exist
     sys.exit(f"error: {e}")
   except KeyboardInterrupt as e:  # train.StageInterrupted says which step it saved
