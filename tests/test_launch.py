@@ -312,12 +312,6 @@ def test_local_launcher_dry_run_and_env():
 
 def test_local_two_process_demo(tmp_path):
   """The embedded demo, tiny, as 2 processes × 1 device: both finish and report the same top-1."""
-  if not os.path.exists(os.path.join(ROOT, "linvit_jax", "run.py")):
-    pytest.skip("linvit_jax/run.py (the training entry point) does not exist yet")
-  if not os.path.exists(os.path.join(ROOT, "configs", "demo.py")):
-    pytest.skip("configs/demo.py does not exist yet")
-  if not os.path.exists(os.path.join(ROOT, "linvit_jax", "assets", "teacher_fmnist_vit.npz")):
-    pytest.skip("the demo's teacher linvit_jax/assets/teacher_fmnist_vit.npz is not shipped yet")
   code, out = run_local("-n", "2", "-d", "1", "--timeout", "900", "--config",
                         "configs/demo.py:tiny=True", "--workdir", str(tmp_path / "demo"),
                         timeout=960)
