@@ -138,8 +138,8 @@ class MetricWriter:
 
 
 def _abandon(event_writer: Any) -> None:
-  """Stops a tensorboardX EventFileWriter whose final flush failed, without flushing again
-  (best effort, private fields: its worker thread and exit hook would otherwise print tracebacks)."""
+  """Stops a tensorboardX EventFileWriter whose final flush failed, without flushing again (best
+  effort, private fields: its worker thread and exit hook would otherwise print tracebacks)."""
   if event_writer is None:
     return
   # pylint: disable=protected-access

@@ -13,7 +13,7 @@ this file knows nothing about what the loss computes. `run_stage` owns everythin
 * a non-finite loss or gradient skips that update (params and optimizer state unchanged), is
   counted, and after `max_nonfinite_in_a_row` such steps in a row the stage stops with an error;
 * process 0 shows a tqdm bar and writes metrics.jsonl + TensorBoard events in `<workdir>/<stage>/`;
-* Ctrl-C (KeyboardInterrupt) saves a checkpoint at the current step and raises `StageInterrupted`
+* Ctrl-C (SIGINT) finishes the current step, saves a checkpoint and raises `StageInterrupted`
   (a KeyboardInterrupt): rerunning the same command resumes there; a full or unwritable disk is a
   `WorkdirWriteError` (an OSError) naming the directory, raised after the previous checkpoint
   is known to be intact.
@@ -550,8 +550,11 @@ def _train_loop(*, name, cfg, start, total, state, frozen, step_fn, batch_iter_f
 
   it: Iterator[Batch] = iter(batch_iter_fn(start))
   pending = None
+  ctrl_c = _DeferredInterrupt(every=log_every)
   try:
     for step in range(start, total):
+      if ctrl_c.stop_now(step):
+        raise KeyboardInterrupt
       try:
         local = next(it)
       except StopIteration:
@@ -572,6 +575,8 @@ def _train_loop(*, name, cfg, start, total, state, frozen, step_fn, batch_iter_f
         manager.save(done, args=ocp.args.StandardSave(state))
     if pending is not None:
       handle(*pending)
+    if ctrl_c.stop_now(total, last=True):  # came during the last step: the stage is saved, stop
+      raise KeyboardInterrupt
   except KeyboardInterrupt:
     bar.close()
     if pending is not None:  # log the last finished step (or stop, if it called for a stop)
@@ -579,15 +584,52 @@ def _train_loop(*, name, cfg, start, total, state, frozen, step_fn, batch_iter_f
     raise _interrupted(name, total, state, manager) from None
   finally:
     bar.close()
+    ctrl_c.restore()
   return state
+
+
+class _DeferredInterrupt:
+  """Ctrl-C during the loop only sets a flag, acted on between steps: a KeyboardInterrupt raised
+  inside the step call would find the state already donated, with nothing left to save. A second
+  Ctrl-C interrupts at once. Processes agree (a collective every `every` steps) so that all of
+  them save the same step; only the main thread can take signals (elsewhere: plain Ctrl-C)."""
+
+  def __init__(self, every: int):
+    import signal  # pylint: disable=import-outside-toplevel
+    import threading  # pylint: disable=import-outside-toplevel
+    self._signal, self.requested, self._every = signal, False, max(every, 1)
+    self._previous = None
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGINT, self._handle)
+
+  def _handle(self, signum, frame) -> None:
+    if self.requested:  # the second Ctrl-C: now
+      self.restore()
+      raise KeyboardInterrupt
+    self.requested = True
+    logging.warning("Ctrl-C: checkpointing after this step (press it again to stop at once)")
+
+  def stop_now(self, step: int, last: bool = False) -> bool:
+    if jax.process_count() == 1:
+      return self.requested
+    if step % self._every and not last:
+      return False
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    return bool(np.any(multihost_utils.process_allgather(np.int32(self.requested))))
+
+  def restore(self) -> None:
+    if self._previous is not None:
+      self._signal.signal(self._signal.SIGINT, self._previous)
+      self._previous = None
 
 
 def _interrupted(name: str, total: int, state: TrainState,
                  manager: ocp.CheckpointManager) -> StageInterrupted:
   """Ctrl-C: checkpoints `state` at its step and says where a rerun resumes.
 
-  A KeyboardInterrupt that lands inside the step call may leave `state` donated (deleted); then
-  nothing new can be saved and the rerun resumes from the last periodic checkpoint.
+  A KeyboardInterrupt that lands inside the step call (a second Ctrl-C, or a loop outside the main
+  thread) may leave `state` donated (deleted); then nothing new can be saved and the rerun resumes
+  from the last periodic checkpoint.
   """
   saved, problem = None, ""
   try:

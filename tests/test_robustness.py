@@ -550,6 +550,21 @@ def test_ctrl_c_saves_and_the_rerun_is_bitwise_equal(tmp_path, tiny_reference):
       r["loss"] for r in tiny_reference[1] if "loss" in r]
 
 
+def test_second_ctrl_c_stops_at_once_and_restores_the_handler(tmp_path):
+  inner = tt.batch_iter_fn()
+
+  def twice_at_3(start):
+    for step, batch in enumerate(inner(start), start):
+      if step == 3:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+      yield batch
+
+  with pytest.raises(train.StageInterrupted, match="interrupted at step 3 of 6; checkpoint saved"):
+    _tiny_stage(tmp_path, batch_iter_fn=twice_at_3)
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_ctrl_c_inside_a_step_falls_back_to_the_last_checkpoint(tmp_path):
   """A donated (deleted) state cannot be saved: the message says where a rerun resumes."""
   mesh = sharding.make_mesh([("data", -1), ("fsdp", 1)])

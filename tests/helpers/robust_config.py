@@ -7,7 +7,7 @@ same shape: the tests exercise the machinery, not the accuracy). Every stage is 
 steps on batch 8, evaluation on 32 test images, no plots or resolution sweep.
 
 Args: teacher (path; empty: no teacher, `stages=train`), steps (distill_attention),
-finetune_steps, checkpoint_every, feature_map, stages ('+'-separated, e.g. distill_attention+finetune).
+finetune_steps, checkpoint_every, feature_map, stages ('+'-separated: distill_attention+finetune).
 """
 
 from __future__ import annotations
