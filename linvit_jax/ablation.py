@@ -129,8 +129,9 @@ def run_ablation(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   a = config.ablation
   results: dict[str, list[dict]] = {}
   teacher_top1 = None
-  for arm in a.arms:
-    for seed in a.seeds:
+  # Seed-major: an interrupted ablation has every arm at the first seeds, not some arms at all.
+  for seed in a.seeds:
+    for arm in a.arms:
       sub = os.path.join(workdir, arm, f"seed{seed}")
       done = os.path.join(sub, "results.json")
       if os.path.exists(done):  # finished earlier: a rerun of the ablation only fills the gaps
