@@ -1,0 +1,233 @@
+"""Cost of the two training steps (attention distillation, fine-tuning) vs a plain forward+backward.
+
+    python -m bench.bench_steps                    # ViT-S/16 at 224 px, batch 8 (CPU)
+    python -m bench.bench_steps --plan gpu         # same, bf16 matmuls, 8192³ reference
+    python -m bench.bench_steps --plan smoke       # "mu/16" at 64 px, seconds
+
+The steps are the project's own: the model, distill and stage blocks of configs/imagenet_vit.py,
+`stages.build` for the loss and trainable mask, `train.make_optimizer` and `train.make_train_step`
+(jitted exactly as the stage runner calls them: `step(state, frozen_teacher_params, batch)`). If
+those modules cannot be imported (they are young), a self-contained equivalent is measured instead
+and the JSON says so (`implementation`).
+
+Timed interleaved with the reference matmul, median of the rounds, warm-up excluded:
+  student_fwdbwd  plain student forward+backward (label xent), no optimizer: the 1.5x yardstick
+  teacher_fwd     one softmax-teacher forward (what distillation adds on top of the student)
+  distill_step    one distill_attention train step (teacher forward + teacher-forced student
+                  attention layers + routing loss + masked AdamW update)
+  finetune_step   one finetune train step (student forward+backward, label + teacher-logit KD)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections as mlc
+import numpy as np
+import optax
+
+from bench import common
+from linvit_jax.models import attention as attn_lib
+from linvit_jax.models import vit
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _project_config(variant: str, feature_map: str, image_size: int) -> mlc.ConfigDict:
+  """configs/imagenet_vit.py, the recipe a real conversion of ViT-S/16 runs."""
+  spec = importlib.util.spec_from_file_location("imagenet_vit",
+                                                os.path.join(REPO, "configs", "imagenet_vit.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config(f"variant={variant},feature_map={feature_map},res={image_size},init=none")
+
+
+def _flops(c: mlc.ConfigDict, feature_map: str, image_size: int) -> dict[str, float]:
+  """Analytic FLOPs per image of each step (see common.py for the conventions)."""
+  variant = c.model.variant
+  d = common.vit_dims(variant)
+  n = common.tokens_for(image_size, d["patch"], cls_token=c.model.pool_type == "tok")
+  student_spec = attn_lib.parse_spec(feature_map)
+  teacher_spec = attn_lib.AttentionSpec()
+  cls = c.model.pool_type == "tok"
+  student = common.vit_flops(student_spec, image_size, variant, cls_token=cls)
+  teacher = common.vit_flops(teacher_spec, image_size, variant, cls_token=cls)
+  # Teacher-forced attention layers train their params only: no gradient w.r.t. the (teacher's)
+  # input, so the q/k/v projections' input-gradient matmuls are skipped: 9 projection matmuls
+  # (4 forward, out: 2 backward, q/k/v: 1 backward each) + 3x the core.
+  proj = 2.0 * n * d["width"] ** 2
+  core = common.attention_core_flops(student_spec, n, d["heads"], d["head_dim"])
+  forced = d["depth"] * (9 * proj + 3 * core)
+  return dict(student_fwdbwd=3 * student, teacher_fwd=teacher, distill_step=teacher + forced,
+              finetune_step=3 * student + teacher)
+
+
+def _project_steps(c: mlc.ConfigDict, batch: dict[str, jax.Array], rng: jax.Array):
+  """The distill and finetune steps exactly as train.run_stage builds them."""
+  from linvit_jax import run, stages, train  # young modules: imported here; failures reported
+
+  teacher, student = run.build_models(c)
+  k_t, k_s, k_state = jax.random.split(rng, 3)
+  t_params = jax.jit(teacher.init)(k_t, batch["image"][:1])["params"]
+  s_params = jax.jit(student.init)(k_s, batch["image"][:1])["params"]
+  steps = {}
+  for name in ("distill_attention", "finetune"):
+    stage_cfg = c[name]
+    loss_fn, mask = stages.build(stage_cfg.kind, stage_cfg, c, teacher, student, s_params)
+    mask = train.trainable_mask_for(s_params, mask)
+    settings = train.stage_settings(stage_cfg)
+    tx, schedule = train.make_optimizer(settings["optimizer"], settings["steps"], mask)
+    step = jax.jit(train.make_train_step(loss_fn, tx, schedule, mask), donate_argnums=())
+    state = train.init_train_state(s_params, tx, k_state)
+    steps[name] = (step, state)
+  return teacher, student, t_params, s_params, steps
+
+
+def _fallback_steps(c: mlc.ConfigDict, batch: dict[str, jax.Array], rng: jax.Array):
+  """Self-contained equivalent (only if the project's modules fail to import): teacher forward
+  with intermediates, teacher-forced student attention, nmse, masked AdamW on attention params."""
+  model_kw = {k: v for k, v in c.model.to_dict().items()
+              if k not in ("width", "depth", "mlp_dim", "num_heads", "patch_size")}
+  teacher = vit.Model(**{**model_kw, "attention": "softmax"})
+  student = vit.Model(**{**model_kw, "attention": c.student.attention})
+  k_t, k_s = jax.random.split(rng)
+  t_params = jax.jit(teacher.init)(k_t, batch["image"][:1])["params"]
+  s_params = jax.jit(student.init)(k_s, batch["image"][:1])["params"]
+  spec = attn_lib.parse_spec(c.student.attention)
+  attn = "MultiHeadDotProductAttention_0"
+  depth = common.vit_dims(c.model.variant)["depth"]
+
+  def distill_loss(sp, tp, images):
+    (_, out), state = teacher.apply({"params": tp}, images, mutable=["intermediates"])
+    inter = state["intermediates"]["Transformer"]
+    loss = 0.0
+    for l in range(depth):
+      x = jax.lax.stop_gradient(inter[f"encoderblock_{l}"]["attn_input"][0])
+      target = jax.lax.stop_gradient(out["encoder"][f"block{l:02d}"]["sa"])
+      y = attn_lib.Attention(student.num_heads, spec).apply(
+          {"params": sp["Transformer"][f"encoderblock_{l}"][attn]}, x)
+      loss += jnp.mean((y - target) ** 2) / (jnp.var(target) + 1e-12)
+    return loss / depth
+
+  def xent(logits, labels):
+    return -jnp.mean(jnp.sum(labels * jax.nn.log_softmax(logits), -1))
+
+  def finetune_loss(sp, tp, b):
+    logits = student.apply({"params": sp}, b["image"])[0]
+    t_logits = jax.lax.stop_gradient(teacher.apply({"params": tp}, b["image"])[0])
+    return xent(logits, b["labels"]) + xent(logits, jax.nn.softmax(t_logits))
+
+  steps = {}
+  for name, loss, trainable in (("distill_attention", lambda sp, tp, b: distill_loss(
+      sp, tp, b["image"]), r".*/" + attn + r"/.*"), ("finetune", finetune_loss, r".*")):
+    import re
+    mask = jax.tree_util.tree_map_with_path(
+        lambda p, _: bool(re.fullmatch(trainable, "/".join(str(k.key) for k in p))), s_params)
+    tx = optax.multi_transform({"t": optax.adamw(1e-4), "f": optax.set_to_zero()},
+                               jax.tree.map(lambda m: "t" if m else "f", mask))
+
+    def step(state, tp, b, loss=loss, tx=tx):
+      params, opt_state = state
+      l, g = jax.value_and_grad(loss)(params, tp, b)
+      updates, opt_state = tx.update(g, opt_state, params)
+      return (optax.apply_updates(params, updates), opt_state), {"loss": l}
+
+    steps[name] = (jax.jit(step), (s_params, tx.init(s_params)))
+  return teacher, student, t_params, s_params, steps
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--plan", default="cpu", choices=("cpu", "gpu", "smoke"))
+  p.add_argument("--out", default=None)
+  p.add_argument("--feature-map", default="hedgehog", help="the student's (config default)")
+  p.add_argument("--batch", type=int, default=None)
+  p.add_argument("--reps", type=int, default=None)
+  args = p.parse_args(argv)
+
+  smoke, gpu = args.plan == "smoke", args.plan == "gpu"
+  variant, size = ("mu/16", 32) if smoke else ("S/16", 224)
+  batch_size = args.batch or (2 if smoke else 8)
+  reps = args.reps or (2 if smoke else 7)
+  ref_n = 8192 if gpu else 256 if smoke else common.REFERENCE_N
+  dtype = "bfloat16" if gpu else "float32"
+  out_path = args.out or os.path.join(REPO, "bench", "results", f"{args.plan}_steps.json")
+  t_start = time.time()
+
+  c = _project_config(variant, args.feature_map, size)
+  c.model.dtype_mm = dtype
+  c.model.num_classes = 1000
+  rng = jax.random.PRNGKey(0)
+  images = jax.random.normal(rng, (batch_size, size, size, 3), jnp.float32)
+  labels = jax.nn.one_hot(jax.random.randint(rng, (batch_size,), 0, 1000), 1000)
+  batch = {"image": images, "labels": labels}
+
+  try:
+    teacher, student, t_params, s_params, steps = _project_steps(c, batch, rng)
+    implementation = "project (stages.build + train.make_train_step, configs/imagenet_vit.py)"
+  except Exception as e:  # noqa: BLE001 - report which implementation was measured, and why
+    print(f"project steps unavailable ({type(e).__name__}: {e}); measuring the fallback",
+          flush=True)
+    teacher, student, t_params, s_params, steps = _fallback_steps(c, batch, rng)
+    implementation = f"self-contained fallback ({type(e).__name__}: {str(e)[:120]})"
+
+  def xent(logits, y):
+    return -jnp.mean(jnp.sum(y * jax.nn.log_softmax(logits.astype(jnp.float32)), -1))
+
+  student_fb = jax.jit(jax.value_and_grad(
+      lambda sp, b: xent(student.apply({"params": sp}, b["image"])[0], b["labels"])))
+  teacher_fwd = jax.jit(lambda tp, im: teacher.apply({"params": tp}, im)[0])
+  (dist_step, dist_state), (ft_step, ft_state) = steps["distill_attention"], steps["finetune"]
+  compiled = dict(
+      student_fwdbwd=(student_fb.lower(s_params, batch).compile(), (s_params, batch)),
+      teacher_fwd=(teacher_fwd.lower(t_params, images).compile(), (t_params, images)),
+      distill_step=(dist_step.lower(dist_state, t_params, batch).compile(),
+                    (dist_state, t_params, batch)),
+      finetune_step=(ft_step.lower(ft_state, t_params, batch).compile(),
+                     (ft_state, t_params, batch)))
+  memory = {k: common.memory_stats(fn) for k, (fn, _) in compiled.items()}
+  a = jax.random.normal(rng, (ref_n, ref_n), jnp.float32).astype(dtype)
+  mm = jax.jit(jnp.matmul)
+  cases = {k: (lambda fn=fn, args=args: fn(*args)) for k, (fn, args) in compiled.items()}
+  cases[common.REFERENCE] = lambda: mm(a, a)
+  print(f"compiled in {time.time() - t_start:.0f}s; timing {reps} rounds", flush=True)
+  times = common.time_interleaved(cases, reps=reps)
+
+  flops = _flops(c, args.feature_map, size)
+  ref_s = common.median(times[common.REFERENCE])
+  matmul_gflops = 2.0 * ref_n ** 3 / ref_s / 1e9
+  base_s = common.median(times["student_fwdbwd"])
+  rows = []
+  for name in ("student_fwdbwd", "teacher_fwd", "distill_step", "finetune_step"):
+    s = common.median(times[name])
+    gflops = batch_size * flops[name] / s / 1e9
+    rows.append(dict(name=name, ms=1e3 * s, images_per_s=batch_size / s, gflops=gflops,
+                     pct_matmul=100 * gflops / matmul_gflops, cost_vs_student_fwdbwd=s / base_s,
+                     flops_per_image=flops[name], times_s=times[name], memory=memory[name]))
+  result = dict(plan=args.plan, implementation=implementation, variant=variant,
+                image_size=size, batch=batch_size, feature_map=args.feature_map, dtype=dtype,
+                model=c.model.to_dict(),
+                distill=c.distill.to_dict(), matmul_gflops=matmul_gflops,
+                matmul_times_s=times[common.REFERENCE], reference_n=ref_n,
+                machine=common.machine_summary(), rows=rows, wall_s=time.time() - t_start,
+                date=time.strftime("%Y-%m-%d %H:%M"))
+  os.makedirs(os.path.dirname(out_path), exist_ok=True)
+  with open(out_path, "w") as f:
+    json.dump(result, f, indent=1)
+  for r in rows:
+    print(f"{r['name']:15s} {r['ms']:9.1f} ms  {r['images_per_s']:7.2f} img/s  "
+          f"{r['pct_matmul']:5.1f}% of matmul  {r['cost_vs_student_fwdbwd']:.2f}x student f+b")
+  print(f"wrote {out_path} after {result['wall_s']:.0f}s")
+  return result
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])
