@@ -95,10 +95,9 @@ def summarize(results: Mapping[str, list[dict]], teacher_top1: float | None) -> 
 
 
 def plot_curves(results: Mapping[str, list[dict]], path: str, teacher_top1: float | None) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(7, 4.2))
+  from linvit_jax.evaluate import new_figure
+  fig = new_figure(figsize=(7, 4.2))
+  ax = fig.subplots()
   for arm, runs in results.items():
     curves = []
     for r in runs:
@@ -120,7 +119,6 @@ def plot_curves(results: Mapping[str, list[dict]], path: str, teacher_top1: floa
   ax.grid(alpha=0.3)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
-  plt.close(fig)
 
 
 def run_ablation(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:

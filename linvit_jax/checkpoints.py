@@ -288,6 +288,10 @@ def save_npz(path: str, params: Mapping[str, Any]) -> None:
             np.savez(f, **flat)  # A file object, so np.savez does not append '.npz' to the name.
             f.flush()
             os.fsync(f.fileno())
+        # mkstemp makes the file owner-only; a checkpoint is shared like any file the user writes.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -81,7 +81,7 @@ def base_config() -> mlc.ConfigDict:
 
   c.data = dict(dataset="fashion_mnist_local", data_dir="", train_split="train",
                 eval_split="test", eval_dataset="", pp_train="", pp_eval="", image_size=28, num_classes=10,
-                label_key="labels", shuffle_buffer=10_000, eval_batch_size=500,
+                label_key="labels", shuffle_buffer=10_000, eval_batch_size=512,
                 eval_max_examples=0)  # 0: the whole split
 
   # The teacher's architecture (big_vision ViT fields); the student is the same with `attention`.

@@ -154,17 +154,16 @@ def resample_for_resolution(params: Mapping[str, Any], new_grid: tuple[int, int]
 
 # ----------------------------------------------------------------------------- pictures
 
-def _plt():
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  return plt
+def new_figure(**kw):
+  """A figure outside pyplot: no global backend switch, so notebooks keep inline plotting."""
+  from matplotlib.figure import Figure
+  return Figure(**kw)
 
 
 def plot_fidelity(rows_by_name: Mapping[str, list[dict[str, float]]], path: str) -> None:
   """Bar chart of per-layer cosine and normalised MSE for one or more students."""
-  plt = _plt()
-  fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+  fig = new_figure(figsize=(10, 3.5))
+  axes = fig.subplots(1, 2)
   names = list(rows_by_name)
   width = 0.8 / max(1, len(names))
   for j, name in enumerate(names):
@@ -181,16 +180,15 @@ def plot_fidelity(rows_by_name: Mapping[str, list[dict[str, float]]], path: str)
   axes[0].legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)
 
 
 def plot_attention_maps(images: np.ndarray, teacher_maps: np.ndarray, student_maps: np.ndarray,
                         path: str, layer: int = -1) -> None:
   """Grid: one row per image; the image, then the teacher's and the student's cls maps per head."""
-  plt = _plt()
   n_img, heads = teacher_maps.shape[1], teacher_maps.shape[2]
   cols = 1 + 2 * heads
-  fig, axes = plt.subplots(n_img, cols, figsize=(1.4 * cols, 1.5 * n_img), squeeze=False)
+  fig = new_figure(figsize=(1.4 * cols, 1.5 * n_img))
+  axes = fig.subplots(n_img, cols, squeeze=False)
   for i in range(n_img):
     img = images[i]
     img = (img - img.min()) / (img.max() - img.min() + 1e-9)
@@ -207,4 +205,3 @@ def plot_attention_maps(images: np.ndarray, teacher_maps: np.ndarray, student_ma
   fig.suptitle(f"cls-token attention, layer {layer % teacher_maps.shape[0]}", fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)
