@@ -230,9 +230,7 @@ def _freeze_attention(spec: Any) -> Any:
   """Config dicts/lists become hashable AttentionSpecs (linen attributes must be hashable)."""
   if isinstance(spec, (list, tuple)):
     return tuple(attn_lib.parse_spec(s) for s in spec)
-  if isinstance(spec, str) or spec is None:
-    return spec or "softmax"
-  return attn_lib.parse_spec(spec)
+  return attn_lib.parse_spec(spec or "softmax")  # validates names now, not at the first apply
 
 
 def Model(num_classes: Optional[int] = None, *, variant: Optional[str] = None,  # noqa: N802
