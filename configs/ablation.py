@@ -8,7 +8,7 @@ copy_same_distill, copy_all_distill, copy_same_distill_in_budget — each with t
 budget, over `seeds`. Writes ablation.md and ablation.png into the workdir. `patch=7` uses the
 17-token teacher (4×4 patches + cls) for the token-count study; the default is 50 tokens.
 Args: feature_map, patch (4 | 7), seeds (how many), finetune_steps, distill_steps, arms
-('+'-separated subset), tiny.
+('+'-separated subset), tiny, report_only (write ablation.md/png from the finished runs).
 """
 
 from linvit_jax import config_lib
@@ -17,14 +17,15 @@ from linvit_jax.ablation import ARMS
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, feature_map="hedgehog", patch=4, seeds=3, finetune_steps=150,
-                             distill_steps=100, arms="+".join(ARMS), eval_every=50, tiny=False)
+                             distill_steps=100, arms="+".join(ARMS), eval_every=50, tiny=False,
+                             report_only=False)
   c = config_lib.fmnist_conversion(feature_map=arg.feature_map, patch=arg.patch,
                                    distill_steps=arg.distill_steps,
                                    finetune_steps=arg.finetune_steps, tiny=arg.tiny)
   c.eval.curve_examples = min(c.eval.curve_examples, 1000)
   c.ablation = dict(arms=arg.arms.split("+"), seeds=list(range(arg.seeds)),
                     finetune_steps=arg.finetune_steps, distill_steps=arg.distill_steps,
-                    eval_every=arg.eval_every)
+                    eval_every=arg.eval_every, report_only=arg.report_only)
   if arg.tiny:
     c.ablation.finetune_steps, c.ablation.distill_steps, c.ablation.eval_every = 4, 2, 2
   return c

@@ -135,6 +135,8 @@ def run_ablation(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
       if os.path.exists(done):  # finished earlier: a rerun of the ablation only fills the gaps
         with open(done) as f:
           r = json.load(f)
+      elif a.report_only:  # summarise what has finished, run nothing
+        continue
       else:
         cfg = arm_config(config, arm, seed, a.finetune_steps, a.distill_steps, a.eval_every)
         cfg.eval.teacher = teacher_top1 is None  # one shared teacher: evaluate it once
@@ -144,6 +146,8 @@ def run_ablation(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
       results.setdefault(arm, []).append(r)
       teacher_top1 = r.get("teacher_top1", teacher_top1)
       print(f"[ablation] {arm} seed {seed}: top-1 {100 * r['student_top1']:.2f} %", flush=True)
+  if not results:
+    raise ValueError(f"no finished ablation runs under {workdir!r}")
   table = summarize(results, teacher_top1)
   with open(os.path.join(workdir, "ablation.md"), "w") as f:
     f.write(f"# Ablation\n\nteacher top-1 (softmax, before any fine-tuning): "
