@@ -21,11 +21,6 @@ def bv_fixture():
 
 
 def unflatten(flat):
-  tree = {}
-  for name, value in flat.items():
-    node = tree
-    *parents, leaf = name.split("/")
-    for p in parents:
-      node = node.setdefault(p, {})
-    node[leaf] = value
-  return tree
+  """'/'-joined names → nested dicts (the project's own checkpoint helper)."""
+  from linvit_jax import checkpoints
+  return checkpoints.unflatten(flat)
