@@ -208,12 +208,34 @@ class Attention(nn.Module):
     else:
       fmap_cls = feature_maps.get_feature_map_cls(spec.feature_map)
       kw = dict(num_features=spec.num_features, seed=spec.favor_seed, redraw=spec.favor_redraw)
-      phi_q = fmap_cls(name="feature_map_q", **kw)(q, is_query=True)
-      phi_k = fmap_cls(name="feature_map_k", **kw)(k, is_query=False)
+      fmap_q = fmap_cls(name="feature_map_q", **kw)
+      fmap_k = fmap_cls(name="feature_map_k", **kw)
+      if getattr(fmap_cls, "projects_per_head", False):
+        # φ starts with a per-head linear map W: fold it into the projection. z = x(W_q W) + ...
+        # is one [D, H·width] matmul; q itself is then only computed when it is sown (XLA drops
+        # it otherwise), and the per-head matmul over all tokens, with its transposes, is gone.
+        phi_q = self._folded_features(fmap_q, "query", inputs_q, head_dim)
+        phi_k = self._folded_features(fmap_k, "key", inputs_kv, head_dim)
+      else:
+        phi_q = fmap_q(q, is_query=True)
+        phi_k = fmap_k(k, is_query=False)
       y = linear_attention(phi_q, phi_k, v, spec.eps)
 
     return nn.DenseGeneral(features=features, axis=(-2, -1), dtype=self.dtype_mm,
                            kernel_init=self.kernel_init, name="out")(y)
+
+  def _folded_features(self, fmap: nn.Module, dense_name: str, inputs: jax.Array,
+                       head_dim: int) -> jax.Array:
+    """fmap.features(x·(W_p W) + (b_p W + b)) = φ(x W_p + b_p) for a projects_per_head map, with
+    the projection `dense_name`'s params (already created by its call above)."""
+    proj = self.variables["params"][dense_name]
+    w, b = fmap.projection(self.num_heads, head_dim)
+    kernel = jnp.einsum("dhk,hkf->dhf", proj["kernel"], w)
+    bias = jnp.einsum("hk,hkf->hf", proj["bias"], w) + b
+    dtype = jnp.dtype(self.dtype_mm)
+    z = jnp.einsum("bnd,dhf->bnhf", inputs.astype(dtype), kernel.astype(dtype),
+                   preferred_element_type=jnp.float32) + bias
+    return fmap.features(z)
 
 
 def feature_maps_of(spec: AttentionSpec, q: jax.Array, k: jax.Array,

@@ -62,15 +62,19 @@ class Relu(nn.Module):
 
 @register("hedgehog")
 class Hedgehog(nn.Module):
-  """φ(x) = [softmax(xW + b), softmax(−(xW + b))] over features, W per head (Zhang et al., 2024)."""
+  """φ(x) = [softmax(xW + b), softmax(−(xW + b))] over features, W per head (Zhang et al., 2024).
+
+  `Attention` folds W into the query/key projection (`projects_per_head`): z = x(W_q W) + (b_q W + b)
+  is one [D, H·width] matmul instead of the q projection followed by a per-head one.
+  """
   num_features: int | None = None  # projection width; defaults to head_dim (→ 2·head_dim features)
   seed: int = 0
   redraw: bool = False
+  projects_per_head = True  # φ(x) = features(per-head linear map of x): see Attention
 
   @nn.compact
-  def __call__(self, x: jax.Array, *, is_query: bool) -> jax.Array:
-    del is_query
-    _, _, heads, head_dim = x.shape
+  def projection(self, heads: int, head_dim: int) -> tuple[jax.Array, jax.Array]:
+    """The per-head map's kernel [H, head_dim, width] and bias [H, width]."""
     width = self.num_features or head_dim
 
     def near_identity(key, shape, dtype=jnp.float32):
@@ -81,8 +85,21 @@ class Hedgehog(nn.Module):
 
     kernel = self.param("kernel", near_identity, (heads, head_dim, width))
     bias = self.param("bias", nn.initializers.zeros, (heads, width))
+    return kernel, bias
+
+  @staticmethod
+  def features(z: jax.Array) -> jax.Array:
+    """φ from the projected z [..., width] (float32): [softmax(z), softmax(−z)], as one softmax
+    over a stacked pair (one fused pass on CPU instead of two softmaxes and a concatenate)."""
+    pair = jax.nn.softmax(jnp.stack([z, -z], axis=-2), axis=-1)
+    return pair.reshape(*z.shape[:-1], 2 * z.shape[-1])
+
+  def __call__(self, x: jax.Array, *, is_query: bool) -> jax.Array:
+    del is_query
+    _, _, heads, head_dim = x.shape
+    kernel, bias = self.projection(heads, head_dim)
     z = jnp.einsum("bnhd,hdf->bnhf", x.astype(jnp.float32), kernel) + bias
-    return jnp.concatenate([jax.nn.softmax(z, axis=-1), jax.nn.softmax(-z, axis=-1)], axis=-1)
+    return self.features(z)
 
 
 def orthogonal_gaussian(key: jax.Array, num_features: int, dim: int) -> jax.Array:
