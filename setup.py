@@ -17,6 +17,7 @@ INSTALL_REQUIRES = [
     "matplotlib>=3.8,<4",
     "absl-py>=2.1,<3",
     "tensorboardX>=2.6,<3",
+    "scikit-image>=0.22",
     # tensorflow-datasets 4.9.x imports it but declares it only for Python < 3.9.
     "importlib_resources>=6",
 ]

@@ -20,20 +20,32 @@ Datasets
     keep("image", "labels")'.
   * `jft:<glob>`: JFT-style TFRecords (jft.py) of {"image": JPEG bytes, "labels": id list};
     pp ends with e.g. 'multi_hot(18291)' for the sigmoid loss.
+  * `image_folder` (the folder is `data_dir`) or `image_folder:<DIR>`: a local directory of image
+    files (image_folder.py), read recursively in sorted path order, of {"image": encoded bytes,
+    "label": int32, "file": relative path}. "label" only when every image is in a first-level
+    sub-folder (the sorted sub-folder names are the classes). Splits: "all"; "train" / "holdout",
+    a stable split by a hash of each path holding out 20%, or F with "train@F" / "holdout@F". So a
+    separate eval folder is `eval_dataset="image_folder:<DIR>"` with split "all". Every file is
+    checked once with PIL: unreadable ones are skipped and named in a warning; formats other than
+    JPEG and PNG (TF's decode gets some of them wrong) are handed on as RGB PNG bytes.
+    pp example: 'decode|resize(224)|value_range(-1,1)|onehot(C, key="label", key_result="labels")|
+    keep("image", "labels")'.
 
 Per process: each of `process_count` processes (default: jax's) reads its own
 `tfds.even_splits(split, process_count)[process_index]` (for `jft:`, its share of the files, or of
-the records when there are fewer files than processes) and yields local batches of
+the records when there are fewer files than processes; for `image_folder`, the split's files
+process_index, process_index + process_count, ...) and yields local batches of
 `global_batch_size // process_count` examples.
 
 Train order. The stream is epoch after epoch of the process's share, drop-remainder batched across
 epoch boundaries. Epoch e is read in an order that depends only on (seed, e): the share is cut into
 up to 16 contiguous blocks read in a random order (like big_vision's file shuffling, and also for
-one-file datasets; for `jft:` the files themselves), then a `shuffle_buffer` shuffle seeded by
-(seed, e). Random pp ops are stateless, seeded by (seed, process, position of the example in the
-stream). So a seed fixes every batch, and `start_step=k` starts at epoch
-(k * local_batch) // epoch_size, skipping only the raw (still encoded) records before the offset
-inside that epoch: no image of a skipped step is decoded.
+one-file datasets; for `jft:` the files themselves; an `image_folder` share is permuted whole),
+then a `shuffle_buffer` shuffle seeded by (seed, e). Random pp ops are stateless, seeded by (seed,
+process, position of the example in the stream). So a seed fixes every batch, and `start_step=k`
+starts at epoch (k * local_batch) // epoch_size, skipping only the raw (still encoded) records
+before the offset inside that epoch: no image of a skipped step is decoded (but `image_folder`
+files that need conversion are converted when read).
 (`tf.random.set_seed` changes the shuffle order, as it does for any tf.data shuffle.)
 
 Eval: one pass over the process's share in file order, padded with zero examples (`_mask` False) to
@@ -44,6 +56,7 @@ The eval pp must give fixed-size tensors.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from typing import Any, Callable, Iterator
 
@@ -52,7 +65,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from linvit_jax.data import fashion_mnist, jft
+from linvit_jax.data import fashion_mnist, image_folder, jft
 from linvit_jax.data.preprocess import RNG_KEY, get_preprocess_fn
 
 Example = dict[str, Any]
@@ -177,9 +190,39 @@ class _JftSource:
     return _Share(self.sizes(count)[index], read)
 
 
+class _ImageFolderSource:
+  """A split of a folder of images (see image_folder.py); process i reads files i, i + n, ..."""
+
+  def __init__(self, dataset: str, split: str, data_dir: str | None):
+    folder = dataset[len(image_folder.NAME) + 1:] or data_dir
+    if not folder:
+      raise ValueError(f"dataset {dataset!r} needs the folder: data_dir=DIR, or "
+                       f"dataset='{image_folder.NAME}:DIR'")
+    self.index = image_folder.scan(folder)
+    self.positions = image_folder.split_positions(self.index, split)
+    logging.info("image_folder %s: %s; split %r: %d images", self.index.root,
+                 self.index.describe(), split, len(self.positions))
+
+  def sizes(self, count: int) -> list[int]:
+    return [len(range(i, len(self.positions), count)) for i in range(count)]
+
+  def share(self, index: int, count: int, cache: bool = False) -> _Share:
+    positions = self.positions[index::count]
+    cached = image_folder.read_examples(self.index, positions, None).cache() if cache else None
+
+    def read(key: tf.Tensor | None) -> tf.data.Dataset:
+      if cached is not None:
+        return cached  # A cache has one (file) order; the shuffle buffer still mixes it.
+      return image_folder.read_examples(self.index, positions, key)
+
+    return _Share(len(positions), read)
+
+
 def _source(dataset: str, split: str, data_dir: str | None):
   if dataset.startswith("jft:"):
     return _JftSource(dataset[len("jft:"):], split)
+  if dataset == image_folder.NAME or dataset.startswith(image_folder.NAME + ":"):
+    return _ImageFolderSource(dataset, split, data_dir)
   return _TfdsSource(dataset, split, data_dir)
 
 

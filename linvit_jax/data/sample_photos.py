@@ -1,0 +1,73 @@
+"""Real photographs that ship inside installed packages, written out as a folder of image files.
+
+  paths = write_sample_photos("/tmp/photos")          # 21 files: 10 colour, 11 gray
+  make_eval_iterator(dataset="image_folder:/tmp/photos", split="all", ...)
+
+For demos and tests of the `image_folder` dataset without any download: scikit-image's bundled
+photographs (the files next to skimage.data; its pooch-fetched ones are never asked for) and
+matplotlib's sample grace_hopper.jpg. The files are copied as they are (PNG or JPEG), so the folder
+also exercises grayscale PNGs. Synthetic or binary pictures (checkerboard, horse silhouette,
+logo, phantom, colour wheel) are left out.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+# skimage/data file names: real photographs only.
+COLOR = ("astronaut.png", "chelsea.png", "coffee.png", "hubble_deep_field.jpg", "ihc.png",
+         "motorcycle_left.png", "motorcycle_right.png", "retina.jpg", "rocket.jpg")
+GRAY = ("brick.png", "camera.png", "cell.png", "clock_motion.png", "coins.png", "grass.png",
+        "gravel.png", "microaneurysms.png", "moon.png", "page.png", "text.png")
+_MATPLOTLIB_COLOR = ("grace_hopper.jpg",)
+_WHICH = ("all", "color", "gray")
+
+
+def _skimage_data_dir() -> str:
+  try:
+    import skimage.data  # pylint: disable=import-outside-toplevel  # Optional dependency.
+  except ImportError as err:
+    raise ImportError("write_sample_photos needs scikit-image for its bundled photographs: "
+                      "pip install scikit-image") from err
+  return os.path.dirname(skimage.data.__file__)
+
+
+def _matplotlib_file(name: str) -> str | None:
+  try:
+    from matplotlib import cbook  # pylint: disable=import-outside-toplevel
+    path = str(cbook.get_sample_data(name, asfileobj=False))
+  except (ImportError, OSError, ValueError):  # No matplotlib, or a build without sample data.
+    return None
+  return path if os.path.isfile(path) else None
+
+
+def write_sample_photos(out_dir: str, *, which: str = "all") -> list[str]:
+  """Copies the bundled photographs into out_dir (created if needed); returns the paths, sorted.
+
+  Args:
+    out_dir: destination folder; files of the same name are overwritten.
+    which: "all", "color" (3-channel photos) or "gray" (1-channel photos).
+
+  Raises:
+    ImportError: scikit-image is not installed.
+    FileNotFoundError: none of the photographs is in the installed packages.
+  """
+  if which not in _WHICH:
+    raise ValueError(f"which must be one of {', '.join(_WHICH)}, got {which!r}")
+  skimage_dir = _skimage_data_dir()
+  names = (COLOR if which != "gray" else ()) + (GRAY if which != "color" else ())
+  sources = [os.path.join(skimage_dir, n) for n in names]
+  if which != "gray":
+    sources += [_matplotlib_file(n) for n in _MATPLOTLIB_COLOR]
+  # Older or newer releases may bundle fewer files: take what is there.
+  sources = [s for s in sources if s and os.path.isfile(s)]
+  if not sources:
+    raise FileNotFoundError(f"no bundled photographs found (looked in {skimage_dir} for "
+                            f"{', '.join(names)})")
+  os.makedirs(out_dir, exist_ok=True)
+  paths = []
+  for src in sources:
+    paths.append(os.path.join(out_dir, os.path.basename(src)))
+    shutil.copyfile(src, paths[-1])
+  return sorted(paths)
