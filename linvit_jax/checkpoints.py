@@ -632,6 +632,57 @@ def _check_against_config(params: Params, model_cfg: Mapping[str, Any],
     _raise_problems(source, problems)
 
 
+def infer_vit_config(path: str) -> dict[str, Any]:
+    """The big_vision ViT fields a checkpoint's names and shapes decide, for `vit.Model(**...)`.
+
+    patch_size and width (embedding/kernel), depth (blocks, per-block or scanned), num_heads
+    (query/kernel [D, H, Dh]), mlp_dim (Dense_0), posemb ('learn' when a pos_embedding is stored,
+    else 'sincos2d'), pool_type ('tok' with a cls token, 'map' with a MAP head, else 'gap': a
+    'gap' / '0' / 'none' model stores nothing that tells them apart), num_classes (head/kernel,
+    None when there is no head), rep_size (pre_logits/kernel). Also `posemb_grid`: the stored
+    position-embedding grid (h, w), the resolution the checkpoint was trained at, for information.
+    Any layout `load_vit_params` reads (old names, scanned) works.
+    """
+    params = fix_old_checkpoints(load_npz(path))
+    flat = flatten(params)
+    problems = []
+    emb = flat.get("embedding/kernel")
+    if emb is None or np.ndim(emb) != 4:
+        _raise_problems(path, [f"no patch embedding 'embedding/kernel' [ph, pw, C, D] (top-level "
+                               f"keys: {_top_keys(params)}): not a big_vision ViT checkpoint"])
+    scanned = isinstance(params.get("Transformer"), dict) and "encoderblock" in params["Transformer"]
+    block = "Transformer/encoderblock" if scanned else "Transformer/encoderblock_0"
+    query = flat.get(f"{block}/MultiHeadDotProductAttention_0/query/kernel")
+    dense0 = flat.get(f"{block}/MlpBlock_0/Dense_0/kernel")
+    if query is None or dense0 is None:
+        problems.append(f"no first encoder block with attention query and MLP kernels under "
+                        f"{block!r}")
+    _raise_problems(path, problems)
+    if scanned:
+        depth = int(query.shape[0])
+    else:
+        indices = [_block_index(n) for n in params["Transformer"]]
+        depth = 1 + max(i for i in indices if i is not None)
+    if "cls" in params:
+        pool = "tok"
+    elif "MAPHead_0" in params:
+        pool = "map"
+    else:
+        pool = "gap"
+    head = flat.get("head/kernel")
+    rep = flat.get("pre_logits/kernel")
+    pe = flat.get("pos_embedding")
+    grid = None
+    if pe is not None and np.ndim(pe) == 3:
+        side = math.isqrt(pe.shape[1])
+        grid = (side, side) if side * side == pe.shape[1] else None
+    return dict(patch_size=tuple(int(x) for x in emb.shape[:2]), width=int(emb.shape[-1]),
+                depth=int(depth), num_heads=int(query.shape[-2]), mlp_dim=int(dense0.shape[-1]),
+                posemb="learn" if pe is not None else "sincos2d", pool_type=pool,
+                num_classes=int(head.shape[-1]) if head is not None else None,
+                rep_size=int(rep.shape[-1]) if rep is not None else False, posemb_grid=grid)
+
+
 def load_vit_params(init_params: Mapping[str, Any] | None, init_file: str,
                     model_cfg: Mapping[str, Any], dont_load: Sequence[str] = ()) -> Params:
     """big_vision's `vit.load` semantics: a checkpoint made to fit the model `init_params` is from.

@@ -11,7 +11,7 @@ from typing import Any
 
 import ml_collections as mlc
 
-STAGE_KINDS = ("train", "distill_attention", "finetune")
+STAGE_KINDS = ("train", "distill_attention", "finetune", "align")
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> mlc.ConfigDict:
@@ -55,7 +55,8 @@ def optimizer(lr: float, *, wd: float = 1e-4, warmup_steps: int = 0, grad_clip: 
 def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> dict:
   """One stage block. kind: train (labels, from the current params), distill_attention (only
   attention + feature-map params train, teacher-forced losses), finetune (all params, labels and
-  optionally teacher logits / features)."""
+  optionally teacher logits / features), align (label-free: the student's own block outputs and
+  final tokens matched to the teacher's; `trainable` = "all" | "attention" | a path regex)."""
   if kind not in STAGE_KINDS:
     raise ValueError(f"unknown stage kind {kind!r}; known: {STAGE_KINDS}")
   opt_kw = {k: kw.pop(k) for k in ("wd", "warmup_steps", "grad_clip", "b2", "schedule",
@@ -65,7 +66,10 @@ def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> di
                max_nonfinite_in_a_row=10, eval_every=0,
                # losses (which ones apply depends on kind; unused weights are ignored)
                w_label=1.0, w_logit_kd=0.0, kd_temperature=1.0, w_feature=0.0,
-               label_loss="softmax_xent")
+               w_blocks=0.0, w_attn_tf=0.0, label_loss="softmax_xent",
+               trainable="")  # "": the kind's default (align: "all")
+  if kind == "align":
+    block.update(w_label=0.0, w_feature=1.0, w_blocks=1.0, w_attn_tf=1.0)
   block.update(kw)
   return block
 
@@ -91,7 +95,9 @@ def base_config() -> mlc.ConfigDict:
                  dtype_mm="float32", gelu_approximate=True)
 
   c.teacher = dict(init="", dont_load=[])  # init: big_vision npz; "" → no teacher (train a model)
-  c.student = dict(attention="elu1", dont_load=[])
+  # softmax_layers: k layers that linearize worst (after the first distill_attention stage) keep
+  # softmax attention with the teacher's weights: a hybrid student.
+  c.student = dict(attention="elu1", dont_load=[], softmax_layers=0)
   c.surgery = dict(policy="copy_same", calibrate=True)  # calibrate: data-dependent out-proj init
 
   c.distill = dict(metric="nmse", w_attn=1.0, w_routing=0.1, routing_temperature=1.0,
@@ -104,8 +110,11 @@ def base_config() -> mlc.ConfigDict:
   c.finetune = stage("finetune", steps=500, batch_size=64, lr=3e-4, warmup_steps=25)
   c.train = stage("train", steps=0, batch_size=64, lr=1e-3)
 
-  c.eval = dict(teacher=True, curve_examples=2000, fidelity_images=128, attention_map_images=4, throughput_batch=64,
-                resolution_factors=[1, 2], resolution_examples=2000, plots=True)
+  # sample_pp: "" → the fidelity sample is the first eval images (pp_eval); a pp string → random
+  # views of the eval split drawn with it under a fixed seed (few held-out files, many crops).
+  c.eval = dict(teacher=True, curve_examples=2000, curve_images=16, fidelity_images=128,
+                attention_map_images=4, throughput_batch=64, resolution_factors=[1, 2],
+                resolution_examples=2000, resolution_fidelity_images=16, plots=True, sample_pp="")
   c.export = dict(npz=True)
   return c
 

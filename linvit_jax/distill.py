@@ -94,7 +94,9 @@ DISTILL_DEFAULTS = dict(
 # Which parameters train in a stage (re.fullmatch on '/'-joined paths, scanned or per-block).
 STAGE_TRAINABLE = {
     "distill_attention": r"Transformer/encoderblock(_\d+)?/" + ATTN + r"/.*",
+    "attention": r"Transformer/encoderblock(_\d+)?/" + ATTN + r"/.*",
     "finetune": r".*",
+    "all": r".*",
 }
 
 
@@ -417,6 +419,28 @@ def feature_alignment_loss(student_out: Array | Mapping[str, Array],
   m = output_metrics(_f32(student_out)[None], _f32(teacher_out)[None], eps)
   nmse, cos = m["nmse"][0], m["cosine"][0]
   return w_nmse * nmse + w_cosine * (1.0 - cos), {"nmse": nmse, "cosine": cos}
+
+
+def block_alignment_loss(student_out: Mapping[str, Any], targets: Mapping[str, Array], *,
+                          w_nmse: float = 1.0, w_cosine: float = 1.0, eps: float = EPS
+                          ) -> tuple[Array, dict[str, Array]]:
+  """Match the student's own residual stream after every block to the teacher's.
+
+    loss = mean_l [w_nmse · nmse_l + w_cosine · (1 − mean_tokens cos_l)]
+
+  on `student_out["encoder"]["blockLL"]["+mlp"]` vs `targets["+mlp"][l]` ([B,N,D] each). Per-block
+  targets give every layer a gradient signal from its own depth, not only through the final norm
+  (ViT-AdaLA's blockwise alignment); the cosine term keeps the few high-norm tokens of real
+  checkpoints (DINOv2's artifact tokens) from dominating the nmse. Returns (loss, metrics with
+  the mean cosine and nmse and the per-block cosine).
+  """
+  depth = targets["+mlp"].shape[0]
+  s = jnp.stack([student_out["encoder"][f"block{l:02d}"]["+mlp"] for l in range(depth)])
+  m = output_metrics(s, targets["+mlp"], eps)
+  per_layer = w_nmse * m["nmse"] + w_cosine * (1.0 - m["cosine"])
+  metrics = {"block_nmse": jnp.mean(m["nmse"]), "block_cosine": jnp.mean(m["cosine"])}
+  _layer_metrics(metrics, "block_cosine", m["cosine"])
+  return jnp.mean(per_layer), metrics
 
 
 def logit_kd_loss(student_logits: Array, teacher_logits: Array,

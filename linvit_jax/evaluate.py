@@ -7,6 +7,7 @@ number says how well *that* operator imitates softmax, not how errors compound d
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Callable, Iterable, Mapping
 
@@ -96,15 +97,77 @@ def layer_specs(model: nn.Module) -> tuple[attn_lib.AttentionSpec, ...]:
   return attn_lib.parse_layer_specs(model.attention, model.depth)
 
 
-def attention_fidelity(teacher: nn.Module, teacher_params: Any, student: nn.Module,
-                       student_params: Any, images: jax.Array) -> list[dict[str, float]]:
-  """Per layer: normalised MSE (MSE / Var(teacher)) and mean token cosine, teacher-forced."""
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _attention_fidelity(teacher, teacher_params, student, student_params, images):
   from linvit_jax import distill  # distill imports vit; evaluate stays importable on its own
   targets = distill.teacher_targets(teacher, teacher_params, images)
   outputs = distill.student_attention_outputs(student, student_params, targets["attn_input"])
-  m = jax.device_get(distill.output_metrics(outputs, targets["sa"]))
+  return distill.output_metrics(outputs, targets["sa"])
+
+
+def attention_fidelity(teacher: nn.Module, teacher_params: Any, student: nn.Module,
+                       student_params: Any, images: jax.Array) -> list[dict[str, float]]:
+  """Per layer: normalised MSE (MSE / Var(teacher)) and mean token cosine, teacher-forced."""
+  m = jax.device_get(_attention_fidelity(teacher, teacher_params, student, student_params,
+                                         jnp.asarray(images)))
   return [{"layer": i, "nmse": float(m["nmse"][i]), "cosine": float(m["cosine"][i])}
           for i in range(len(m["nmse"]))]
+
+
+def _cosine(a: jax.Array, b: jax.Array) -> jax.Array:
+  a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+  return jnp.sum(a * b, -1) / jnp.maximum(jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1),
+                                          1e-12)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _end_to_end(teacher, teacher_params, student, student_params, images):
+  t_logits, t_out = teacher.apply({"params": teacher_params}, images)
+  s_logits, s_out = student.apply({"params": student_params}, images)
+  t_enc, s_enc = t_out["encoded"], s_out["encoded"]
+  has_cls = teacher.pool_type == "tok"
+  tokens = _cosine(s_enc[:, 1:] if has_cls else s_enc, t_enc[:, 1:] if has_cls else t_enc)
+  m = {"patch_cosine": jnp.mean(tokens),
+       "patch_cosine_min_image": jnp.min(jnp.mean(tokens, axis=1)),
+       "block_cosine": jnp.stack([jnp.mean(_cosine(s_out["encoder"][k]["+mlp"],
+                                                   t_out["encoder"][k]["+mlp"]))
+                                  for k in sorted(t_out["encoder"]) if k.startswith("block")])}
+  if has_cls:
+    cls = _cosine(s_enc[:, 0], t_enc[:, 0])
+    m["cls_cosine"], m["cls_cosine_min_image"] = jnp.mean(cls), jnp.min(cls)
+  if teacher.pool_type != "none":
+    m["pre_logits_cosine"] = jnp.mean(_cosine(s_out["pre_logits"], t_out["pre_logits"]))
+  if teacher.num_classes:
+    m["top1_agreement"] = jnp.mean(jnp.argmax(s_logits, -1) == jnp.argmax(t_logits, -1))
+  return m
+
+
+def end_to_end_fidelity(teacher: nn.Module, teacher_params: Any, student: nn.Module,
+                        student_params: Any, images: jax.Array, batch_size: int = 32
+                        ) -> dict[str, Any]:
+  """How close the student's own forward pass (not teacher-forced) is to the teacher's.
+
+  cls_cosine (pool 'tok'): mean cosine of the final cls token (after encoder_norm);
+  patch_cosine: mean cosine of the final image tokens; *_min_image: the worst image's mean;
+  pre_logits_cosine: the pooled representation; block_cosine: per block, the residual stream
+  after the block; top1_agreement (with a head): argmax agreement of the logits. Needs no label.
+  """
+  images = np.asarray(images)
+  parts = []
+  for i in range(0, len(images), batch_size):
+    chunk = images[i:i + batch_size]
+    parts.append((len(chunk), jax.device_get(_end_to_end(teacher, teacher_params, student,
+                                                          student_params, jnp.asarray(chunk)))))
+  total = sum(n for n, _ in parts)
+  out: dict[str, Any] = {}
+  for key in parts[0][1]:
+    values = [np.asarray(m[key], np.float64) for _, m in parts]
+    if key.endswith("_min_image"):
+      out[key] = float(min(np.min(v) for v in values))
+    else:
+      mean = sum(n * v for (n, _), v in zip(parts, values)) / total
+      out[key] = mean.tolist() if np.ndim(mean) else float(mean)
+  return out
 
 
 def cls_attention_maps(model: nn.Module, params: Any, images: jax.Array) -> np.ndarray:
@@ -140,6 +203,17 @@ def images_per_second(model: nn.Module, params: Any, images: np.ndarray, repeats
     jax.block_until_ready(predict(params, images))
     times.append(time.perf_counter() - t0)
   return len(images) / float(np.median(times))
+
+
+def forward_peak_bytes(model: nn.Module, params: Any, images: np.ndarray) -> float:
+  """XLA's peak-memory estimate of the compiled forward (arguments + outputs + temporaries)."""
+  fn = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False)[0])
+  stats = fn.lower(params, images).compile().memory_analysis()
+  if stats is None:
+    return float("nan")
+  total = (stats.argument_size_in_bytes + stats.output_size_in_bytes
+           + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
+  return float(max(getattr(stats, "peak_memory_in_bytes", 0) or 0, total))
 
 
 def resample_for_resolution(params: Mapping[str, Any], new_grid: tuple[int, int]) -> dict:
@@ -205,3 +279,39 @@ def plot_attention_maps(images: np.ndarray, teacher_maps: np.ndarray, student_ma
   fig.suptitle(f"cls-token attention, layer {layer % teacher_maps.shape[0]}", fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
+
+
+def plot_fidelity_curves(histories: Mapping[str, list[dict[str, Any]]], path: str,
+                         keys: tuple[str, ...] = ("cls_cosine", "patch_cosine",
+                                                  "block_cosine_min")) -> bool:
+  """End-to-end fidelity on held-out images vs images seen, across the run's stages (the
+  `eval/...` rows of each stage's metrics); returns False when no stage logged any."""
+  fig = new_figure(figsize=(7, 3.8))
+  ax = fig.subplots()
+  drawn = False
+  for key in keys:
+    xs, ys = [], []
+    for rows in histories.values():
+      for r in rows:
+        if f"eval/{key}" in r:
+          xs.append(r.get("images_seen", r.get("step", 0)))
+          ys.append(float(r[f"eval/{key}"]))
+    if xs:
+      ax.plot(xs, ys, marker="o", ms=3, label=key.replace("_", " "))
+      drawn = True
+  if not drawn:
+    return False
+  edges = 0
+  for name, rows in histories.items():  # stage boundaries
+    if rows:
+      edges = max(r.get("images_seen", 0) for r in rows)
+      ax.axvline(edges, color="0.8", lw=0.8)
+      ax.text(edges, ax.get_ylim()[0], f" {name}", fontsize=7, rotation=90, va="bottom",
+              ha="right", color="0.4")
+  ax.set_xlabel("images seen")
+  ax.set_ylabel("cosine to the teacher (held-out)")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  return True

@@ -5,7 +5,9 @@ Kept separate from main.py so the ablation driver, the notebook and the tests ca
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import time
 from typing import Any, Iterator, Mapping
@@ -17,6 +19,7 @@ import numpy as np
 
 from linvit_jax import checkpoints
 from linvit_jax import compile_cache
+from linvit_jax import config_lib
 from linvit_jax import distill
 from linvit_jax import evaluate
 from linvit_jax import sharding
@@ -71,13 +74,19 @@ def validate(config: mlc.ConfigDict) -> None:
     if name not in config:
       raise ConfigError(f"stage {name!r} is listed in config.stages but config.{name} is missing")
     kind = config[name].kind
-    if kind not in ("train", "distill_attention", "finetune"):
+    if kind not in config_lib.STAGE_KINDS:
       raise ConfigError(f"config.{name}.kind={kind!r}: unknown stage kind")
-    if kind in ("distill_attention",) and not config.teacher.init:
-      raise ConfigError(f"stage {name!r} distills attention but config.teacher.init is empty")
+    if kind in ("distill_attention", "align") and not config.teacher.init:
+      raise ConfigError(f"stage {name!r} ({kind}) needs a teacher but config.teacher.init is empty")
     settings = check(name, train.stage_settings, {**config[name].to_dict(), "name": name})
     check(f"{name}.optimizer", train.make_optimizer, settings["optimizer"], settings["steps"],
           {"w": True})
+    if kind == "align" and config[name].w_label:
+      raise ConfigError(f"config.{name}.w_label={config[name].w_label}: an align stage is "
+                        "label-free (use a finetune stage for labels)")
+    if kind in ("train", "finetune") and config[name].w_label and not config.model.num_classes:
+      raise ConfigError(f"config.{name}.w_label={config[name].w_label} but the model has no "
+                        "head (model.num_classes is None): set w_label=0 (label-free)")
     if kind != "distill_attention" and config[name].label_loss not in stages.LABEL_LOSSES:
       raise ConfigError(f"config.{name}.label_loss={config[name].label_loss!r}: unknown; known: "
                         f"{sorted(stages.LABEL_LOSSES)}")
@@ -118,10 +127,18 @@ def _eval_batches(config, pp: str | None = None, max_examples: int = 0) -> Itera
 
 
 def _sample_images(config, n: int) -> np.ndarray:
-  """The first n eval images, the same on every process (calibration and fidelity must agree)."""
+  """n eval images, the same on every process (calibration and fidelity must agree): the first
+  ones of the eval split, or with `eval.sample_pp` its random views under a fixed seed."""
+  dataset = config.data.eval_dataset or config.data.dataset
+  if config.eval.get("sample_pp"):
+    it = input_pipeline.make_train_iterator(
+        dataset=dataset, split=config.data.eval_split, pp=config.eval.sample_pp,
+        global_batch_size=n, seed=12345, data_dir=config.data.data_dir or None,
+        shuffle_buffer=0, process_index=0, process_count=1)
+    return np.asarray(next(iter(it))["image"])
   it = input_pipeline.make_eval_iterator(
-      dataset=config.data.eval_dataset or config.data.dataset, split=config.data.eval_split,
-      pp=config.data.pp_eval, global_batch_size=max(n, 8), data_dir=config.data.data_dir or None,
+      dataset=dataset, split=config.data.eval_split, pp=config.data.pp_eval,
+      global_batch_size=max(n, 8), data_dir=config.data.data_dir or None,
       process_index=0, process_count=1)
   out = []
   for batch in it:
@@ -223,6 +240,49 @@ def _prepare_workdir(workdir: str) -> None:
     raise ConfigError(f"workdir {workdir!r} is not writable: {type(e).__name__}: {e}") from e
 
 
+def _labelled(config: mlc.ConfigDict) -> bool:
+  """Whether top-1 can be measured: the model has a head and the eval data carries labels."""
+  if not config.model.num_classes:
+    return False
+  batch = next(iter(_eval_batches(config, max_examples=1)), None)
+  return batch is not None and config.data.label_key in batch
+
+
+def _attention_json(model: Any) -> Any:
+  """The student's attention as vit.Model(attention=...) takes it back: one spec or per layer."""
+  specs = attn_lib.parse_layer_specs(model.attention, model.depth)
+  default = attn_lib.AttentionSpec()
+
+  def one(spec):
+    if spec.kind != "linear":
+      return spec.kind if spec == attn_lib.AttentionSpec(kind=spec.kind) else dataclasses.asdict(spec)
+    fields = {k: v for k, v in dataclasses.asdict(spec).items() if v != getattr(default, k)}
+    fields["kind"] = "linear"
+    return fields if len(fields) > 2 else spec.feature_map
+  if len(set(specs)) == 1:
+    return one(specs[0])
+  return [one(s) for s in specs]
+
+
+def _to_softmax_layers(teacher_params, student_model, student_params, layers: list[int]):
+  """The student with `layers` turned back into softmax attention holding the teacher's q/k/v/out
+  (their feature-map params dropped); other layers untouched."""
+  specs = list(attn_lib.parse_layer_specs(student_model.attention, student_model.depth))
+  for l in layers:
+    specs[l] = attn_lib.AttentionSpec(kind="softmax")
+  model = student_model.clone(attention=tuple(specs))
+  params = jax.tree.map(lambda x: x, dict(student_params))
+  params["Transformer"] = dict(params["Transformer"])
+  if "encoderblock" in params["Transformer"]:
+    raise ConfigError("student.softmax_layers needs a per-block (scan=False) student")
+  for l in layers:
+    name = f"encoderblock_{l}"
+    block = dict(params["Transformer"][name])
+    block[distill.ATTN] = dict(teacher_params["Transformer"][name][distill.ATTN])
+    params["Transformer"][name] = block
+  return model, params
+
+
 def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs a config in workdir and returns the results dict (also written to results.json)."""
   sharding.maybe_initialize_distributed()
@@ -245,8 +305,15 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   teacher_model, student_model = build_models(config)
   rng = jax.random.PRNGKey(config.seed)
   sample = _sample_images(config, max(8, config.eval.fidelity_images))
-  results: dict[str, Any] = {"config": config.to_dict(), "timing_s": {}}
+  fid_images = sample[:config.eval.fidelity_images]
+  curve_images = sample[:max(1, min(len(sample), config.eval.get("curve_images", 16)))]
+  labelled = _labelled(config)
+  results: dict[str, Any] = {"config": config.to_dict(), "timing_s": {}, "labelled": labelled}
   t_start = time.time()
+
+  def top1(model, params, batches=None):
+    return evaluate.top1(model, params, batches or _eval_batches(config), mesh) if labelled \
+        else None
 
   # --- teacher and surgery ------------------------------------------------------------------
   teacher_params = None
@@ -255,6 +322,13 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
     teacher_params = vit.load(teacher_shapes, config.teacher.init, model_kwargs(config),
                               dont_load=tuple(config.teacher.dont_load))
   student_params = jax.jit(student_model.init)(rng, sample[:1])["params"]
+
+  def fidelity(tag: str) -> None:
+    results[f"fidelity_{tag}"] = evaluate.attention_fidelity(
+        teacher_model, teacher_params, student_model, student_params, fid_images)
+    results[f"end_to_end_{tag}"] = evaluate.end_to_end_fidelity(
+        teacher_model, teacher_params, student_model, student_params, fid_images)
+
   if teacher_params is not None:
     student_params, report = surgery.transplant(teacher_params, student_params,
                                                 config.surgery.policy)
@@ -266,28 +340,39 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
       student_params = stages.calibrate(teacher_model, teacher_params, student_model,
                                         student_params, sample[:64])
     if config.eval.teacher:  # the ablation evaluates its shared teacher once, not per arm
-      results["teacher_top1"] = evaluate.top1(teacher_model, teacher_params,
-                                              _eval_batches(config), mesh)
-    results["student_top1_converted"] = evaluate.top1(student_model, student_params,
-                                                      _eval_batches(config), mesh)
-    results["fidelity_converted"] = evaluate.attention_fidelity(
-        teacher_model, teacher_params, student_model, student_params,
-        sample[:config.eval.fidelity_images])
+      results["teacher_top1"] = top1(teacher_model, teacher_params)
+    results["student_top1_converted"] = top1(student_model, student_params)
+    fidelity("converted")
 
   # --- stages ----------------------------------------------------------------------------------
   histories = {}
   last_top1 = results.get("student_top1_converted")
-  eval_correct = evaluate.correct_fn(student_model, config.data.label_key)
+  softmax_k = int(config.student.get("softmax_layers", 0) or 0)
+  hybrid_done = not softmax_k
 
-  def eval_fn(params):
-    # Curves use the first `curve_examples` test images: cheap enough to draw every few steps.
-    batches = _eval_batches(config, max_examples=config.eval.curve_examples)
-    return {"top1": train.evaluate(params, eval_correct, batches, mesh)["top1"]}
+  def make_eval_fn(model):
+    correct = evaluate.correct_fn(model, config.data.label_key) if labelled else None
 
+    def eval_fn(params):
+      # Curves: the first `curve_examples` test images (top-1) and `curve_images` held-out
+      # images (fidelity to the teacher): cheap enough to draw every few steps.
+      scores = {}
+      if correct is not None:
+        batches = _eval_batches(config, max_examples=config.eval.curve_examples)
+        scores["top1"] = train.evaluate(params, correct, batches, mesh)["top1"]
+      if teacher_params is not None:
+        e2e = evaluate.end_to_end_fidelity(teacher_model, teacher_params, model, params,
+                                           curve_images)
+        scores.update({k: v for k, v in e2e.items() if isinstance(v, float)})
+        scores["block_cosine_min"] = float(min(e2e["block_cosine"]))
+      return scores
+    return eval_fn
+
+  images_seen = 0
   for i, name in enumerate(config.stages):
     stage_cfg = config[name]
     t0 = time.time()
-    if stage_cfg.kind == "finetune" and last_top1 is not None:
+    if stage_cfg.kind in ("finetune", "align") and last_top1 is not None:
       results["student_top1_before_finetune"] = last_top1
     loss_fn, mask = stages.build(stage_cfg.kind, stage_cfg, config, teacher_model, student_model,
                                  student_params)
@@ -296,18 +381,32 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
         trainable_mask=mask, frozen=teacher_params, workdir=workdir, mesh=mesh,
         batch_iter_fn=_train_iter_fn(config, stage_cfg.batch_size, config.seed + 1000 * (i + 1)),
         param_rules=[tuple(r) for r in config.param_rules], seed=config.seed + i,
-        eval_fn=eval_fn if stage_cfg.eval_every else None)
+        eval_fn=make_eval_fn(student_model) if stage_cfg.eval_every else None)
+    for row in history:  # images seen over the whole run, for curves across stages
+      row["images_seen"] = images_seen + row.get("step", 0) * stage_cfg.batch_size
+    images_seen += stage_cfg.steps * stage_cfg.batch_size
     histories[name] = history
     results["timing_s"][name] = time.time() - t0
-    last_top1 = results[f"student_top1_after_{name}"] = evaluate.top1(
-        student_model, student_params, _eval_batches(config), mesh)
+    last_top1 = results[f"student_top1_after_{name}"] = top1(student_model, student_params)
     if teacher_params is not None:
-      results[f"fidelity_after_{name}"] = evaluate.attention_fidelity(
-          teacher_model, teacher_params, student_model, student_params,
-          sample[:config.eval.fidelity_images])
-  results["student_top1"] = last_top1 if last_top1 is not None else evaluate.top1(
-      student_model, student_params, _eval_batches(config), mesh)
+      fidelity(f"after_{name}")
+      if not hybrid_done and stage_cfg.kind == "distill_attention":
+        # Hybrid: the k layers that linearize worst (teacher-forced cosine on held-out images)
+        # go back to softmax with the teacher's weights; later stages train around them.
+        cos = [row["cosine"] for row in results[f"fidelity_after_{name}"]]
+        layers = sorted(int(l) for l in np.argsort(cos)[:softmax_k])
+        student_model, student_params = _to_softmax_layers(teacher_params, student_model,
+                                                           student_params, layers)
+        results["softmax_layers"] = layers
+        hybrid_done = True
+        logging.info("hybrid: layers %s (teacher-forced cosine %s) keep softmax attention",
+                     layers, [round(cos[l], 3) for l in layers])
+        fidelity(f"hybrid_after_{name}")
+  results["student_top1"] = last_top1 if last_top1 is not None else top1(student_model,
+                                                                         student_params)
   results["histories"] = histories
+  results["images_seen"] = images_seen
+  results["student_attention"] = _attention_json(student_model)
 
   # --- speed and pictures ----------------------------------------------------------------------
   tb = sample[:config.eval.throughput_batch]
@@ -317,19 +416,20 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   if teacher_params is not None:
     results["teacher_images_per_s"] = evaluate.images_per_second(teacher_model, teacher_params, tb)
     results["resolution"] = _resolution_scaling(config, mesh, teacher_model, teacher_params,
-                                                student_model, student_params)
+                                                student_model, student_params, labelled, sample)
     if is_main and config.eval.plots:
       _plots(config, workdir, results, teacher_model, teacher_params, student_model,
              student_params, sample)
   results["timing_s"]["total"] = time.time() - t_start
-  # A fingerprint of the exported model: logits of the final student on 4 fixed images.
+  # A fingerprint of the exported model: its output on 4 fixed images (logits, or the pooled
+  # representation of a headless backbone).
   results["student_logits_sample"] = np.asarray(
       evaluate.make_predict_fn(student_model)(student_params, sample[:4])).tolist()
 
   # --- export ------------------------------------------------------------------------------------
   if is_main:
     checkpoints.save_npz(os.path.join(workdir, "student.npz"), jax.device_get(student_params))
-    student_cfg = {**model_kwargs(config), "attention": _attention(config)}
+    student_cfg = {**model_kwargs(config), "attention": results["student_attention"]}
     _write_json(os.path.join(workdir, "student_config.json"), student_cfg)
     _write_json(os.path.join(workdir, "results.json"), results)
   return results
@@ -342,24 +442,36 @@ def _with_resize(pp: str, size: int) -> str:
   return "|".join(ops[:at] + [f"resize({size})"] + ops[at:])
 
 
-def _resolution_scaling(config, mesh, teacher_model, teacher_params, student_model, student_params):
-  """Top-1 and images/s of teacher and student at each factor × the training resolution."""
+def _resolution_scaling(config, mesh, teacher_model, teacher_params, student_model,
+                        student_params, labelled: bool, sample: np.ndarray):
+  """Teacher and student at each factor × the training resolution (position embeddings
+  resampled): top-1 when labelled, the student's end-to-end fidelity to the teacher at the same
+  resolution, forward images/s and the compiled forward's peak memory (XLA's estimate)."""
   rows = []
   size = config.data.image_size
+  n_fid = max(1, min(len(sample), config.eval.get("resolution_fidelity_images", 16)))
   for factor in config.eval.resolution_factors:
-    new = size * factor
-    pp = config.data.pp_eval if factor == 1 else _with_resize(config.data.pp_eval, new)
+    new = int(size * factor)
     grid = (new // config.model.patch_size[0], new // config.model.patch_size[1])
-    row = {"factor": factor, "image_size": new, "tokens": grid[0] * grid[1] + 1}
-    images = None
-    for name, model, params in (("teacher", teacher_model, teacher_params),
-                                ("student", student_model, student_params)):
-      p = evaluate.resample_for_resolution(params, grid)
-      batches = _eval_batches(config, pp, max_examples=config.eval.resolution_examples)
-      row[f"{name}_top1"] = evaluate.top1(model, p, batches, mesh)
-      if images is None:
-        images = next(iter(_eval_batches(config, pp)))["image"][:config.eval.throughput_batch]
-      row[f"{name}_images_per_s"] = evaluate.images_per_second(model, p, images)
+    row = {"factor": factor, "image_size": new,
+           "tokens": grid[0] * grid[1] + (1 if config.model.pool_type == "tok" else 0)}
+    # The normalised sample, resized (resizing commutes with the affine normalisation).
+    images = np.asarray(jax.image.resize(
+        jnp.asarray(sample), (len(sample), new, new, sample.shape[-1]), "bilinear"))
+    tb = np.resize(images, (config.eval.throughput_batch,) + images.shape[1:])
+    params = {}
+    for name, model, p in (("teacher", teacher_model, teacher_params),
+                           ("student", student_model, student_params)):
+      params[name] = evaluate.resample_for_resolution(p, grid)
+      if labelled:
+        pp = config.data.pp_eval if factor == 1 else _with_resize(config.data.pp_eval, new)
+        batches = _eval_batches(config, pp, max_examples=config.eval.resolution_examples)
+        row[f"{name}_top1"] = evaluate.top1(model, params[name], batches, mesh)
+      row[f"{name}_images_per_s"] = evaluate.images_per_second(model, params[name], tb)
+      row[f"{name}_peak_bytes"] = evaluate.forward_peak_bytes(model, params[name], tb)
+    e2e = evaluate.end_to_end_fidelity(teacher_model, params["teacher"], student_model,
+                                       params["student"], images[:n_fid])
+    row.update({k: v for k, v in e2e.items() if isinstance(v, float)})
     rows.append(row)
   return rows
 
@@ -371,6 +483,8 @@ def _plots(config, workdir, results, teacher_model, teacher_params, student_mode
   local = tempfile.mkdtemp() if _is_remote(workdir) else workdir
   fid = {k.replace("fidelity_", ""): v for k, v in results.items() if k.startswith("fidelity_")}
   evaluate.plot_fidelity(fid, os.path.join(local, "fidelity.png"))
+  evaluate.plot_fidelity_curves(results.get("histories", {}),
+                                os.path.join(local, "fidelity_curves.png"))
   n = config.eval.attention_map_images
   if n:
     tmaps = evaluate.cls_attention_maps(teacher_model, teacher_params, sample[:n])
@@ -384,22 +498,33 @@ def _plots(config, workdir, results, teacher_model, teacher_params, student_mode
 
 
 def format_summary(results: Mapping[str, Any]) -> str:
-  """The table main.py prints: accuracy, per-layer fidelity, speed."""
+  """The table main.py prints: accuracy (when labelled), fidelity to the teacher, speed."""
   lines = ["", "== linvit_jax results " + "=" * 50]
   def pct(x):
     return f"{100 * x:6.2f} %" if isinstance(x, float) else "   n/a"
-  if "teacher_top1" in results:
+  if results.get("teacher_top1") is not None:
     lines.append(f"teacher (softmax) top-1          {pct(results['teacher_top1'])}")
     lines.append(f"student after surgery top-1      {pct(results['student_top1_converted'])}")
   for k, v in results.items():
-    if k.startswith("student_top1_after_"):
+    if k.startswith("student_top1_after_") and v is not None:
       lines.append(f"student after {k[19:]:<19s}top-1 {pct(v)}")
-  lines.append(f"student final top-1              {pct(results['student_top1'])}")
+  if results.get("student_top1") is not None:
+    lines.append(f"student final top-1              {pct(results['student_top1'])}")
+  e2e = [(k[11:], v) for k, v in results.items() if k.startswith("end_to_end_")]
+  if e2e:
+    lines.append("")
+    lines.append("end-to-end fidelity to the teacher (student's own forward, held-out images)")
+    lines.append(f"{'':28s}{'cls cos':>9s}{'patch cos':>11s}{'min block':>11s}")
+    for tag, v in e2e:
+      cls = f"{v['cls_cosine']:9.4f}" if "cls_cosine" in v else f"{'-':>9s}"
+      lines.append(f"{tag:<28s}{cls}{v['patch_cosine']:11.4f}{min(v['block_cosine']):11.4f}")
+  if results.get("softmax_layers"):
+    lines.append(f"hybrid: layers {results['softmax_layers']} keep softmax attention")
   fids = [(k[9:], v) for k, v in results.items() if k.startswith("fidelity_")]
   if fids:
     lines.append("")
     lines.append("per-layer attention fidelity (teacher-forced), cosine / normalised MSE")
-    header = "  " + " ".join(f"{name:>22s}" for name, _ in fids)
+    header = "  " + " ".join(f"{name[-22:]:>22s}" for name, _ in fids)
     lines.append("layer" + header[5:] if len(header) > 5 else header)
     for i in range(len(fids[0][1])):
       cells = " ".join(f"{v[i]['cosine']:>10.3f} / {v[i]['nmse']:<9.3f}" for _, v in fids)
@@ -407,12 +532,16 @@ def format_summary(results: Mapping[str, Any]) -> str:
   if "teacher_images_per_s" in results:
     lines.append("")
     lines.append(f"images/s (forward, batch {results['config']['eval']['throughput_batch']}): "
-                 f"teacher {results['teacher_images_per_s']:.0f}, "
-                 f"student {results['student_images_per_s']:.0f}")
+                 f"teacher {results['teacher_images_per_s']:.1f}, "
+                 f"student {results['student_images_per_s']:.1f}")
   for row in results.get("resolution", []):
-    lines.append(f"  {row['image_size']:>4d}px ({row['tokens']} tokens): top-1 teacher "
-                 f"{pct(row['teacher_top1'])}, student {pct(row['student_top1'])}; images/s "
-                 f"teacher {row['teacher_images_per_s']:.0f}, student "
-                 f"{row['student_images_per_s']:.0f}")
+    acc = (f"top-1 teacher {pct(row['teacher_top1'])}, student {pct(row['student_top1'])}; "
+           if "teacher_top1" in row else "")
+    cls = f"cls cos {row['cls_cosine']:.4f}, " if "cls_cosine" in row else ""
+    lines.append(f"  {row['image_size']:>4d}px ({row['tokens']} tokens): {acc}{cls}patch cos "
+                 f"{row['patch_cosine']:.4f}; images/s teacher {row['teacher_images_per_s']:.1f}, "
+                 f"student {row['student_images_per_s']:.1f}; peak MB teacher "
+                 f"{row['teacher_peak_bytes'] / 2**20:.0f}, student "
+                 f"{row['student_peak_bytes'] / 2**20:.0f}")
   lines.append(f"total time {results['timing_s']['total']:.0f} s")
   return "\n".join(lines)

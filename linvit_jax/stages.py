@@ -4,7 +4,13 @@
   distill_attention  teacher-forced attention-output matching (+ routing, lookahead, feature
                      losses per config.distill); only attention and feature-map parameters train
   finetune           labels + optional teacher-logit KD + optional end-to-end feature alignment;
-                     every parameter trains
+                     every parameter trains. With w_label=0 it reads no label (headless teachers,
+                     unlabelled data).
+  align              label-free: the student's own (not teacher-forced) residual stream after every
+                     block (w_blocks) and its final tokens (w_feature) matched to the teacher's,
+                     plus the teacher-forced attention-output term (w_attn_tf) that keeps each
+                     layer's own fidelity; `trainable` chooses the parameters ("all" by default,
+                     or "attention", or a path regex)
 
 Every loss_fn has the runner's signature `loss_fn(params, frozen, batch, rng)`, where `frozen` is
 the teacher's params (or None), so the step stays a pure function of explicit pytrees.
@@ -30,11 +36,21 @@ def _label_loss(name: str) -> Callable[[jax.Array, jax.Array], jax.Array]:
 
 
 def _supervised(stage_cfg: mlc.ConfigDict, config: mlc.ConfigDict, teacher_model, student_model):
-  label_loss = _label_loss(stage_cfg.label_loss)
+  """Labels (w_label), teacher logits (w_logit_kd), and the teacher's features: final tokens
+  (w_feature), every block's output (w_blocks), teacher-forced attention outputs (w_attn_tf).
+  Terms with weight 0 cost nothing; with w_label=0 no label is read."""
   key = config.data.label_key
   w_label, w_kd, w_feat = stage_cfg.w_label, stage_cfg.w_logit_kd, stage_cfg.w_feature
+  w_blocks, w_attn_tf = stage_cfg.get("w_blocks", 0.0), stage_cfg.get("w_attn_tf", 0.0)
+  label_loss = _label_loss(stage_cfg.label_loss) if w_label else None
   kd_t = stage_cfg.kd_temperature
-  needs_teacher = w_kd > 0 or w_feat > 0
+  needs_teacher = bool(w_kd or w_feat or w_blocks or w_attn_tf)
+  has_head = bool(student_model.num_classes)
+  if w_label and not has_head:
+    raise ValueError("w_label > 0 needs a classification head (model.num_classes); set "
+                     "w_label=0 for a headless backbone")
+  if w_kd and not has_head:
+    raise ValueError("w_logit_kd > 0 needs a classification head (model.num_classes)")
 
   def loss_fn(params, frozen, batch, rng):
     images = batch["image"]
@@ -43,21 +59,33 @@ def _supervised(stage_cfg: mlc.ConfigDict, config: mlc.ConfigDict, teacher_model
     metrics = {}
     loss = jnp.zeros((), jnp.float32)
     if w_label:
+      if key not in batch:
+        raise ValueError(f"w_label > 0 but the batch has no {key!r} (keys: {sorted(batch)}); "
+                         "set w_label=0 to train without labels")
       metrics["label_loss"] = l = label_loss(logits, batch[key])
       loss = loss + w_label * l
+      metrics["accuracy"] = _accuracy(logits, batch[key])
     if needs_teacher:
       if frozen is None:
-        raise ValueError("w_logit_kd / w_feature need a teacher (config.teacher.init)")
-      t_logits, t_out = teacher_model.apply({"params": frozen}, images)
-      t_logits, t_out = jax.lax.stop_gradient((t_logits, t_out))
+        raise ValueError("w_logit_kd / w_feature / w_blocks / w_attn_tf need a teacher "
+                         "(config.teacher.init)")
+      targets = distill.teacher_targets(teacher_model, frozen, images)
       if w_kd:
-        metrics["logit_kd"] = l = distill.logit_kd_loss(logits, t_logits, kd_t)
+        metrics["logit_kd"] = l = distill.logit_kd_loss(logits, targets["logits"], kd_t)
         loss = loss + w_kd * l
       if w_feat:
-        l, feat_metrics = distill.feature_alignment_loss(out, t_out)
+        l, feat_metrics = distill.feature_alignment_loss(out, targets)
         metrics.update({f"feature/{k}": v for k, v in feat_metrics.items()})
         loss = loss + w_feat * l
-    metrics["accuracy"] = _accuracy(logits, batch[key])
+      if w_blocks:
+        l, block_metrics = distill.block_alignment_loss(out, targets)
+        metrics.update(block_metrics)
+        loss = loss + w_blocks * l
+      if w_attn_tf:
+        sa = distill.student_attention_outputs(student_model, params, targets["attn_input"])
+        l, per_layer = distill.attention_output_loss(sa, targets["sa"], "nmse")
+        metrics["attn_nmse"] = l
+        loss = loss + w_attn_tf * l
     return loss, metrics
 
   return loss_fn
@@ -75,11 +103,16 @@ def build(kind: str, stage_cfg: mlc.ConfigDict, config: mlc.ConfigDict, teacher_
   """The stage's loss function and trainable mask (None = every parameter)."""
   if kind in ("train", "finetune"):
     return _supervised(stage_cfg, config, teacher_model, student_model), None
+  if kind == "align":
+    trainable = stage_cfg.get("trainable", "") or "all"
+    return (_supervised(stage_cfg, config, teacher_model, student_model),
+            distill.trainable_mask(student_params, trainable))
   if kind == "distill_attention":
     d = config.distill
     loss_fn = distill.make_distill_loss(teacher_model, student_model, d)
     return loss_fn, distill.trainable_mask(student_params, "distill_attention")
-  raise ValueError(f"unknown stage kind {kind!r}; known: train, distill_attention, finetune")
+  raise ValueError(f"unknown stage kind {kind!r}; known: train, distill_attention, finetune, "
+                   "align")
 
 
 def calibrate(teacher_model, teacher_params, student_model, student_params, images) -> Any:

@@ -214,8 +214,8 @@ class Attention(nn.Module):
         # φ starts with a per-head linear map W: fold it into the projection. z = x(W_q W) + ...
         # is one [D, H·width] matmul; q itself is then only computed when it is sown (XLA drops
         # it otherwise), and the per-head matmul over all tokens, with its transposes, is gone.
-        phi_q = self._folded_features(fmap_q, "query", inputs_q, head_dim)
-        phi_k = self._folded_features(fmap_k, "key", inputs_kv, head_dim)
+        phi_q = self._folded_features(fmap_q, "query", inputs_q, head_dim, is_query=True)
+        phi_k = self._folded_features(fmap_k, "key", inputs_kv, head_dim, is_query=False)
       else:
         phi_q = fmap_q(q, is_query=True)
         phi_k = fmap_k(k, is_query=False)
@@ -225,7 +225,7 @@ class Attention(nn.Module):
                            kernel_init=self.kernel_init, name="out")(y)
 
   def _folded_features(self, fmap: nn.Module, dense_name: str, inputs: jax.Array,
-                       head_dim: int) -> jax.Array:
+                       head_dim: int, *, is_query: bool) -> jax.Array:
     """fmap.features(x·(W_p W) + (b_p W + b)) = φ(x W_p + b_p) for a projects_per_head map, with
     the projection `dense_name`'s params (already created by its call above)."""
     proj = self.variables["params"][dense_name]
@@ -235,7 +235,7 @@ class Attention(nn.Module):
     dtype = jnp.dtype(self.dtype_mm)
     z = jnp.einsum("bnd,dhf->bnhf", inputs.astype(dtype), kernel.astype(dtype),
                    preferred_element_type=jnp.float32) + bias
-    return fmap.features(z)
+    return fmap.features(z, is_query=is_query)
 
 
 def feature_maps_of(spec: AttentionSpec, q: jax.Array, k: jax.Array,

@@ -88,18 +88,42 @@ class Hedgehog(nn.Module):
     return kernel, bias
 
   @staticmethod
-  def features(z: jax.Array) -> jax.Array:
-    """φ from the projected z [..., width] (float32): [softmax(z), softmax(−z)], as one softmax
-    over a stacked pair (one fused pass on CPU instead of two softmaxes and a concatenate)."""
+  def features(z: jax.Array, *, is_query: bool = True) -> jax.Array:
+    """φ from the projected z [B, N, H, width] (float32): [softmax(z), softmax(−z)], as one
+    softmax over a stacked pair (one fused pass on CPU instead of two softmaxes and a concat)."""
+    del is_query
     pair = jax.nn.softmax(jnp.stack([z, -z], axis=-2), axis=-1)
     return pair.reshape(*z.shape[:-1], 2 * z.shape[-1])
 
   def __call__(self, x: jax.Array, *, is_query: bool) -> jax.Array:
-    del is_query
     _, _, heads, head_dim = x.shape
     kernel, bias = self.projection(heads, head_dim)
     z = jnp.einsum("bnhd,hdf->bnhf", x.astype(jnp.float32), kernel) + bias
-    return self.features(z)
+    return self.features(z, is_query=is_query)
+
+
+@register("hedgehog_exp")
+class HedgehogExp(Hedgehog):
+  """Hedgehog whose *key* features keep their scale: φ_k = [exp(z), exp(−z)] / c, c shared by all
+  keys of one (image, head); queries as hedgehog ([softmax(z), softmax(−z)]).
+
+  Normalising φ per token is harmless for a query (its row of weights is normalised anyway) but
+  not for a key: it puts every key on the same simplex, so no key can draw more weight from every
+  query than another, which is how softmax attention forms its sinks (the few high-norm tokens
+  that take most of the attention in real ViTs, e.g. DINOv2's). A constant shared by all keys
+  cancels in the normalised ratio; taking it as the max keeps exp() ≤ 1 (no overflow) and the
+  largest key feature at 1, far above the ε guard.
+  """
+
+  @staticmethod
+  def features(z: jax.Array, *, is_query: bool = True) -> jax.Array:
+    pair = jnp.stack([z, -z], axis=-2)  # [B, N, H, 2, width]
+    if is_query:
+      pair = jax.nn.softmax(pair, axis=-1)
+    else:
+      c = jax.lax.stop_gradient(jnp.max(pair, axis=(1, 3, 4), keepdims=True))
+      pair = jnp.exp(pair - c)
+    return pair.reshape(*z.shape[:-1], 2 * z.shape[-1])
 
 
 def orthogonal_gaussian(key: jax.Array, num_features: int, dim: int) -> jax.Array:

@@ -1,0 +1,115 @@
+r"""Convert any big_vision ViT checkpoint to linear attention on a folder of images, label-free.
+
+  python -m linvit_jax.main \
+    --config configs/convert_folder.py:init=/path/vit.npz,images=/path/photos,res=224,gelu=exact,norm=imagenet \
+    --workdir workdirs/convert
+
+`init` alone decides the architecture: width, depth, heads, MLP, patch, pool type, position
+embedding, head or none are read from the checkpoint's names and shapes
+(`checkpoints.infer_vit_config`); a 'gap' / '0' / 'none' pool stores nothing that tells them apart,
+so `pool=` can say which (default 'gap' when there is no cls token). Two things a checkpoint cannot
+tell: `gelu=exact|tanh` (big_vision trains with tanh; DINOv2-style models with the exact erf) and
+`norm=imagenet|minus_one_one` (input normalisation: ImageNet mean/std, or big_vision's [-1, 1]).
+
+`images` is a folder of jpg/png photos (recursive; sub-folders are not needed: no label is read).
+A stable hash of each file's path holds out `holdout` of them (default 20 %, at least one file);
+fidelity is only ever measured on crops of held-out photos. The recipe (see README, "Real
+pretrained ViTs"):
+
+  1. surgery `policy` (default copy_all: the teacher's q/k/v/out start the linear attention; the
+     seed paper's copy_same keeps them fresh) → out-projection calibration when fresh;
+  2. distill_attention: teacher-forced attention-output matching + routing loss, attention params
+     only, on `distill_fraction` of the `max_images` budget;
+  3. optional hybrid: the `softmax_layers` layers that linearize worst (teacher-forced cosine on
+     held-out crops) go back to softmax with the teacher's weights;
+  4. align: the student's own forward matched to the teacher's block by block and at the final
+     tokens, plus the teacher-forced term, every parameter training, on the rest of the budget;
+  5. fidelity report (per layer, end to end, curves vs images seen, cls attention maps), speed and
+     memory at res and 2·res, export (student.npz + student_config.json).
+
+Args: init, images, res, gelu, norm, feature_map (hedgehog | elu1 | relu | favor), max_images,
+distill_fraction, policy, softmax_layers, pool (gap | 0 | none, only without a cls token), batch,
+lr_distill, lr_align, holdout, eval_images, tiny (a few steps, for the tests).
+"""
+
+from linvit_jax import checkpoints
+from linvit_jax import config_lib
+
+NORMS = {"imagenet": "vgg_value_range", "minus_one_one": "value_range(-1,1)"}
+
+
+def get_config(arg=None):
+  arg = config_lib.parse_arg(
+      arg, init="", images="", res=224, gelu="exact", norm="imagenet", feature_map="hedgehog",
+      max_images=10_000, distill_fraction=0.5, policy="copy_all", softmax_layers=0, pool="",
+      batch=8, lr_distill=1e-3, lr_align=1e-4, holdout=0.2, eval_images=32, tiny=False)
+  if not arg.init:
+    raise ValueError("convert_folder needs init=<big_vision .npz checkpoint>")
+  if not arg.images:
+    raise ValueError("convert_folder needs images=<folder of jpg/png photos>")
+  if arg.gelu not in ("exact", "tanh"):
+    raise ValueError(f"gelu={arg.gelu!r}: expected exact or tanh")
+  if arg.norm not in NORMS:
+    raise ValueError(f"norm={arg.norm!r}: expected one of {sorted(NORMS)}")
+  if not 0 < arg.distill_fraction <= 1:
+    raise ValueError(f"distill_fraction={arg.distill_fraction}: expected in (0, 1]")
+  arch = checkpoints.infer_vit_config(arg.init)
+  if arg.pool:
+    if arch["pool_type"] in ("tok", "map"):
+      raise ValueError(f"pool={arg.pool!r}: the checkpoint's pool type is {arch['pool_type']!r} "
+                       "(it has a cls token / MAP head)")
+    arch["pool_type"] = arg.pool
+
+  c = config_lib.base_config()
+  res = arg.res
+  norm = NORMS[arg.norm]
+  split = f"@{arg.holdout}"
+  c.data = dict(
+      dataset="image_folder", data_dir=arg.images, train_split="train" + split,
+      eval_split="holdout" + split, eval_dataset="", image_size=res, num_classes=0,
+      label_key="labels", shuffle_buffer=1000, eval_batch_size=8, eval_max_examples=0,
+      pp_train=f'decode|inception_crop({res})|flip_lr|{norm}|keep("image")',
+      pp_eval=f'decode|resize_small({res * 8 // 7})|central_crop({res})|{norm}|keep("image")')
+  c.model = dict(c.model.to_dict(), variant="", num_classes=arch["num_classes"],
+                 width=arch["width"], depth=arch["depth"], mlp_dim=arch["mlp_dim"],
+                 num_heads=arch["num_heads"], patch_size=arch["patch_size"],
+                 posemb=arch["posemb"], pool_type=arch["pool_type"], rep_size=arch["rep_size"],
+                 gelu_approximate=arg.gelu == "tanh", scan=False)
+  c.teacher.init = arg.init
+  c.student.attention = arg.feature_map
+  c.student.softmax_layers = arg.softmax_layers
+  c.surgery.policy = arg.policy
+
+  distill_images = int(arg.max_images * arg.distill_fraction)
+  align_images = arg.max_images - distill_images
+  steps_a, steps_b = max(1, distill_images // arg.batch), align_images // arg.batch
+  if arg.tiny:
+    steps_a, steps_b = 2, 2
+  c.distill_attention = config_lib.stage(
+      "distill_attention", steps=steps_a, batch_size=arg.batch, lr=arg.lr_distill,
+      warmup_steps=max(1, steps_a // 20), wd=0.0, grad_clip=1.0)
+  c.stages = ["distill_attention"]
+  if steps_b:
+    c.align = config_lib.stage("align", steps=steps_b, batch_size=arg.batch, lr=arg.lr_align,
+                               warmup_steps=max(1, steps_b // 20), wd=0.0, grad_clip=1.0)
+    c.stages.append("align")
+  for name in c.stages:
+    steps = c[name].steps
+    c[name].eval_every = max(1, steps // 8)
+    c[name].log_every = max(1, steps // 40)
+    c[name].checkpoint_every = max(1, steps // 8)
+
+  # Fidelity on random crops of held-out photos (a fixed seed): a folder may hold out only a few
+  # files, and crops at several scales are what the student will see.
+  c.eval.sample_pp = c.data.pp_train
+  c.eval.fidelity_images = arg.eval_images
+  c.eval.curve_images = min(16, arg.eval_images)
+  c.eval.throughput_batch = 8
+  c.eval.attention_map_images = 4
+  c.eval.resolution_factors = [1, 2]
+  c.eval.resolution_fidelity_images = min(16, arg.eval_images)
+  if arg.tiny:
+    c.eval.fidelity_images = c.eval.curve_images = c.eval.resolution_fidelity_images = 4
+    c.eval.throughput_batch = 2
+    c.eval.attention_map_images = 2
+  return c

@@ -1,0 +1,155 @@
+"""configs/convert_folder.py end to end at a tiny size: a headless checkpoint, a folder of photos,
+no labels anywhere; and the architecture inference on real checkpoints."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from PIL import Image
+
+from linvit_jax import checkpoints
+from linvit_jax.models import vit
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REAL = os.path.join(ROOT, "..", "shared", "fixtures", "real", "dinov2s14_focus_bv")
+TINY = dict(num_classes=None, patch_size=(8, 8), width=32, depth=2, mlp_dim=64, num_heads=2,
+            pool_type="tok", posemb="learn")
+
+
+def _headless_checkpoint(path, **kw):
+  model = vit.Model(**{**TINY, **kw})
+  params = model.init(jax.random.PRNGKey(0), np.zeros((1, 32, 32, 3), np.float32))["params"]
+  checkpoints.save_npz(path, jax.device_get(params))
+  return params
+
+
+def _photos(folder, n=8, seed=0):
+  rs = np.random.RandomState(seed)
+  os.makedirs(folder, exist_ok=True)
+  for i in range(n):
+    h, w = rs.randint(40, 90, size=2)
+    smooth = rs.rand(h // 8 + 2, w // 8 + 2, 3)
+    img = Image.fromarray((smooth * 255).astype(np.uint8)).resize((w, h), Image.BICUBIC)
+    img.save(os.path.join(folder, f"photo_{i}.{'png' if i % 2 else 'jpg'}"))
+
+
+def test_infer_vit_config_reads_architecture(tmp_path):
+  path = str(tmp_path / "gap.npz")
+  _headless_checkpoint(path, pool_type="gap", posemb="sincos2d", depth=3, num_classes=5)
+  arch = checkpoints.infer_vit_config(path)
+  assert arch["depth"] == 3 and arch["width"] == 32 and arch["num_heads"] == 2
+  assert arch["patch_size"] == (8, 8) and arch["mlp_dim"] == 64
+  assert arch["pool_type"] == "gap" and arch["posemb"] == "sincos2d"
+  assert arch["num_classes"] == 5 and arch["rep_size"] is False
+
+
+def test_infer_vit_config_big_vision_fixture():
+  arch = checkpoints.infer_vit_config(os.path.join(ROOT, "tests", "data",
+                                                   "vit_w192_d4_p16_i64_tok_learn.npz"))
+  with open(os.path.join(ROOT, "tests", "data", "vit_w192_d4_p16_i64_tok_learn.json")) as f:
+    meta = json.load(f)
+  cfg = meta["model_config"] if "model_config" in meta else meta["config"]
+  assert arch["width"] == cfg["width"] and arch["depth"] == cfg["depth"]
+  assert arch["pool_type"] == "tok" and arch["posemb"] == "learn"
+
+
+def test_infer_vit_config_rejects_non_vit(tmp_path):
+  path = str(tmp_path / "x.npz")
+  np.savez(path, **{"foo/kernel": np.zeros((3, 3))})
+  with pytest.raises(checkpoints.CheckpointError, match="embedding/kernel"):
+    checkpoints.infer_vit_config(path)
+
+
+@pytest.mark.skipif(not os.path.exists(REAL + ".npz"), reason="shared real fixture missing")
+def test_real_vit_s14_inferred_and_matches_reference():
+  """The shared DINOv2-style ViT-S/14: inferred config + exact GELU reproduce big_vision's outputs."""
+  arch = checkpoints.infer_vit_config(REAL + ".npz")
+  assert arch == dict(patch_size=(14, 14), width=384, depth=12, num_heads=6, mlp_dim=1536,
+                      posemb="learn", pool_type="tok", num_classes=None, rep_size=False,
+                      posemb_grid=(16, 16))
+  kw = {k: v for k, v in arch.items() if k != "posemb_grid"}
+  model = vit.Model(**kw, gelu_approximate=False)
+  ref = np.load(REAL + ".ref.npz")
+  images = ref["images_nhwc"][:2]
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), images)["params"]
+  params = vit.load(shapes, REAL + ".npz", kw)
+  _, out = jax.jit(model.apply)({"params": params}, images)
+  np.testing.assert_allclose(out["encoded"], ref["bv_encoded_exact_gelu"][:2], atol=2e-3)
+
+
+def _config(init, images, extra=""):
+  import configs.convert_folder as cf
+  arg = f"init={init},images={images},res=32,tiny=True,batch=4,max_images=16{extra}"
+  return cf.get_config(arg)
+
+
+def test_convert_folder_rejects_bad_args(tmp_path):
+  path = str(tmp_path / "t.npz")
+  _headless_checkpoint(path)
+  with pytest.raises(ValueError, match="gelu"):
+    _config(path, str(tmp_path), ",gelu=erf")
+  with pytest.raises(ValueError, match="norm"):
+    _config(path, str(tmp_path), ",norm=zero_one")
+  with pytest.raises(ValueError, match="pool"):
+    _config(path, str(tmp_path), ",pool=gap")  # a cls-token checkpoint is 'tok'
+
+
+@pytest.fixture(scope="module")
+def folder_run(tmp_path_factory):
+  from linvit_jax import run as run_lib
+  tmp = tmp_path_factory.mktemp("convert")
+  ckpt = str(tmp / "teacher.npz")
+  teacher_params = _headless_checkpoint(ckpt)
+  _photos(str(tmp / "photos"))
+  config = _config(ckpt, str(tmp / "photos"), ",softmax_layers=1")
+  workdir = str(tmp / "work")
+  return config, workdir, run_lib.run(config, workdir), teacher_params
+
+
+def test_convert_folder_headless_end_to_end(folder_run):
+  config, workdir, results, _ = folder_run
+  assert config.model.num_classes is None and config.stages == ["distill_attention", "align"]
+  assert results["labelled"] is False and results["student_top1"] is None
+  for name in ("student.npz", "student_config.json", "results.json", "fidelity.png",
+               "fidelity_curves.png", "attention_maps.png"):
+    assert os.path.exists(os.path.join(workdir, name)), name
+  for tag in ("converted", "after_distill_attention", "after_align"):
+    e2e = results[f"end_to_end_{tag}"]
+    assert 0 < e2e["cls_cosine"] <= 1.0001 and 0 < e2e["patch_cosine"] <= 1.0001
+    assert len(e2e["block_cosine"]) == 2
+  # copy_all starts from the teacher's attention weights: closer than chance at once.
+  assert results["end_to_end_converted"]["cls_cosine"] > 0.3
+  # curves vs images seen: eval rows in both stages, images counted across stages
+  rows = [r for h in results["histories"].values() for r in h if "eval/cls_cosine" in r]
+  assert len(rows) >= 2 and rows[-1]["images_seen"] == results["images_seen"] == 16
+  # resolution rows: fidelity, speed and memory for teacher and student at 1x and 2x
+  assert [r["image_size"] for r in results["resolution"]] == [32, 64]
+  for r in results["resolution"]:
+    assert r["student_peak_bytes"] > 0 and r["teacher_images_per_s"] > 0 and "cls_cosine" in r
+
+
+def test_convert_folder_hybrid_export_round_trips(folder_run):
+  config, workdir, results, teacher_params = folder_run
+  assert len(results["softmax_layers"]) == 1
+  with open(os.path.join(workdir, "student_config.json")) as f:
+    student_cfg = json.load(f)
+  attention = student_cfg["attention"]
+  assert isinstance(attention, list) and len(attention) == 2
+  assert attention[results["softmax_layers"][0]] == "softmax"
+  model = vit.Model(**student_cfg)
+  images = np.random.RandomState(0).randn(2, 32, 32, 3).astype(np.float32)
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), images)["params"]
+  params = vit.load(shapes, os.path.join(workdir, "student.npz"), student_cfg)
+  out = np.asarray(jax.jit(lambda p, x: model.apply({"params": p}, x)[0])(params, images))
+  assert np.all(np.isfinite(out)) and out.shape == (2, 32)
+
+
+def test_convert_folder_resumes_finished_run(folder_run):
+  from linvit_jax import run as run_lib
+  config, workdir, results, _ = folder_run
+  again = run_lib.run(config, workdir)  # every stage is checkpointed as finished: nothing retrains
+  np.testing.assert_allclose(again["student_logits_sample"], results["student_logits_sample"],
+                             rtol=1e-5, atol=1e-6)
+  assert again["softmax_layers"] == results["softmax_layers"]
