@@ -23,13 +23,15 @@ pretrained ViTs"):
   3. optional hybrid: the `softmax_layers` layers that linearize worst (teacher-forced cosine on
      held-out crops) go back to softmax with the teacher's weights;
   4. align: the student's own forward matched to the teacher's block by block and at the final
-     tokens, plus the teacher-forced term, every parameter training, on the rest of the budget;
+     tokens, plus the teacher-forced term, on the rest of the budget (`align_trainable`:
+     attention | all | a path regex; attention-only measured better at these budgets);
   5. fidelity report (per layer, end to end, curves vs images seen, cls attention maps), speed and
      memory at res and 2·res, export (student.npz + student_config.json).
 
-Args: init, images, res, gelu, norm, feature_map (hedgehog | elu1 | relu | favor), max_images,
+Args: init, images, res, gelu, norm, feature_map (hedgehog_exp | hedgehog | elu1 | relu | favor),
+max_images,
 distill_fraction, policy, softmax_layers, pool (gap | 0 | none, only without a cls token), batch,
-lr_distill, lr_align, holdout, eval_images, tiny (a few steps, for the tests).
+lr_distill, lr_align, align_trainable, holdout, eval_images, tiny (a few steps, for the tests).
 """
 
 from linvit_jax import checkpoints
@@ -40,9 +42,10 @@ NORMS = {"imagenet": "vgg_value_range", "minus_one_one": "value_range(-1,1)"}
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(
-      arg, init="", images="", res=224, gelu="exact", norm="imagenet", feature_map="hedgehog",
+      arg, init="", images="", res=224, gelu="exact", norm="imagenet", feature_map="hedgehog_exp",
       max_images=10_000, distill_fraction=0.5, policy="copy_all", softmax_layers=0, pool="",
-      batch=8, lr_distill=1e-3, lr_align=1e-4, holdout=0.2, eval_images=32, tiny=False)
+      batch=8, lr_distill=1e-3, lr_align=1e-4, align_trainable="attention", holdout=0.2,
+      eval_images=32, tiny=False)
   if not arg.init:
     raise ValueError("convert_folder needs init=<big_vision .npz checkpoint>")
   if not arg.images:
@@ -91,7 +94,8 @@ def get_config(arg=None):
   c.stages = ["distill_attention"]
   if steps_b:
     c.align = config_lib.stage("align", steps=steps_b, batch_size=arg.batch, lr=arg.lr_align,
-                               warmup_steps=max(1, steps_b // 20), wd=0.0, grad_clip=1.0)
+                               warmup_steps=max(1, steps_b // 20), wd=0.0, grad_clip=1.0,
+                               trainable=arg.align_trainable)
     c.stages.append("align")
   for name in c.stages:
     steps = c[name].steps

@@ -140,3 +140,36 @@ def test_bad_specs_are_named():
     A.parse_layer_specs(["softmax"] * 3, 4)
   with pytest.raises(ValueError, match="not divisible"):
     A.Attention(num_heads=5).init(jax.random.PRNGKey(0), jnp.zeros((1, 4, 12)))
+
+
+@pytest.mark.parametrize("name", ["hedgehog", "hedgehog_exp"])
+def test_folded_feature_path_equals_unfolded(name):
+  """Attention folds the per-head map into the q/k projection; feature_maps_of (losses, maps)
+  applies it after the projection: both must give the same layer output."""
+  x = 3 * jax.random.normal(jax.random.PRNGKey(0), (2, 37, 32))
+  m = A.Attention(num_heads=4, spec=A.parse_spec(name))
+  params = m.init(jax.random.PRNGKey(1), x)["params"]
+  y, state = m.apply({"params": params}, x, mutable=["intermediates"])
+  q, k = state["intermediates"]["q"][0], state["intermediates"]["k"][0]
+  phi_q, phi_k = A.feature_maps_of(A.parse_spec(name), q, k, params)
+  v = jnp.einsum("bnd,dhk->bnhk", x, params["value"]["kernel"]) + params["value"]["bias"]
+  ref = jnp.einsum("bnhk,hkd->bnd", A.linear_attention(phi_q, phi_k, v),
+                   params["out"]["kernel"]) + params["out"]["bias"]
+  np.testing.assert_allclose(np.asarray(y), np.asarray(ref), atol=5e-5, rtol=1e-4)
+
+
+def test_hedgehog_exp_keys_keep_their_scale():
+  """hedgehog puts every key on the same simplex (features sum to 2); hedgehog_exp keeps each
+  key's scale (shared normaliser only), so a key can draw weight from every query, as a
+  softmax attention sink does. Queries are normalised the same way in both."""
+  q, k, _ = _qkv(jax.random.PRNGKey(3), d=8, scale=2.0)
+  k = k.at[:, 0].multiply(4.0)  # one strong key
+  for name in ("hedgehog", "hedgehog_exp"):
+    phi_q, phi_k = _phi(name, q, k)
+    np.testing.assert_allclose(np.asarray(phi_q).sum(-1), 2.0, rtol=1e-5)
+  _, phi_k = _phi("hedgehog", q, k)
+  np.testing.assert_allclose(np.asarray(phi_k).sum(-1), 2.0, rtol=1e-5)
+  _, phi_k = _phi("hedgehog_exp", q, k)
+  sums = np.asarray(phi_k).sum(-1)  # [B, N, H]
+  assert np.asarray(phi_k).max() <= 1.0 + 1e-6 and np.ptp(sums) > 0.1
+  assert (sums[:, 0] >= np.median(sums, axis=1)).all()  # the strong key is among the largest

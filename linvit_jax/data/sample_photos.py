@@ -71,3 +71,17 @@ def write_sample_photos(out_dir: str, *, which: str = "all") -> list[str]:
     paths.append(os.path.join(out_dir, os.path.basename(src)))
     shutil.copyfile(src, paths[-1])
   return sorted(paths)
+
+
+def main(argv: list[str] | None = None) -> None:
+  """`python -m linvit_jax.data.sample_photos OUT_DIR [all|color|gray]`."""
+  import sys  # pylint: disable=import-outside-toplevel
+  args = sys.argv[1:] if argv is None else argv
+  if not 1 <= len(args) <= 2:
+    raise SystemExit("usage: python -m linvit_jax.data.sample_photos OUT_DIR [all|color|gray]")
+  paths = write_sample_photos(args[0], which=args[1] if len(args) > 1 else "all")
+  print(f"wrote {len(paths)} photos to {args[0]}")
+
+
+if __name__ == "__main__":
+  main()
