@@ -19,12 +19,13 @@ pretrained ViTs"):
   1. surgery `policy` (default copy_all: the teacher's q/k/v/out start the linear attention; the
      seed paper's copy_same keeps them fresh) → out-projection calibration when fresh;
   2. distill_attention: teacher-forced attention-output matching + routing loss, attention params
-     only, on `distill_fraction` of the `max_images` budget;
+     only, on `distill_fraction` of the `max_images` budget (default: all of it);
   3. optional hybrid: the `softmax_layers` layers that linearize worst (teacher-forced cosine on
      held-out crops) go back to softmax with the teacher's weights;
-  4. align: the student's own forward matched to the teacher's block by block and at the final
-     tokens, plus the teacher-forced term, on the rest of the budget (`align_trainable`:
-     attention | all | a path regex; attention-only measured better at these budgets);
+  4. align (when distill_fraction < 1): the student's own forward matched to the teacher's block
+     by block and at the final tokens, plus the teacher-forced term, on the rest of the budget
+     (`align_trainable`: attention | all | a path regex). Off by default: on the shared ViT-S/14
+     at 224 px it lowered end-to-end fidelity at lr 1e-4 (docs/real_vits.md);
   5. fidelity report (per layer, end to end, curves vs images seen, cls attention maps), speed and
      memory at res and 2·res, export (student.npz + student_config.json).
 
@@ -43,7 +44,7 @@ NORMS = {"imagenet": "vgg_value_range", "minus_one_one": "value_range(-1,1)"}
 def get_config(arg=None):
   arg = config_lib.parse_arg(
       arg, init="", images="", res=224, gelu="exact", norm="imagenet", feature_map="hedgehog_exp",
-      max_images=10_000, distill_fraction=0.5, policy="copy_all", softmax_layers=0, pool="",
+      max_images=10_000, distill_fraction=1.0, policy="copy_all", softmax_layers=0, pool="",
       batch=8, lr_distill=1e-3, lr_align=1e-4, align_trainable="attention", holdout=0.2,
       eval_images=32, tiny=False)
   if not arg.init:
