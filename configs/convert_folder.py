@@ -35,6 +35,8 @@ distill_fraction, policy, softmax_layers, pool (gap | 0 | none, only without a c
 lr_distill, lr_align, align_trainable, holdout, eval_images, tiny (a few steps, for the tests).
 """
 
+import os
+
 from linvit_jax import checkpoints
 from linvit_jax import config_lib
 
@@ -57,6 +59,8 @@ def get_config(arg=None):
     raise ValueError(f"norm={arg.norm!r}: expected one of {sorted(NORMS)}")
   if not 0 < arg.distill_fraction <= 1:
     raise ValueError(f"distill_fraction={arg.distill_fraction}: expected in (0, 1]")
+  if "://" not in arg.images and not os.path.isdir(arg.images):
+    raise ValueError(f"images={arg.images!r} is not a folder")
   arch = checkpoints.infer_vit_config(arg.init)
   if arg.pool:
     if arch["pool_type"] in ("tok", "map"):

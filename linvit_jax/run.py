@@ -304,7 +304,11 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
 
   teacher_model, student_model = build_models(config)
   rng = jax.random.PRNGKey(config.seed)
-  sample = _sample_images(config, max(8, config.eval.fidelity_images))
+  try:  # a missing, empty or unreadable data folder is the user's to fix: one line, not a trace
+    sample = _sample_images(config, max(8, config.eval.fidelity_images))
+  except (FileNotFoundError, ValueError) as e:
+    raise ConfigError(f"config.data ({config.data.dataset}, {config.data.data_dir or 'default'}"
+                      f" dir): {e}") from e
   fid_images = sample[:config.eval.fidelity_images]
   curve_images = sample[:max(1, min(len(sample), config.eval.get("curve_images", 16)))]
   labelled = _labelled(config)

@@ -155,3 +155,17 @@ def test_convert_folder_resumes_finished_run(folder_run):
   np.testing.assert_allclose(again["student_logits_sample"], results["student_logits_sample"],
                              rtol=1e-5, atol=1e-6)
   assert again["softmax_layers"] == results["softmax_layers"]
+
+
+def test_convert_folder_data_errors_are_one_line(tmp_path):
+  """A missing folder fails at config time; an empty one as a ConfigError naming it."""
+  from linvit_jax import run as run_lib
+  path = str(tmp_path / "t.npz")
+  _headless_checkpoint(path)
+  with pytest.raises(ValueError, match="is not a folder"):
+    _config(path, str(tmp_path / "nowhere"))
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  config = _config(path, str(empty))
+  with pytest.raises(run_lib.ConfigError, match="no image files in"):
+    run_lib.run(config, str(tmp_path / "work"))
