@@ -58,12 +58,11 @@ def main(argv=None) -> dict:
   student_params, step = _distilled_params(args.workdir, stage)
   fid = evaluate.attention_fidelity(teacher_model, teacher_params, student_model, student_params,
                                     sample)
-  order = np.argsort([r["cosine"] for r in fid])
   res0 = config.data.image_size
   patch = config.model.patch_size[0]
   rows = []
   for k in (int(x) for x in args.ks.split(",")):
-    layers = sorted(int(l) for l in order[:k])
+    layers = run_lib.worst_layers(fid, k)
     model, params = run_lib._to_softmax_layers(teacher_params, student_model, student_params,
                                                layers)
     row = {"k": k, "softmax_layers": layers,

@@ -264,17 +264,22 @@ def _attention_json(model: Any) -> Any:
   return [one(s) for s in specs]
 
 
+def worst_layers(fidelity_rows: list[dict[str, float]], k: int) -> list[int]:
+  """The k layers with the lowest teacher-forced cosine (`evaluate.attention_fidelity` rows)."""
+  return sorted(int(l) for l in np.argsort([r["cosine"] for r in fidelity_rows])[:k])
+
+
 def _to_softmax_layers(teacher_params, student_model, student_params, layers: list[int]):
   """The student with `layers` turned back into softmax attention holding the teacher's q/k/v/out
   (their feature-map params dropped); other layers untouched."""
+  if "encoderblock" in student_params["Transformer"]:
+    raise ConfigError("student.softmax_layers needs a per-block (scan=False) student")
   specs = list(attn_lib.parse_layer_specs(student_model.attention, student_model.depth))
   for l in layers:
     specs[l] = attn_lib.AttentionSpec(kind="softmax")
   model = student_model.clone(attention=tuple(specs))
-  params = jax.tree.map(lambda x: x, dict(student_params))
+  params = dict(student_params)  # fresh containers along the edited paths; other leaves shared
   params["Transformer"] = dict(params["Transformer"])
-  if "encoderblock" in params["Transformer"]:
-    raise ConfigError("student.softmax_layers needs a per-block (scan=False) student")
   for l in layers:
     name = f"encoderblock_{l}"
     block = dict(params["Transformer"][name])
@@ -398,7 +403,7 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
         # Hybrid: the k layers that linearize worst (teacher-forced cosine on held-out images)
         # go back to softmax with the teacher's weights; later stages train around them.
         cos = [row["cosine"] for row in results[f"fidelity_after_{name}"]]
-        layers = sorted(int(l) for l in np.argsort(cos)[:softmax_k])
+        layers = worst_layers(results[f"fidelity_after_{name}"], softmax_k)
         student_model, student_params = _to_softmax_layers(teacher_params, student_model,
                                                            student_params, layers)
         results["softmax_layers"] = layers

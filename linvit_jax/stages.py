@@ -69,7 +69,11 @@ def _supervised(stage_cfg: mlc.ConfigDict, config: mlc.ConfigDict, teacher_model
       if frozen is None:
         raise ValueError("w_logit_kd / w_feature / w_blocks / w_attn_tf need a teacher "
                          "(config.teacher.init)")
-      targets = distill.teacher_targets(teacher_model, frozen, images)
+      if w_blocks or w_attn_tf:  # per-layer targets: one forward with the sown intermediates
+        targets = distill.teacher_targets(teacher_model, frozen, images)
+      else:  # logits and final features only: the plain forward, nothing sown
+        t_logits, t_out = jax.lax.stop_gradient(teacher_model.apply({"params": frozen}, images))
+        targets = {**t_out, "logits": t_logits}
       if w_kd:
         metrics["logit_kd"] = l = distill.logit_kd_loss(logits, targets["logits"], kd_t)
         loss = loss + w_kd * l
@@ -83,7 +87,7 @@ def _supervised(stage_cfg: mlc.ConfigDict, config: mlc.ConfigDict, teacher_model
         loss = loss + w_blocks * l
       if w_attn_tf:
         sa = distill.student_attention_outputs(student_model, params, targets["attn_input"])
-        l, per_layer = distill.attention_output_loss(sa, targets["sa"], "nmse")
+        l, _ = distill.attention_output_loss(sa, targets["sa"], "nmse")
         metrics["attn_nmse"] = l
         loss = loss + w_attn_tf * l
     return loss, metrics
