@@ -23,7 +23,7 @@ def get_config(arg=None):
                                    distill_steps=arg.distill_steps,
                                    finetune_steps=arg.finetune_steps, tiny=arg.tiny)
   c.eval.curve_examples = min(c.eval.curve_examples, 1000)
-  c.ablation = dict(arms=arg.arms.split("+"), seeds=list(range(arg.seeds)),
+  c.ablation = dict(arms=tuple(arg.arms.split("+")), seeds=tuple(range(arg.seeds)),
                     finetune_steps=arg.finetune_steps, distill_steps=arg.distill_steps,
                     eval_every=arg.eval_every, report_only=arg.report_only)
   if arg.tiny:

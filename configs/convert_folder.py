@@ -96,12 +96,12 @@ def get_config(arg=None):
   c.distill_attention = config_lib.stage(
       "distill_attention", steps=steps_a, batch_size=arg.batch, lr=arg.lr_distill,
       warmup_steps=max(1, steps_a // 20), wd=0.0, grad_clip=1.0)
-  c.stages = ["distill_attention"]
+  c.stages = ("distill_attention",)
   if steps_b:
     c.align = config_lib.stage("align", steps=steps_b, batch_size=arg.batch, lr=arg.lr_align,
                                warmup_steps=max(1, steps_b // 20), wd=0.0, grad_clip=1.0,
                                trainable=arg.align_trainable)
-    c.stages.append("align")
+    c.stages = ("distill_attention", "align")
   for name in c.stages:
     steps = c[name].steps
     c[name].eval_every = max(1, steps // 8)
@@ -115,7 +115,7 @@ def get_config(arg=None):
   c.eval.curve_images = min(16, arg.eval_images)
   c.eval.throughput_batch = 8
   c.eval.attention_map_images = 4
-  c.eval.resolution_factors = [1, 2]
+  c.eval.resolution_factors = (1, 2)
   c.eval.resolution_fidelity_images = min(16, arg.eval_images)
   if arg.tiny:
     c.eval.fidelity_images = c.eval.curve_images = c.eval.resolution_fidelity_images = 4

@@ -5,8 +5,11 @@ r"""Convert a ViT on JFT-style multi-label data (TFRecords of jpeg + label-id li
     --workdir gs://BUCKET/linvit/jft_b16
 
 Labels are multi-hot over `num_classes` and trained with the sigmoid cross-entropy, as big_vision
-does for JFT (its `vit_i21k`/JFT configs: batch 4096, Adam b2=0.999, lr 1e-3 with 10k warmup,
-weight decay 0.1 on upstream pre-training, gradient clip 1.0, inception crop 224 + flip). Top-1 in
+does for JFT (its `configs/vit_i21k.py`: batch 4096, scale_by_adam b2=0.999, lr 1e-3 with 10k
+warmup, decoupled weight decay wd=1e-4 on `.*/kernel` (big_vision's optax.py: added after the lr
+scaling, not multiplied by it), gradient clip 1.0, inception crop 224 + flip). The same wd=1e-4
+with the same semantics is used for fine-tuning here. Not used: big_vision's randaug/mixup for
+i21k (regularisers for from-scratch pre-training; a short KD fine-tune does not need them). Top-1 in
 the report counts a hit when the top-scoring class is any positive label.
 Our choices: distillation 10k steps (lr 1e-3, attention only), fine-tuning 50k steps (lr 1e-4).
 """
@@ -20,7 +23,7 @@ def get_config(arg=None):
       num_classes=18291, policy="copy_same", pool="gap", posemb="learn", rep_size=False,
       res=224, distill_steps=10000, finetune_steps=50000, batch=4096, fsdp=1)
   c = config_lib.base_config()
-  c.mesh = [("data", -1), ("fsdp", arg.fsdp)]
+  c.mesh = (("data", -1), ("fsdp", arg.fsdp))
   common = (f'multi_hot({arg.num_classes},key="labels",key_result="labels")|'
             'keep("image","labels")')
   c.data = dict(
@@ -43,7 +46,7 @@ def get_config(arg=None):
       warmup_steps=arg.distill_steps // 20, wd=0.0, grad_clip=1.0)
   c.finetune = config_lib.stage(
       "finetune", steps=arg.finetune_steps, batch_size=arg.batch, lr=1e-4,
-      warmup_steps=2000, wd=0.1, grad_clip=1.0, label_loss="sigmoid_xent", w_label=1.0,
+      warmup_steps=2000, wd=1e-4, grad_clip=1.0, label_loss="sigmoid_xent", w_label=1.0,
       w_logit_kd=0.0)
   for name in ("distill_attention", "finetune"):
     c[name].checkpoint_every = 1000

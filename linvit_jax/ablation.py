@@ -51,20 +51,20 @@ def arm_config(base: mlc.ConfigDict, arm: str, seed: int, finetune_steps: int,
   c.surgery.calibrate = spec["policy"] == "copy_same"
   ft = finetune_steps
   if spec["distill"]:
-    c.stages = ["distill_attention", "finetune"]
+    c.stages = ("distill_attention", "finetune")
     c.distill_attention.steps = distill_steps
     if spec.get("in_budget"):
       ft = finetune_steps - distill_steps
       if ft <= 0:
         raise ValueError(f"in-budget arm: distill_steps {distill_steps} ≥ budget {finetune_steps}")
   else:
-    c.stages = ["finetune"]
+    c.stages = ("finetune",)
   c.finetune.steps = ft
   c.finetune.eval_every = eval_every
   c.finetune.checkpoint_every = max(1, ft // 2)
   c.finetune.log_every = max(1, ft // 10)
   c.eval.plots = False
-  c.eval.resolution_factors = []
+  c.eval.resolution_factors = ()
   c.eval.attention_map_images = 0
   return c
 

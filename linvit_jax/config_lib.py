@@ -48,6 +48,9 @@ def parse_arg(arg: str | None, **defaults: Any) -> mlc.ConfigDict:
 
 def optimizer(lr: float, *, wd: float = 1e-4, warmup_steps: int = 0, grad_clip: float = 1.0,
               b2: float = 0.999, schedule: str = "cosine", accum_steps: int = 1) -> dict:
+  """big_vision's optimizer semantics (train.make_optimizer): `wd` is decoupled, added after the
+  lr scaling and shaped by the schedule (big_vision's i1k ViT value 1e-4 is the default), and
+  decays `.*/kernel` only."""
   return dict(name="adamw", lr=lr, wd=wd, b2=b2, grad_clip=grad_clip, warmup_steps=warmup_steps,
               schedule=schedule, accum_steps=accum_steps)
 
@@ -81,7 +84,10 @@ def base_config() -> mlc.ConfigDict:
   c.compile_cache = ""  # XLA executables reused across runs; "" = ~/.cache/linvit_jax/xla, "none"
   # A tuple, so that `--config.mesh="(('data',4),('fsdp',2))"` works (lists are not overridable).
   c.mesh = (("data", -1), ("fsdp", 1))
-  c.param_rules = []  # [(path regex, "fsdp" | "replicate")], first match wins
+  # Every sequence field is a tuple: ml_collections overrides tuples from the command line
+  # (`--config.stages="('finetune',)"`, `--config.stages=finetune`, `--config.stages="()"`),
+  # lists not at all. tests/test_main.py checks that no config file leaves a list behind.
+  c.param_rules = ()  # ((path regex, "fsdp" | "replicate"), ...), first match wins
 
   c.data = dict(dataset="fashion_mnist_local", data_dir="", train_split="train",
                 eval_split="test", eval_dataset="", pp_train="", pp_eval="", image_size=28, num_classes=10,
@@ -94,17 +100,24 @@ def base_config() -> mlc.ConfigDict:
                  dropout=0.0, head_zeroinit=True, scan=False, remat_policy="nothing_saveable",
                  dtype_mm="float32", gelu_approximate=True)
 
-  c.teacher = dict(init="", dont_load=[])  # init: big_vision npz; "" → no teacher (train a model)
+  # init: big_vision npz (a path, gs://, or a big_vision short name such as "i1k-s16-300ep");
+  # "" → no teacher (train a model). dont_load: regexes (re.fullmatch on "a/b/kernel" paths) of
+  # checkpoint params not loaded, e.g. ("head/.*",) for an i21k head of another class count.
+  c.teacher = dict(init="", dont_load=())
+  # init: a student exported by an earlier run (its student.npz; student_config.json beside it
+  # gives its per-layer attention) instead of surgery from the teacher: with `stages=()` this is
+  # evaluate-only, with stages it continues training. dont_load: student params that keep their
+  # fresh init instead of being copied (from student.init, or from the teacher by surgery).
   # softmax_layers: k layers that linearize worst (after the first distill_attention stage) keep
   # softmax attention with the teacher's weights: a hybrid student.
-  c.student = dict(attention="elu1", dont_load=[], softmax_layers=0)
+  c.student = dict(attention="elu1", init="", dont_load=(), softmax_layers=0)
   c.surgery = dict(policy="copy_same", calibrate=True)  # calibrate: data-dependent out-proj init
 
   c.distill = dict(metric="nmse", w_attn=1.0, w_routing=0.1, routing_temperature=1.0,
                    routing_queries=32, routing_kind="xent", lookahead=0, w_lookahead=0.0,
                    w_feature=0.0, w_logit_kd=0.0, kd_temperature=1.0)
 
-  c.stages = ["distill_attention", "finetune"]
+  c.stages = ("distill_attention", "finetune")  # () = convert (or evaluate student.init) only
   c.distill_attention = stage("distill_attention", steps=500, batch_size=64, lr=3e-3,
                               warmup_steps=25)
   c.finetune = stage("finetune", steps=500, batch_size=64, lr=3e-4, warmup_steps=25)
@@ -113,7 +126,7 @@ def base_config() -> mlc.ConfigDict:
   # sample_pp: "" → the fidelity sample is the first eval images (pp_eval); a pp string → random
   # views of the eval split drawn with it under a fixed seed (few held-out files, many crops).
   c.eval = dict(teacher=True, curve_examples=2000, curve_images=16, fidelity_images=128,
-                attention_map_images=4, throughput_batch=64, resolution_factors=[1, 2],
+                attention_map_images=4, throughput_batch=64, resolution_factors=(1, 2),
                 resolution_examples=2000, resolution_fidelity_images=16, plots=True, sample_pp="")
   c.export = dict(npz=True)
   return c
@@ -133,7 +146,8 @@ def fmnist_conversion(*, feature_map: str, patch: int = 4, distill_steps: int,
   """The conversion recipe on the embedded Fashion-MNIST with a shipped teacher (demo, ablation).
 
   Distillation: only attention trains, lr 3e-3; fine-tuning: everything, lr 2e-4, labels plus the
-  teacher's logits at temperature 2. `tiny`: a few steps on a slice of the test split (smoke runs).
+  teacher's logits at temperature 2, decoupled weight decay 2e-6 on kernels (big_vision semantics;
+  the same per-step decay as optax.adamw's 0.01 at this lr, which the shipped results used). `tiny`: a few steps on a slice of the test split (smoke runs).
   """
   c = base_config()
   c.model.patch_size = (patch, patch)
@@ -144,7 +158,7 @@ def fmnist_conversion(*, feature_map: str, patch: int = 4, distill_steps: int,
   c.distill_attention = stage("distill_attention", steps=distill_steps, batch_size=64, lr=3e-3,
                               warmup_steps=30, wd=0.0)
   c.finetune = stage("finetune", steps=finetune_steps, batch_size=64, lr=2e-4, warmup_steps=20,
-                     wd=0.01, w_label=1.0, w_logit_kd=1.0, kd_temperature=2.0)
+                     wd=2e-6, w_label=1.0, w_logit_kd=1.0, kd_temperature=2.0)
   if tiny:
     c.distill_attention.steps = c.finetune.steps = 3
     c.distill_attention.batch_size = c.finetune.batch_size = 16

@@ -2,6 +2,9 @@
 
 Only the main process writes (`enabled=False` elsewhere). The jsonl file is the source of truth
 (a resumed stage trims it back to its checkpoint and appends); TensorBoard is for looking at.
+Both go through TensorFlow's file layer (tf.io.gfile / tf.summary) for remote paths, so a gs://
+workdir gets its events with the packages we install (tensorflow-cpu, no separate GCS client).
+View them with `pip install tensorboard` and `tensorboard --logdir <workdir>`.
 """
 
 from __future__ import annotations
@@ -94,8 +97,7 @@ class MetricWriter:
     self._file = _open(self.path, "a")
     if tensorboard:
       try:
-        from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-        self._tb = SummaryWriter(logdir=logdir, flush_secs=30)
+        self._tb = _SummaryWriter(logdir)
       except Exception as e:  # pylint: disable=broad-except  (TensorBoard is optional)
         logging.warning("TensorBoard events disabled for %s: %s", logdir, e)
 
@@ -108,9 +110,7 @@ class MetricWriter:
     self._file.write(json.dumps(row) + "\n")
     self._file.flush()
     if self._tb is not None:
-      for k, v in row.items():
-        if k != "step" and v is not None:
-          self._tb.add_scalar(k, v, global_step=step)
+      self._tb.scalars(int(step), {k: v for k, v in row.items() if k != "step" and v is not None})
     return row
 
   def flush(self) -> None:
@@ -127,25 +127,34 @@ class MetricWriter:
       self._file.close()
     finally:
       if self._tb is not None:
-        try:
-          self._tb.close()
-        except OSError:
-          # e.g. a full disk: tensorboardX would retry the same flush at exit and print a
-          # traceback there; mark its writers closed (the jsonl file is the source of truth).
-          for fw in (getattr(self._tb, "all_writers", None) or {}).values():
-            _abandon(getattr(fw, "event_writer", None))
-          raise
+        self._tb.close()
 
 
-def _abandon(event_writer: Any) -> None:
-  """Stops a tensorboardX EventFileWriter whose final flush failed, without flushing again (best
-  effort, private fields: its worker thread and exit hook would otherwise print tracebacks)."""
-  if event_writer is None:
-    return
-  # pylint: disable=protected-access
-  for stop in (lambda: event_writer._worker.stop(), lambda: event_writer._event_queue.close()):
+class _SummaryWriter:
+  """TensorBoard scalars through TensorFlow's own summary writer: one events file per stage
+  directory, written through tf.io.gfile (local, gs://, and every other registered scheme)."""
+
+  def __init__(self, logdir: str):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top  (only when events are wanted)
+    self._tf = tf
+    self._writer = tf.summary.create_file_writer(logdir, flush_millis=30_000)
+    # tf.summary.scalar lives in the `tensorboard` package (not installed with tensorflow-cpu);
+    # its event is tf.summary.write with the scalars plugin's metadata, which core TF has.
+    self._metadata = tf.compat.v1.SummaryMetadata(
+        plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars")
+    ).SerializeToString()
+
+  def scalars(self, step: int, values: Mapping[str, float]) -> None:
+    with self._writer.as_default(step=step):
+      for k, v in values.items():
+        self._tf.summary.write(k, self._tf.constant(v, self._tf.float32), step=step,
+                               metadata=self._metadata)
+
+  def flush(self) -> None:
+    self._writer.flush()
+
+  def close(self) -> None:
     try:
-      stop()
-    except Exception:  # pylint: disable=broad-except
-      pass
-  event_writer._closed = True
+      self._writer.close()
+    except self._tf.errors.OpError as e:  # e.g. a full disk: an OSError, as the jsonl file's
+      raise OSError(f"TensorBoard events: {e.message}") from e

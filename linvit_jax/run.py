@@ -9,8 +9,9 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -26,12 +27,13 @@ from linvit_jax import sharding
 from linvit_jax import stages
 from linvit_jax import surgery
 from linvit_jax import train
+from linvit_jax.errors import UserError
 from linvit_jax.data import input_pipeline
 from linvit_jax.models import attention as attn_lib
 from linvit_jax.models import vit
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
   """A config that cannot run, found before any compute."""
 
 
@@ -56,8 +58,30 @@ def build_models(config: mlc.ConfigDict) -> tuple[Any, Any]:
 
 
 def _attention(config: mlc.ConfigDict) -> Any:
+  """The student's attention: an exported student's own (student_config.json beside
+  `student.init`, e.g. a hybrid's per-layer list), else `student.attention`."""
+  if config.student.get("init"):
+    exported = _exported_student_config(config)
+    if exported is not None:
+      return exported["attention"]
   a = config.student.attention
   return a.to_dict() if hasattr(a, "to_dict") else a
+
+
+def _exported_student_config(config: mlc.ConfigDict) -> dict[str, Any] | None:
+  """student_config.json beside `student.init`, checked against config.model; None if absent."""
+  path = os.path.join(os.path.dirname(config.student.init), "student_config.json")
+  text = _read_text(path)
+  if text is None:
+    return None
+  exported = json.loads(text)
+  ours = json.loads(json.dumps(model_kwargs(config)))  # tuples → lists, as in the json
+  differ = [f"{k}: {exported[k]!r} there, {ours[k]!r} in config.model" for k in ours
+            if k in exported and exported[k] != ours[k]]
+  if differ:
+    raise ConfigError(f"student.init {config.student.init!r} was exported for another model "
+                      f"({'; '.join(differ[:4])}): set config.model to match")
+  return exported
 
 
 def validate(config: mlc.ConfigDict) -> None:
@@ -146,6 +170,29 @@ def _sample_images(config, n: int) -> np.ndarray:
     if sum(len(o) for o in out) >= n:
       break
   return np.concatenate(out)[:n]
+
+
+def _read_sample(config: mlc.ConfigDict) -> np.ndarray:
+  """The fidelity/calibration sample; a dataset that cannot be read (a missing folder, an
+  unprepared TFDS dataset, a wrong data_dir) is the user's to fix: one line, not a traceback."""
+  try:
+    return _sample_images(config, max(8, config.eval.fidelity_images))
+  except (FileNotFoundError, ValueError, AssertionError, OSError) as e:
+    reason = " ".join(str(e).split())
+    raise ConfigError(f"config.data: cannot read {config.data.eval_dataset or config.data.dataset}"
+                      f" split {config.data.eval_split!r} (data_dir "
+                      f"{config.data.data_dir or 'default'!r}): {reason[:600]}") from e
+
+
+def keep_fresh(params: Any, fresh: Any, patterns: Sequence[str]) -> tuple[Any, list[str]]:
+  """params with every leaf whose path fully matches one of `patterns` taken from `fresh`."""
+  regexes = [re.compile(p) for p in patterns]
+  flat, flat_fresh = checkpoints.flatten(params), checkpoints.flatten(fresh)
+  kept = sorted(k for k in flat if any(r.fullmatch(k) for r in regexes))
+  if not kept:
+    raise ConfigError(f"student.dont_load={tuple(patterns)!r} matches no student parameter; "
+                      f"names look like {sorted(flat)[:3]}")
+  return checkpoints.unflatten({**flat, **{k: flat_fresh[k] for k in kept}}), kept
 
 
 def _is_remote(path: str) -> bool:
@@ -305,15 +352,10 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   is_main = jax.process_index() == 0
   if is_main:
     _prepare_workdir(workdir)
-    _write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=1))
 
   teacher_model, student_model = build_models(config)
   rng = jax.random.PRNGKey(config.seed)
-  try:  # a missing, empty or unreadable data folder is the user's to fix: one line, not a trace
-    sample = _sample_images(config, max(8, config.eval.fidelity_images))
-  except (FileNotFoundError, ValueError) as e:
-    raise ConfigError(f"config.data ({config.data.dataset}, {config.data.data_dir or 'default'}"
-                      f" dir): {e}") from e
+  sample = _read_sample(config)
   fid_images = sample[:config.eval.fidelity_images]
   curve_images = sample[:max(1, min(len(sample), config.eval.get("curve_images", 16)))]
   labelled = _labelled(config)
@@ -330,7 +372,15 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
     teacher_shapes = jax.eval_shape(teacher_model.init, rng, sample[:1])["params"]
     teacher_params = vit.load(teacher_shapes, config.teacher.init, model_kwargs(config),
                               dont_load=tuple(config.teacher.dont_load))
-  student_params = jax.jit(student_model.init)(rng, sample[:1])["params"]
+  fresh_student = jax.jit(student_model.init)(rng, sample[:1])["params"]
+  student_params = fresh_student
+  if config.student.init:  # an exported student: evaluate it, or train it further
+    student_params = vit.load(fresh_student, config.student.init, model_kwargs(config),
+                              dont_load=tuple(config.student.dont_load))
+  # The run's identity is written only now that its inputs load: a first start that failed on a
+  # bad checkpoint or dataset leaves nothing that would refuse the corrected rerun.
+  if is_main:
+    _write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=1))
 
   def fidelity(tag: str) -> None:
     results[f"fidelity_{tag}"] = evaluate.attention_fidelity(
@@ -338,9 +388,12 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
     results[f"end_to_end_{tag}"] = evaluate.end_to_end_fidelity(
         teacher_model, teacher_params, student_model, student_params, fid_images)
 
-  if teacher_params is not None:
+  if teacher_params is not None and not config.student.init:
     student_params, report = surgery.transplant(teacher_params, student_params,
                                                 config.surgery.policy)
+    if config.student.dont_load:
+      student_params, kept = keep_fresh(student_params, fresh_student, config.student.dont_load)
+      results["student_kept_fresh"] = kept
     if is_main:
       report.to_json(os.path.join(workdir, "surgery_report.json"))
       print(report.table(max_rows=40) if hasattr(report, "table") else report)
@@ -348,6 +401,7 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
     if config.surgery.calibrate and not copied_attention:
       student_params = stages.calibrate(teacher_model, teacher_params, student_model,
                                         student_params, sample[:64])
+  if teacher_params is not None:
     if config.eval.teacher:  # the ablation evaluates its shared teacher once, not per arm
       results["teacher_top1"] = top1(teacher_model, teacher_params)
     results["student_top1_converted"] = top1(student_model, student_params)
@@ -437,7 +491,8 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
 
   # --- export ------------------------------------------------------------------------------------
   if is_main:
-    checkpoints.save_npz(os.path.join(workdir, "student.npz"), jax.device_get(student_params))
+    if config.export.npz:
+      checkpoints.save_npz(os.path.join(workdir, "student.npz"), jax.device_get(student_params))
     student_cfg = {**model_kwargs(config), "attention": results["student_attention"]}
     _write_json(os.path.join(workdir, "student_config.json"), student_cfg)
     _write_json(os.path.join(workdir, "results.json"), results)
@@ -513,7 +568,9 @@ def format_summary(results: Mapping[str, Any]) -> str:
     return f"{100 * x:6.2f} %" if isinstance(x, float) else "   n/a"
   if results.get("teacher_top1") is not None:
     lines.append(f"teacher (softmax) top-1          {pct(results['teacher_top1'])}")
-    lines.append(f"student after surgery top-1      {pct(results['student_top1_converted'])}")
+    what = ("student as loaded top-1        " if results["config"]["student"].get("init")
+            else "student after surgery top-1    ")
+    lines.append(f"{what}  {pct(results['student_top1_converted'])}")
   for k, v in results.items():
     if k.startswith("student_top1_after_") and v is not None:
       lines.append(f"student after {k[19:]:<19s}top-1 {pct(v)}")

@@ -47,6 +47,8 @@ from typing import Any, Union
 import jax.numpy as jnp
 import numpy as np
 
+from linvit_jax.errors import UserError
+
 Params = dict[str, Any]
 Rule = tuple[str, str]
 Policy = list[Rule]
@@ -79,7 +81,7 @@ POLICIES: dict[str, Policy] = {
 }
 
 
-class SurgeryError(ValueError):
+class SurgeryError(UserError, ValueError):
   """A policy that cannot be applied; the message names the path (and shapes)."""
 
 
