@@ -16,7 +16,6 @@ INSTALL_REQUIRES = [
     "tqdm>=4.66,<5",
     "matplotlib>=3.8,<4",
     "absl-py>=2.1,<3",
-    "tensorboardX>=2.6,<3",
     "scikit-image>=0.22",
     # tensorflow-datasets 4.9.x imports it but declares it only for Python < 3.9.
     "importlib_resources>=6",
@@ -27,7 +26,11 @@ setup(
     version="0.1.0",
     description="Convert pretrained softmax ViTs (big_vision layout) to linear-attention ViTs by "
                 "copying the operator-agnostic weights and distilling attention outputs.",
-    packages=find_packages(include=["linvit_jax", "linvit_jax.*"]),
+    # configs/ stays at the top of the repository (`--config configs/demo.py`) and ships inside
+    # the wheel as `linvit_jax.configs`, where linvit_jax.config_files finds it by name
+    # (`--config demo`). It has no __init__.py: the files are loaded by path, never imported.
+    packages=find_packages(include=["linvit_jax", "linvit_jax.*"]) + ["linvit_jax.configs"],
+    package_dir={"linvit_jax.configs": "configs"},
     package_data={"linvit_jax": ["assets/*.npz", "assets/*.json", "assets/*.md"]},
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,

@@ -10,29 +10,47 @@ skipped, an interrupted stage continues from its last checkpoint.
 from __future__ import annotations
 
 import errno
-import json
+import logging as std_logging
 import os
 import sys
-import time
 from typing import Any
 
-from absl import app
-from absl import flags
-from absl import logging
-from ml_collections import config_flags
+# TensorFlow's C++ start-up lines (CPU features, oneDNN, CUDA probes) say nothing to a user; set
+# before anything imports TensorFlow. An explicit TF_CPP_MIN_LOG_LEVEL wins.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
+from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+
+from linvit_jax import config_files  # pylint: disable=g-import-not-at-top
+from linvit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Config file, optionally with ':arg'.",
-                                lock_config=True)
+config_flags.DEFINE_config_file("config", None, "Config file (a path, or a shipped config's name "
+                                "such as 'demo'), optionally with ':arg'.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Where checkpoints, metrics and exports go (local or gs://).")
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+class _OwnInfoOnly(std_logging.Filter):
+  """INFO lines from linvit_jax itself (resuming, hybrid layers, data folders); libraries
+  (jax's backend probe, TFDS, orbax) only from WARNING up. `--verbosity=1` shows everything."""
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    return record.levelno >= std_logging.WARNING or record.pathname.startswith(_PACKAGE_DIR)
 
 
 def main(argv: list[str]) -> None:
   del argv
   if FLAGS.config is None:
-    raise app.UsageError("--config is required, e.g. --config configs/demo.py")
+    raise UserError("--config is required, e.g. --config configs/demo.py")
   if not FLAGS.workdir:
-    raise app.UsageError("--workdir is required, e.g. --workdir workdirs/demo")
+    raise UserError("--workdir is required, e.g. --workdir workdirs/demo")
+  if not any(a.lstrip("-").split("=")[0] in ("v", "verbosity") for a in sys.argv[1:]):
+    logging.get_absl_handler().python_handler.addFilter(_OwnInfoOnly())
   from linvit_jax import run as run_lib  # heavy imports after flag parsing: fast --help
   if "ablation" in FLAGS.config:
     from linvit_jax import ablation
@@ -42,31 +60,46 @@ def main(argv: list[str]) -> None:
   print(run_lib.format_summary(results))
 
 
-# Errors that are the user's to fix (config, checkpoint, data, disk), by module and class name:
-# the CLI prints their message, not a traceback. Anything else is a bug and keeps its traceback.
-_USER_ERRORS = (("linvit_jax.run", "ConfigError"), ("linvit_jax.checkpoints", "CheckpointError"),
-                ("linvit_jax.surgery", "SurgeryError"), ("linvit_jax.train", "NonFiniteLossError"))
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
 _INTERRUPTED = ("interrupted outside a training stage; finished stages are checkpointed, rerun "
                 "the same command to resume")
 
 
 def _user_error_message(e: BaseException) -> str | None:
-  kinds = tuple(getattr(sys.modules[m], n) for m, n in _USER_ERRORS if m in sys.modules)
-  if kinds and isinstance(e, kinds):
+  if isinstance(e, UserError):
     return str(e)
   if isinstance(e, OSError) and e.errno in _DISK_ERRNOS:
-    if type(e).__name__ == "WorkdirWriteError":  # train.py's message already says where
-      return str(e)
     where = f" {e.filename!r}" if e.filename else f" under --workdir {FLAGS['workdir'].value!r}"
     return f"cannot write{where}: {e.strerror or e}"
   return None
+
+
+def _fail(text: str) -> None:
+  sys.stderr.write(f"error: {' '.join(text.split())}\n")
+  sys.exit(2)
+
+
+def _check_config_file(argv: list[str]) -> None:
+  """A --config file that does not exist is named before ml_collections tries to load it (its
+  error is a 40-line traceback)."""
+  for i, a in enumerate(argv):
+    value = (argv[i + 1] if a in ("--config", "-config") and i + 1 < len(argv)
+             else a.split("=", 1)[1] if a.startswith(("--config=", "-config=")) else None)
+    if value is None:
+      continue
+    path = value.split(":", 1)[0]
+    if "://" not in value and not os.path.isfile(path):
+      names = ", ".join(config_files.list_configs())
+      _fail(f"--config: no config file {path!r} (a path to a config .py file, or one of the "
+            f"shipped configs: {names})")
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with one-line errors where ml_collections gives tracebacks: a config
   field that does not exist, and a ValueError/TypeError from a config file's get_config (e.g. a
   bad `:arg`; its traceback is embedded in the message, the last line says what is wrong)."""
+  argv = config_files.resolve_config_argv(argv)
+  _check_config_file(argv)
   try:
     return FLAGS(argv)
   except (KeyError, AttributeError) as e:  # --config.<field> that the config does not have
@@ -80,9 +113,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
     if "Traceback (most recent call last)" in text:
       lines = [line.strip() for line in text.splitlines() if line.strip()]
       text = f"{lines[0].split(' Error whilst parsing config file')[0]} {lines[-1]}"
-  sys.stderr.write(f"FATAL Flags parsing error: {text}\n"
-                   "Pass --helpshort or --helpfull to see help on flags.\n")
-  sys.exit(1)
+  _fail(f"{text} (--helpshort lists the flags)")
+  return []  # not reached
 
 
 def _entry() -> None:
@@ -90,10 +122,10 @@ def _entry() -> None:
   try:
     app.run(main, flags_parser=_parse_flags)
   except KeyError as e:  # a config field that does not exist
-    sys.exit(f"error: {e}")
+    _fail(str(e))
   except KeyboardInterrupt as e:  # train.StageInterrupted says which step it saved
     print(f"error: {str(e) or _INTERRUPTED}", file=sys.stderr)
-    sys.exit(130)
+    sys.exit(getattr(e, "exit_code", 130))
   except Exception as e:  # pylint: disable=broad-except
     message = _user_error_message(e)
     if message is None:

@@ -33,10 +33,26 @@ def test_cli_rejects_unknown_config_arg(tmp_path):
   assert "feature_mapp" in r.stderr
 
 
-def test_cli_requires_workdir():
-  r = _cli("--config", "configs/demo.py:tiny=True")
-  assert r.returncode != 0
-  assert "--workdir is required" in r.stderr
+@pytest.mark.parametrize("case", ["missing_config_file", "missing_workdir", "unprepared_tfds",
+                                  "unknown_field"])
+def test_cli_user_errors_are_one_line_with_exit_2(case, tmp_path):
+  """The whole stderr is the `error:` line: no traceback, usage text or TF/absl start-up lines."""
+  workdir = str(tmp_path / "w")
+  args, fragment = {
+      "missing_config_file": (["--config", "configs/nope.py", "--workdir", workdir],
+                              "no config file 'configs/nope.py'"),
+      "missing_workdir": (["--config", "configs/demo.py:tiny=True"], "--workdir is required"),
+      "unprepared_tfds": (["--config", f"configs/imagenet_vit.py:data_dir={tmp_path}",
+                           "--workdir", workdir], "is not prepared in"),
+      "unknown_field": (["--config", "configs/demo.py", "--workdir", workdir,
+                         "--config.finetune.stpes=3"], "no such config field 'stpes'"),
+  }[case]
+  r = _cli(*args)
+  assert r.returncode == 2, r.stderr[-2000:]
+  assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr[-2000:]
+  assert fragment in r.stderr
+  # Nothing that would make the corrected rerun refuse this workdir ("another config").
+  assert not os.path.exists(os.path.join(workdir, "config.json"))
 
 
 @pytest.fixture(scope="module")
