@@ -152,6 +152,9 @@ def check_config(config: str | None, repo_root: str | None = None) -> None:
   if not config:
     raise LaunchError("--config is required for 'run', e.g. --config configs/demo.py:tiny=True")
   path = config.split(":", 1)[0]  # the ':arg' part may itself contain ':' (gs://...)
+  stem = path[:-3] if path.endswith(".py") else path
+  if "/" not in stem and os.path.isfile(os.path.join(repo_root, "configs", stem + ".py")):
+    return  # a shipped config's name ('imagenet_vit'): main.py resolves it on every worker
   if os.path.isabs(path) or not os.path.isfile(os.path.join(repo_root, path)):
     raise LaunchError(f"--config={config!r}: {path!r} is not a file of this checkout "
                       f"({repo_root}); configs travel with the repository, so give a path "

@@ -1,0 +1,24 @@
+"""launch/tpu_pod.py accepts a config by checkout path or by a shipped config's name."""
+
+import importlib.util
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location("tpu_pod", os.path.join(ROOT, "launch",
+                                                                       "tpu_pod.py"))
+tpu_pod = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tpu_pod)
+
+
+@pytest.mark.parametrize("config", ["configs/imagenet_vit.py:variant=B/16", "imagenet_vit",
+                                    "imagenet_vit.py:init=gs://b/x.npz", "demo:tiny=True"])
+def test_paths_and_names_are_accepted(config):
+  tpu_pod.check_config(config, ROOT)
+
+
+@pytest.mark.parametrize("config", ["imagenet", "configs/nope.py", "/abs/configs/demo.py", ""])
+def test_unknown_configs_are_refused(config):
+  with pytest.raises(tpu_pod.LaunchError):
+    tpu_pod.check_config(config, ROOT)
