@@ -1,15 +1,13 @@
 """launch/tpu_pod.py accepts a config by checkout path or by a shipped config's name."""
 
-import importlib.util
 import os
+import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("tpu_pod", os.path.join(ROOT, "launch",
-                                                                       "tpu_pod.py"))
-tpu_pod = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tpu_pod)
+sys.path.insert(0, os.path.join(ROOT, "launch"))
+import tpu_pod  # noqa: E402  pylint: disable=wrong-import-position
 
 
 @pytest.mark.parametrize("config", ["configs/imagenet_vit.py:variant=B/16", "imagenet_vit",
