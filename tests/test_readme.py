@@ -24,6 +24,8 @@ import sys
 
 import pytest
 
+from linvit_jax import config_files
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 
@@ -281,7 +283,8 @@ def test_main_command_config_loads(command, sandbox):
   config = _option(args, "config")
   assert config, f"{command}: no --config"
   config_file = config.split(":", 1)[0]
-  assert (ROOT / config_file).is_file(), f"{command}: --config file {config_file} does not exist"
+  assert (ROOT / config_file).is_file() or config_files.find_config(config_file), (
+      f"{command}: --config file {config_file} does not exist and is no shipped config's name")
 
   for value in _candidate_values(command):
     path = _local_path(value)
