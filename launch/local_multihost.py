@@ -6,11 +6,17 @@ Each process i gets the environment a pod worker would have after `jax.distribut
 
   JAX_COORDINATOR_ADDRESS=127.0.0.1:<free port>  JAX_NUM_PROCESSES=N  JAX_PROCESS_ID=i
   XLA_FLAGS=--xla_force_host_platform_device_count=<devices per process>  JAX_PLATFORMS=cpu
+  JAX_INITIALIZATION_TIMEOUT=<--init_timeout, default 600 s>
 
 so the same code paths run as on a v4-32 (4 processes × 4 devices): per-process data feeding,
 global batch assembly, cross-process collectives, process-0-only writes. Every output line is
 prefixed with "[p<i>] "; the launcher waits for all processes, and when one fails it stops the
 others and exits with the failing process's code (the first to fail).
+
+N processes on one machine compete for its cores, so one may start (or reach its first collective)
+minutes after another; --init_timeout is how long each waits for the others at start-up, where
+they also connect JAX's CPU collectives over all devices together: gloo's fixed 30 s limit on that
+connection no longer fails a run whose processes drift apart later.
 
 Usage (from the repository root):
   python launch/local_multihost.py --num_processes 2 --devices_per_process 2 \
@@ -41,6 +47,9 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV_PYTHON = os.path.join(REPO_ROOT, ".venv", "bin", "python")
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 GRACE_S = 10.0  # how long a stopped process gets between SIGTERM and SIGKILL
+# Seconds each process waits for the others at start-up (JAX's own default is 300): the processes
+# share this machine's cores with each other and with whatever else runs, so generous.
+INIT_TIMEOUT_S = 600
 
 
 def free_port() -> int:
@@ -57,12 +66,14 @@ def xla_flags_with_device_count(existing: str, devices: int) -> str:
 
 
 def process_env(base: dict[str, str], *, process_id: int, num_processes: int, port: int,
-                devices_per_process: int, platform: str) -> dict[str, str]:
+                devices_per_process: int, platform: str,
+                init_timeout: int = INIT_TIMEOUT_S) -> dict[str, str]:
   """The environment of process `process_id`: `base` plus the multi-process contract."""
   env = dict(base)
   env["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{port}"
   env["JAX_NUM_PROCESSES"] = str(num_processes)
   env["JAX_PROCESS_ID"] = str(process_id)
+  env["JAX_INITIALIZATION_TIMEOUT"] = str(init_timeout)  # read by maybe_initialize_distributed
   env["XLA_FLAGS"] = xla_flags_with_device_count(base.get("XLA_FLAGS", ""), devices_per_process)
   if platform:
     env["JAX_PLATFORMS"] = platform
@@ -116,10 +127,11 @@ def _stop(procs: Sequence[subprocess.Popen]) -> None:
 def launch(command: Sequence[str], *, num_processes: int, devices_per_process: int,
            port: int | None = None, platform: str = "cpu", cwd: str = REPO_ROOT,
            log_dir: str | None = None, timeout: float | None = None,
-           out: IO[str] | None = None) -> int:
+           init_timeout: int = INIT_TIMEOUT_S, out: IO[str] | None = None) -> int:
   """Runs `command` as N cooperating processes; returns 0 or the first failing process's code.
 
-  A timeout stops every process and returns 124 (like coreutils `timeout`).
+  A timeout stops every process and returns 124 (like coreutils `timeout`); `init_timeout` is
+  each process's JAX_INITIALIZATION_TIMEOUT (seconds).
   """
   out = out or sys.stdout
   port = port or free_port()
@@ -136,7 +148,8 @@ def launch(command: Sequence[str], *, num_processes: int, devices_per_process: i
   try:
     for i in range(num_processes):
       env = process_env(dict(os.environ), process_id=i, num_processes=num_processes, port=port,
-                        devices_per_process=devices_per_process, platform=platform)
+                        devices_per_process=devices_per_process, platform=platform,
+                        init_timeout=init_timeout)
       p = subprocess.Popen(list(command), cwd=cwd, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                            start_new_session=True)
@@ -206,12 +219,17 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                  help="JAX_PLATFORMS for the children ('' leaves it as it is)")
   p.add_argument("--log_dir", help="also write process<i>.log files here")
   p.add_argument("--timeout", type=float, default=0, help="seconds; 0 = none (exit 124 on expiry)")
+  p.add_argument("--init_timeout", type=int, default=INIT_TIMEOUT_S,
+                 help="seconds each process waits for the others at start-up "
+                      "(JAX_INITIALIZATION_TIMEOUT)")
   p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
   args = p.parse_args(argv)
   if args.num_processes < 1:
     p.error(f"--num_processes must be >= 1, got {args.num_processes}")
   if args.devices_per_process < 1:
     p.error(f"--devices_per_process must be >= 1, got {args.devices_per_process}")
+  if args.init_timeout < 1:
+    p.error(f"--init_timeout must be >= 1 second, got {args.init_timeout}")
   if args.config or args.workdir:
     if not (args.config and args.workdir):
       p.error("--config and --workdir go together (linvit_jax.main needs both)")
@@ -233,14 +251,16 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"devices, coordinator 127.0.0.1:{port}, cwd {REPO_ROOT}")
     for i in range(args.num_processes):
       env = process_env({}, process_id=i, num_processes=args.num_processes, port=port,
-                        devices_per_process=args.devices_per_process, platform=args.platform)
+                        devices_per_process=args.devices_per_process, platform=args.platform,
+                        init_timeout=args.init_timeout)
       assigns = [f"{k}={shlex.quote(v)}" for k, v in env.items()]
       print("env " + " ".join(assigns) + " " + shlex.join(command) + " &")
     print("wait")
     return 0
   return launch(command, num_processes=args.num_processes,
                 devices_per_process=args.devices_per_process, port=args.port,
-                platform=args.platform, log_dir=args.log_dir, timeout=args.timeout or None)
+                platform=args.platform, log_dir=args.log_dir, timeout=args.timeout or None,
+                init_timeout=args.init_timeout)
 
 
 if __name__ == "__main__":

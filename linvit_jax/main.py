@@ -125,7 +125,7 @@ def _entry() -> None:
     _fail(str(e))
   except KeyboardInterrupt as e:  # train.StageInterrupted says which step it saved
     print(f"error: {str(e) or _INTERRUPTED}", file=sys.stderr)
-    sys.exit(getattr(e, "exit_code", 130))
+    sys.exit(128 + int(getattr(e, "signum", 2)))  # 130 after Ctrl-C, 143 after SIGTERM
   except Exception as e:  # pylint: disable=broad-except
     message = _user_error_message(e)
     if message is None:

@@ -13,10 +13,11 @@ this file knows nothing about what the loss computes. `run_stage` owns everythin
 * a non-finite loss or gradient skips that update (params and optimizer state unchanged), is
   counted, and after `max_nonfinite_in_a_row` such steps in a row the stage stops with an error;
 * process 0 shows a tqdm bar and writes metrics.jsonl + TensorBoard events in `<workdir>/<stage>/`;
-* Ctrl-C (SIGINT) finishes the current step, saves a checkpoint and raises `StageInterrupted`
-  (a KeyboardInterrupt): rerunning the same command resumes there; a full or unwritable disk is a
-  `WorkdirWriteError` (an OSError) naming the directory, raised after the previous checkpoint
-  is known to be intact.
+* Ctrl-C (SIGINT) or SIGTERM (how Cloud TPU VMs and most schedulers announce a preemption)
+  finishes the current step, saves a checkpoint and raises `StageInterrupted` (a
+  KeyboardInterrupt; the CLI exits 128 + signal: 130 or 143): rerunning the same command resumes there;
+  a full or unwritable disk is a `WorkdirWriteError` (an OSError) naming the directory, raised
+  after the previous checkpoint is known to be intact.
 
 Stage config (ConfigDict or dict; defaults in STAGE_DEFAULTS / OPTIMIZER_DEFAULTS):
     name, steps, batch_size (global), optimizer=dict(name="adamw"|"adam"|"sgd", lr, wd, b1, b2,
@@ -30,9 +31,10 @@ from __future__ import annotations
 import errno
 import functools
 import logging
-import math
 import os
 import re
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -48,6 +50,7 @@ import tqdm
 from linvit_jax import metrics as metrics_lib
 from linvit_jax import sharding as sharding_lib
 from linvit_jax.checkpoints import CheckpointError
+from linvit_jax.errors import UserError
 
 Params = Any  # a pytree of arrays
 Batch = Mapping[str, Any]
@@ -67,8 +70,11 @@ STAGE_DEFAULTS = dict(
 OPTIMIZER_DEFAULTS = dict(
     name="adamw",
     lr=1e-3,
-    wd=0.0,                   # decoupled weight decay (optax convention: multiplied by the lr)
-    wd_pattern=None,          # regex of param paths that decay; None = all with ndim >= 2
+    # big_vision's decoupled weight decay: `wd · param` is added after the update is scaled by
+    # the peak lr, and follows the schedule's shape only (update = -s(t)·(lr·adam + wd·param),
+    # s(t) = schedule(t)/lr ∈ [0, 1]); NOT optax.adamw's lr·wd (1e-4 there is ~1e4× weaker).
+    wd=0.0,
+    wd_pattern=r".*/kernel",  # re.fullmatch on "a/b/kernel" paths: big_vision's wd_mults default
     b1=0.9,
     b2=0.999,
     eps=1e-8,
@@ -83,15 +89,23 @@ RESERVED_METRICS = ("loss", "grad_norm", "lr", "nonfinite", "nonfinite_total",
                     "nonfinite_in_a_row")
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(UserError, FloatingPointError):
   """The loss or gradients stayed non-finite for `max_nonfinite_in_a_row` steps."""
 
 
 class StageInterrupted(KeyboardInterrupt):
-  """Ctrl-C during a stage; the message says which step was checkpointed."""
+  """Ctrl-C or SIGTERM during a stage; the message says which step was checkpointed.
+
+  A KeyboardInterrupt, so that callers (and the CLI: exit 128 + signum) treat both as Ctrl-C;
+  `signum` says which one it was.
+  """
+
+  def __init__(self, message: str = "", signum: int = signal.SIGINT):
+    super().__init__(message)
+    self.signum = signum
 
 
-class WorkdirWriteError(OSError):
+class WorkdirWriteError(UserError, OSError):
   """Checkpoints or metrics could not be written: disk full, quota, read-only or no permission."""
 
   def __init__(self, message: str, code: int):
@@ -183,31 +197,38 @@ def make_schedule(opt: Mapping[str, Any], total_steps: int) -> optax.Schedule:
 
 def _decay_mask(pattern: str | None) -> Callable[[Params], Any]:
   # A function of the params the inner optimizer sees (frozen leaves are optax.MaskedNode there).
-  if pattern is None:
+  if pattern is None:  # the pre-big_vision convention, kept for configs that ask for it
     return lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)
   regex = re.compile(pattern)
   return lambda p: jax.tree_util.tree_map_with_path(
-      lambda path, _: bool(regex.search(sharding_lib.path_str(path))), p)
+      lambda path, _: bool(regex.fullmatch(sharding_lib.path_str(path))), p)
 
 
 def make_optimizer(opt: Mapping[str, Any], total_steps: int,
                    trainable_mask: Any) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """optax chain for the trained leaves; frozen leaves get a zero update and no optimizer state."""
+  """big_vision's optimizer chain (its optax.make) for the trained leaves: clip → scale_by_adam
+  (or sgd momentum) → scale(lr) → add_decayed_weights(wd, wd_pattern) → schedule shape → descent.
+  "adamw" and "adam" are the same chain (decay is always decoupled, as in big_vision); frozen
+  leaves get a zero update and no optimizer state."""
   schedule = make_schedule(opt, total_steps)
-  decay_mask = _decay_mask(opt["wd_pattern"])
+  lr = float(opt["lr"])
+  if lr <= 0:
+    raise ValueError(f"optimizer.lr={lr!r}: must be positive (freeze parameters with the mask)")
   name = opt["name"]
-  if name == "adamw":
-    core = optax.adamw(schedule, b1=opt["b1"], b2=opt["b2"], eps=opt["eps"],
-                       weight_decay=opt["wd"], mask=decay_mask)
-  elif name in ("adam", "sgd"):
-    core = (optax.adam(schedule, b1=opt["b1"], b2=opt["b2"], eps=opt["eps"]) if name == "adam"
-            else optax.sgd(schedule, momentum=opt["momentum"] or None))
-    if opt["wd"]:
-      core = optax.chain(optax.add_decayed_weights(opt["wd"], decay_mask), core)
+  if name in ("adamw", "adam"):
+    direction = optax.scale_by_adam(b1=opt["b1"], b2=opt["b2"], eps=opt["eps"])
+  elif name == "sgd":
+    direction = (optax.trace(decay=opt["momentum"]) if opt["momentum"] else optax.identity())
   else:
     raise ValueError(f"optimizer.name={name!r}: expected 'adamw', 'adam' or 'sgd'")
+  parts = []
   if opt["grad_clip"]:
-    core = optax.chain(optax.clip_by_global_norm(float(opt["grad_clip"])), core)
+    parts.append(optax.clip_by_global_norm(float(opt["grad_clip"])))
+  parts += [direction, optax.scale(lr)]
+  if opt["wd"]:
+    parts.append(optax.add_decayed_weights(float(opt["wd"]), _decay_mask(opt["wd_pattern"])))
+  parts += [optax.scale_by_schedule(lambda step: schedule(step) / lr), optax.scale(-1.0)]
+  core = optax.chain(*parts)
   labels = jax.tree.map(lambda m: "trained" if m else "frozen", trainable_mask)
   return optax.multi_transform({"trained": core, "frozen": optax.set_to_zero()}, labels), schedule
 
@@ -581,33 +602,51 @@ def _train_loop(*, name, cfg, start, total, state, frozen, step_fn, batch_iter_f
     bar.close()
     if pending is not None:  # log the last finished step (or stop, if it called for a stop)
       handle(*pending)
-    raise _interrupted(name, total, state, manager) from None
+    raise _interrupted(name, total, state, manager, ctrl_c.signum) from None
   finally:
     bar.close()
     ctrl_c.restore()
   return state
 
 
+# Signals that stop a stage at the next step boundary, checkpointed: Ctrl-C, and SIGTERM, which
+# Cloud TPU VMs (and most schedulers: Kubernetes, SLURM) send some seconds before a preemption.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 class _DeferredInterrupt:
-  """Ctrl-C during the loop only sets a flag, acted on between steps: a KeyboardInterrupt raised
-  inside the step call would find the state already donated, with nothing left to save. A second
-  Ctrl-C interrupts at once. Processes agree (a collective every `every` steps) so that all of
-  them save the same step; only the main thread can take signals (elsewhere: plain Ctrl-C)."""
+  """Ctrl-C or SIGTERM during the loop only sets a flag, acted on between steps: a
+  KeyboardInterrupt raised inside the step call would find the state already donated, with nothing
+  left to save. A second signal interrupts at once. Processes agree (a collective every `every`
+  steps) so that all of them save the same step; only the main thread can take signals
+  (elsewhere: plain Ctrl-C, and SIGTERM keeps its previous effect).
+
+  The previous handlers come back afterwards, also one installed outside Python, which
+  `signal.signal` cannot reinstall (and reports as SIG_DFL): in a multi-process run JAX's
+  preemption notifier holds SIGTERM, and SIG_DFL in its place would make a later SIGTERM kill the
+  process at once.
+  """
 
   def __init__(self, every: int):
-    import signal  # pylint: disable=import-outside-toplevel
-    import threading  # pylint: disable=import-outside-toplevel
-    self._signal, self.requested, self._every = signal, False, max(every, 1)
-    self._previous = None
+    self.requested, self.signum, self._every = False, signal.SIGINT, max(every, 1)
+    self._previous: dict[int, tuple[Any, Any]] = {}  # signum: (Python handler, C-level action)
     if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGINT, self._handle)
+      for signum in STOP_SIGNALS:
+        action = _sigaction(signum)
+        self._previous[signum] = (signal.signal(signum, self._handle), action)
 
   def _handle(self, signum, frame) -> None:
-    if self.requested:  # the second Ctrl-C: now
+    del frame
+    self.signum = signum
+    if self.requested:  # the second one: now
       self.restore()
       raise KeyboardInterrupt
     self.requested = True
-    logging.warning("Ctrl-C: checkpointing after this step (press it again to stop at once)")
+    if signum == signal.SIGINT:
+      logging.warning("Ctrl-C: checkpointing after this step (press it again to stop at once)")
+    else:
+      name = signal.Signals(signum).name
+      logging.warning("%s: checkpointing after this step (a second %s stops at once)", name, name)
 
   def stop_now(self, step: int, last: bool = False) -> bool:
     if jax.process_count() == 1:
@@ -615,19 +654,41 @@ class _DeferredInterrupt:
     if step % self._every and not last:
       return False
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-    return bool(np.any(multihost_utils.process_allgather(np.int32(self.requested))))
+    # Each process's signal (0: none), so that all of them name the same one in their message.
+    asked = np.asarray(multihost_utils.process_allgather(
+        np.int32(self.signum if self.requested else 0)))
+    if not asked.any():
+      return False
+    self.signum = int(asked[asked != 0][0])
+    return True
 
   def restore(self) -> None:
-    if self._previous is not None:
-      self._signal.signal(self._signal.SIGINT, self._previous)
-      self._previous = None
+    previous, self._previous = self._previous, {}
+    for signum, (handler, action) in previous.items():
+      signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+      _sigaction(signum, action)  # a handler from outside Python: back in place
 
 
-def _interrupted(name: str, total: int, state: TrainState,
-                 manager: ocp.CheckpointManager) -> StageInterrupted:
-  """Ctrl-C: checkpoints `state` at its step and says where a rerun resumes.
+def _sigaction(signum: int, action: Any = None) -> Any:
+  """Reads (action None) or sets the C-level action of `signum` as an opaque `struct sigaction`
+  buffer; None where libc's sigaction cannot be reached (then only Python's handler is kept)."""
+  try:
+    import ctypes  # pylint: disable=import-outside-toplevel
+    libc = ctypes.CDLL(None, use_errno=True)
+    if action is not None:
+      libc.sigaction(signum, action, None)
+      return action
+    buf = ctypes.create_string_buffer(1024)  # larger than struct sigaction anywhere (Linux: 152)
+    return buf if libc.sigaction(signum, None, buf) == 0 else None
+  except (OSError, AttributeError, TypeError):  # no libc sigaction (Windows)
+    return None
 
-  A KeyboardInterrupt that lands inside the step call (a second Ctrl-C, or a loop outside the main
+
+def _interrupted(name: str, total: int, state: TrainState, manager: ocp.CheckpointManager,
+                 signum: int = signal.SIGINT) -> StageInterrupted:
+  """Ctrl-C or SIGTERM (`signum`): checkpoints `state` at its step and says where a rerun resumes.
+
+  A KeyboardInterrupt that lands inside the step call (a second signal, or a loop outside the main
   thread) may leave `state` donated (deleted); then nothing new can be saved and the rerun resumes
   from the last periodic checkpoint.
   """
@@ -644,14 +705,15 @@ def _interrupted(name: str, total: int, state: TrainState,
       saved = step
   except Exception as e:  # pylint: disable=broad-except  (report what is on disk instead)
     problem = f"{type(e).__name__}: {e}"
+  by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
   if saved is not None:
-    return StageInterrupted(f"stage {name!r} interrupted at step {saved} of {total}; checkpoint "
-                            "saved, rerun the same command to resume")
+    return StageInterrupted(f"stage {name!r} interrupted{by} at step {saved} of {total}; "
+                            "checkpoint saved, rerun the same command to resume", signum)
   latest = manager.latest_step()
   where = (f"resumes from the last checkpoint, step {latest}" if latest is not None
            else "starts this stage again")
-  return StageInterrupted(f"stage {name!r} interrupted ({problem}); nothing new was saved, "
-                          f"rerunning the same command {where}")
+  return StageInterrupted(f"stage {name!r} interrupted{by} ({problem}); nothing new was saved, "
+                          f"rerunning the same command {where}", signum)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -249,9 +249,10 @@ def test_runner_dry_run_prints_every_command_and_runs_none(monkeypatch):
 # ------------------------------------------------------------------------------------------------
 # The local multi-process launcher.
 
-def run_local(*argv, timeout=240):
+def run_local(*argv, timeout=240, env_extra=None):
   p = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "local_multihost.py"), *argv],
-                     capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+                     capture_output=True, text=True, cwd=ROOT, timeout=timeout,
+                     env={**os.environ, **(env_extra or {})})
   return p.returncode, p.stdout + p.stderr
 
 
@@ -267,10 +268,13 @@ def per_process(output, pattern):
   return found
 
 
+PYTHON = (local_multihost.VENV_PYTHON if os.path.exists(local_multihost.VENV_PYTHON)
+          else sys.executable)
+
+
 def test_local_two_processes_agree_on_a_global_sum():
-  code, out = run_local("-n", "2", "-d", "2", "--timeout", "180", "--",
-                        local_multihost.VENV_PYTHON if os.path.exists(local_multihost.VENV_PYTHON)
-                        else sys.executable, "tests/helpers/multihost_sum.py")
+  code, out = run_local("-n", "2", "-d", "2", "--timeout", "180", "--", PYTHON,
+                        "tests/helpers/multihost_sum.py")
   assert code == 0, out
   hits = per_process(out, r"MULTIHOST_SUM process=(\d) processes=(\d) devices=(\d) "
                           r"local_devices=(\d) sum=(\S+) psum=(\S+)")
@@ -278,6 +282,21 @@ def test_local_two_processes_agree_on_a_global_sum():
   for pid, m in hits.items():
     # rows 0..3 over 2 processes x 2 devices: each process sees the whole sum 0+1+2+3.
     assert m.groups() == (str(pid), "2", "4", "2", "6", "6"), out
+
+
+def test_local_process_that_reaches_its_first_collective_35_s_late():
+  """Gloo (JAX's CPU collectives) gives up on connecting after a fixed 30 s: without the
+  connection made at start-up (sharding._connect_cpu_collectives), process 0 failed here with
+  "Gloo context initialization failed: DEADLINE_EXCEEDED" (then hung: exit 124), as in the
+  two-process demo on a busy machine."""
+  code, out = run_local("-n", "2", "-d", "1", "--timeout", "150", "--", PYTHON,
+                        "tests/helpers/multihost_sum.py", timeout=200,
+                        env_extra={"MULTIHOST_SUM_DELAY": "1:35"})
+  assert code == 0, out
+  assert "Gloo context initialization failed" not in out, out
+  hits = per_process(out, r"MULTIHOST_SUM process=(\d) .* sum=(\S+) psum=(\S+)")
+  assert sorted(hits) == [0, 1], out
+  assert all(m.group(2, 3) == ("1", "1") for m in hits.values()), out  # rows 0 and 1
 
 
 def test_local_launcher_stops_all_on_first_failure():
@@ -308,6 +327,41 @@ def test_local_launcher_dry_run_and_env():
                                     devices_per_process=2, platform="cpu")
   assert env["XLA_FLAGS"] == "--xla_foo=1 --xla_force_host_platform_device_count=2"
   assert env["JAX_COORDINATOR_ADDRESS"] == "127.0.0.1:1234" and env["JAX_PLATFORMS"] == "cpu"
+  assert env["JAX_INITIALIZATION_TIMEOUT"] == str(local_multihost.INIT_TIMEOUT_S)
+
+
+def test_local_launcher_passes_the_init_timeout_to_every_process():
+  code, out = run_local("-n", "3", "--init_timeout", "900", "--", "bash", "-c",
+                        "echo timeout=$JAX_INITIALIZATION_TIMEOUT", timeout=30)
+  assert code == 0, out
+  assert {pid: m.group(1) for pid, m in per_process(out, r"timeout=(\d+)").items()} == {
+      0: "900", 1: "900", 2: "900"}, out
+  code, out = run_local("-n", "2", "--init_timeout", "0", "--", "true", timeout=30)
+  assert code == 2 and "--init_timeout must be >= 1" in out, out
+
+
+def test_initialize_distributed_reads_the_init_timeout(monkeypatch):
+  """JAX_INITIALIZATION_TIMEOUT reaches jax.distributed.initialize and the start-up barrier."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from linvit_jax import sharding  # pylint: disable=import-outside-toplevel
+  calls = []
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(("init", kw)))
+  monkeypatch.setattr(sharding, "_connect_cpu_collectives",
+                      lambda timeout_s: calls.append(("connect", timeout_s)))
+  for k, v in {"JAX_COORDINATOR_ADDRESS": "127.0.0.1:1234", "JAX_NUM_PROCESSES": "2",
+               "JAX_PROCESS_ID": "1", "JAX_INITIALIZATION_TIMEOUT": "900"}.items():
+    monkeypatch.setenv(k, v)
+  monkeypatch.delenv("JAX_LOCAL_DEVICE_IDS", raising=False)
+  assert sharding.maybe_initialize_distributed() is True
+  assert calls == [("init", dict(coordinator_address="127.0.0.1:1234", num_processes=2,
+                                 process_id=1, local_device_ids=None,
+                                 initialization_timeout=900)),
+                   ("connect", 900)]
+  calls.clear()
+  monkeypatch.delenv("JAX_INITIALIZATION_TIMEOUT")
+  sharding.maybe_initialize_distributed()
+  assert calls[0][1]["initialization_timeout"] == sharding.DEFAULT_INITIALIZATION_TIMEOUT_S == 300
 
 
 def test_local_two_process_demo(tmp_path):

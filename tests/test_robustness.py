@@ -188,10 +188,13 @@ def _entry_with(monkeypatch, capsys, error):
                             "same command to resume"), 130,
      "error: stage 's' interrupted at step 3 of 9; checkpoint saved, rerun the same command to "
      "resume\n"),
+    (train.StageInterrupted("stage 's' interrupted by SIGTERM at step 3 of 9; checkpoint saved",
+                            signum=15), 143,
+     "error: stage 's' interrupted by SIGTERM at step 3 of 9; checkpoint saved\n"),
     (KeyboardInterrupt(), 130, "error: interrupted outside a training stage; finished stages are "
      "checkpointed, rerun the same command to resume\n"),
 ], ids=["config", "checkpoint", "surgery", "nonfinite", "workdir_write", "disk_full_file",
-        "read_only", "stage_interrupted", "ctrl_c_elsewhere"])
+        "read_only", "stage_interrupted", "sigterm", "ctrl_c_elsewhere"])
 def test_entry_formats_user_errors(error, code, expected, monkeypatch, capsys):
   got_code, err = _entry_with(monkeypatch, capsys, error)
   assert got_code == code

@@ -320,3 +320,26 @@ def test_kill_9_then_restart_ends_bitwise_equal(eight_devices, tmp_path):
                                   err_msg=f"{k} (seed {seed}, kill at {kill_at})")
   with open(out) as f:
     assert json.load(f)["runs"]["4x2"]["losses"] == ref["runs"]["4x2"]["losses"]
+
+
+def test_weight_decay_has_big_vision_semantics():
+  """wd is added after scale(lr), follows the schedule's shape only and decays `.*/kernel` only:
+  big_vision's optax.make, written out by hand for adam's first step (update = ±1 per element)."""
+  params = {"Dense_0": {"kernel": np.full((2, 2), 2.0, np.float32),
+                        "bias": np.full((2,), 2.0, np.float32)},
+            "pos_embedding": np.full((1, 3, 2), 2.0, np.float32)}
+  grads = jax.tree.map(np.ones_like, params)
+  mask = train.trainable_mask_for(params, None)
+  lr, wd, warmup = 1e-2, 0.1, 4
+  opt = dict(train.OPTIMIZER_DEFAULTS, lr=lr, wd=wd, warmup_steps=warmup, schedule="constant")
+  tx, schedule = train.make_optimizer(opt, 10, mask)
+  state = tx.init(params)
+  for step in range(3):  # warmup: the schedule's shape s(t) = t / warmup scales lr and wd alike
+    updates, state = tx.update(grads, state, params)
+    s = float(schedule(step)) / lr
+    assert s == pytest.approx(step / warmup)
+    adam = 1.0  # first adam steps on a constant gradient: m/sqrt(v) = 1
+    np.testing.assert_allclose(updates["Dense_0"]["kernel"], -s * (lr * adam + wd * 2.0),
+                               rtol=1e-4)
+    np.testing.assert_allclose(updates["Dense_0"]["bias"], -s * lr * adam, rtol=1e-4)
+    np.testing.assert_allclose(updates["pos_embedding"], -s * lr * adam, rtol=1e-4)

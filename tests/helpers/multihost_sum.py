@@ -10,9 +10,14 @@ across the mesh. Every process prints one line
 so a test can check that all processes agree and see the whole (not their local part).
 Multi-process start-up goes through linvit_jax.sharding.maybe_initialize_distributed, i.e. the
 JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID contract the launchers rely on.
+MULTIHOST_SUM_DELAY="<process id>:<seconds>" makes that process sleep between start-up and its
+first collective (a process that is late, e.g. still compiling on a busy machine).
 """
 
 from __future__ import annotations
+
+import os
+import time
 
 import numpy as np
 
@@ -27,6 +32,9 @@ def main() -> None:
 
   local = jax.local_device_count()
   pid = jax.process_index()
+  late, _, delay = os.environ.get("MULTIHOST_SUM_DELAY", "").partition(":")
+  if late and int(late) == pid:
+    time.sleep(float(delay))
   mesh = jax.make_mesh((jax.device_count(),), ("data",))
   spec = NamedSharding(mesh, P("data"))
   rows = np.arange(pid * local, (pid + 1) * local, dtype=np.float32)

@@ -1,0 +1,193 @@
+"""Preemption: SIGTERM (how Cloud TPU VMs announce one) stops a stage like Ctrl-C.
+
+The step in flight finishes, a checkpoint of that step is written, the CLI exits 143 (128 + SIGTERM) with
+`error: stage '<name>' interrupted by SIGTERM at step N of M; checkpoint saved, rerun the same
+command to resume`, and the same command resumes at N. The Ctrl-C cases (the same path) live in
+tests/test_robustness.py; these reuse its helpers and its tiny config.
+"""
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import orbax.checkpoint as ocp
+import pytest
+
+from linvit_jax import metrics as metrics_lib
+from linvit_jax import train
+from tests.helpers import robust_config as rc
+from tests.helpers import tiny_task as tt
+from tests.test_robustness import CONFIG, ROOT, _env, _last_line, _tiny_stage
+
+sys.path.insert(0, os.path.join(ROOT, "launch"))
+import local_multihost  # noqa: E402  pylint: disable=wrong-import-position
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("teacher") / "teacher.npz")
+  rc.make_teacher(path)
+  return path
+
+
+def _signal_at(step_to_signal: int, signum: int, times: int = 1):
+  """tiny_task's batches; asking for batch `step_to_signal` sends this process `signum` (the
+  runner finishes that step, then saves: the checkpoint is step_to_signal + 1)."""
+  inner = tt.batch_iter_fn()
+
+  def make(start):
+    for step, batch in enumerate(inner(start), start):
+      if step == step_to_signal:
+        for _ in range(times):
+          os.kill(os.getpid(), signum)
+      yield batch
+  return make
+
+
+def _c_handler(signum: int) -> int:
+  """The handler address the kernel holds for `signum` (0 = SIG_DFL, 1 = SIG_IGN): what
+  `signal.getsignal` does not see when the handler was installed outside Python."""
+  action = train._sigaction(signum)  # pylint: disable=protected-access
+  return ctypes.c_void_p.from_buffer(action).value or 0
+
+
+# ------------------------------------------------------------------------------------------------
+# In-process: the stage runner.
+
+def test_sigterm_saves_at_the_step_boundary_and_restores_the_handlers(tmp_path):
+  before = {s: (signal.getsignal(s), _c_handler(s)) for s in SIGNALS}
+  with pytest.raises(train.StageInterrupted) as info:
+    _tiny_stage(tmp_path, batch_iter_fn=_signal_at(2, signal.SIGTERM))
+  assert str(info.value) == ("stage 'tiny' interrupted by SIGTERM at step 3 of 6; checkpoint "
+                             "saved, rerun the same command to resume")
+  assert info.value.signum == signal.SIGTERM
+  assert isinstance(info.value, KeyboardInterrupt)  # the CLI's Ctrl-C path: exit 130
+  with ocp.CheckpointManager(str(tmp_path / "tiny" / "checkpoints")) as m:
+    assert m.all_steps() == [2, 3]
+  assert {s: (signal.getsignal(s), _c_handler(s)) for s in SIGNALS} == before
+  _, history = _tiny_stage(tmp_path)  # resumes at 3: no step logged twice
+  steps = [r["step"] for r in history if "loss" in r]
+  assert steps == sorted(set(steps)) and steps[-1] == 6
+
+
+def test_second_sigterm_stops_at_once(tmp_path):
+  with pytest.raises(train.StageInterrupted, match="interrupted by SIGTERM at step 3 of 6; "
+                                                   "checkpoint saved"):
+    _tiny_stage(tmp_path, batch_iter_fn=_signal_at(3, signal.SIGTERM, times=2))
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_handler_installed_outside_python_comes_back(tmp_path):
+  """JAX's preemption notifier holds SIGTERM in a multi-process run, installed from C++, where
+  `signal.signal` sees SIG_DFL: putting SIG_DFL back after a stage would make a later SIGTERM kill
+  the process. Here SIG_IGN set through libc stands in for it."""
+  libc = ctypes.CDLL(None, use_errno=True)
+  libc.signal.restype = ctypes.c_void_p
+  libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+  libc.signal(signal.SIGTERM, 1)  # SIG_IGN, behind Python's back
+  try:
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and _c_handler(signal.SIGTERM) == 1
+    _tiny_stage(tmp_path, steps=2)
+    assert _c_handler(signal.SIGTERM) == 1
+    os.kill(os.getpid(), signal.SIGTERM)  # ignored, as before the stage
+  finally:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  assert _c_handler(signal.SIGTERM) == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# The CLI, with real signals from outside.
+
+def _wait_for_rows(procs, metrics, rows: int = 3, timeout: float = 400) -> None:
+  """Until `metrics` has `rows` lines (the stage is running), or a process ends."""
+  deadline = time.time() + timeout
+  while time.time() < deadline and all(p.poll() is None for p in procs):
+    if metrics.exists() and len(metrics.read_text().splitlines()) >= rows:
+      return
+    time.sleep(0.05)
+  raise AssertionError(f"the stage never got going: {metrics}")
+
+
+def _assert_resumed(args, workdir, step, total, env):
+  again = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+  assert f"stage 'distill_attention': resuming from step {step} of {total}" in (
+      again.stdout + again.stderr)
+  rows = metrics_lib.read_jsonl(str(workdir / "distill_attention" / metrics_lib.METRICS_FILE))
+  steps = [r["step"] for r in rows if "loss" in r]
+  assert steps == sorted(set(steps)) and steps[-1] == total  # no step logged twice
+  with open(workdir / "results.json") as f:
+    assert 0.0 <= json.load(f)["student_top1"] <= 1.0
+
+
+def test_cli_sigterm_saves_exits_143_and_the_rerun_resumes(teacher, tmp_path):
+  """SIGTERM to `python -m linvit_jax.main` in the middle of a stage, then the same command."""
+  workdir = tmp_path / "w"
+  args = [sys.executable, "-m", "linvit_jax.main", "--config",
+          f"{CONFIG}:teacher={teacher},steps=200,finetune_steps=2,checkpoint_every=1000",
+          "--workdir", str(workdir)]
+  log = tmp_path / "first.log"
+  with open(log, "w") as f:
+    proc = subprocess.Popen(args, cwd=ROOT, env=_env(1), stdout=f, stderr=f)
+    try:
+      _wait_for_rows([proc], workdir / "distill_attention" / metrics_lib.METRICS_FILE)
+      proc.send_signal(signal.SIGTERM)
+      proc.wait(timeout=120)
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+  out = log.read_text()
+  assert proc.returncode == 143, out[-4000:]
+  assert "Traceback" not in out, out[-4000:]
+  assert "SIGTERM: checkpointing after this step" in out, out[-4000:]
+  last = _last_line(out)
+  assert last.startswith("error: stage 'distill_attention' interrupted by SIGTERM at step "), last
+  assert last.endswith(" of 200; checkpoint saved, rerun the same command to resume"), last
+  step = int(last.split(" at step ")[1].split()[0])
+  assert 1 <= step < 200
+  assert (workdir / "distill_attention" / "checkpoints" / str(step)).is_dir()
+  assert not (workdir / "results.json").exists()
+  _assert_resumed(args, workdir, step, 200, _env(1))
+
+
+def test_cli_two_processes_sigterm_to_one_stops_both_at_the_same_step(teacher, tmp_path):
+  """A 2-process run (the loopback launcher's environment): SIGTERM reaches only process 1, where
+  JAX's preemption notifier held SIGTERM until the stage began; both processes stop at the same
+  step, name the same signal, and the checkpoint holds that step (the resume itself is the
+  single-process test's)."""
+  workdir = tmp_path / "w"
+  args = [sys.executable, "-m", "linvit_jax.main", "--config",
+          f"{CONFIG}:teacher={teacher},steps=200,finetune_steps=2,checkpoint_every=1000",
+          "--workdir", str(workdir)]
+  port, procs, logs = local_multihost.free_port(), [], []
+  try:
+    for i in range(2):
+      env = local_multihost.process_env(_env(1), process_id=i, num_processes=2, port=port,
+                                        devices_per_process=1, platform="cpu")
+      logs.append(tmp_path / f"process{i}.log")
+      with open(logs[-1], "w") as f:
+        procs.append(subprocess.Popen(args, cwd=ROOT, env=env, stdout=f, stderr=f))
+    _wait_for_rows(procs, workdir / "distill_attention" / metrics_lib.METRICS_FILE)
+    procs[1].send_signal(signal.SIGTERM)
+    for p in procs:
+      p.wait(timeout=120)
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  outs = [log.read_text() for log in logs]
+  assert [p.returncode for p in procs] == [143, 143], "\n".join(o[-3000:] for o in outs)
+  lasts = [_last_line(o) for o in outs]
+  assert lasts[0] == lasts[1], lasts  # the same step on both
+  assert lasts[0].startswith("error: stage 'distill_attention' interrupted by SIGTERM at step "), \
+      lasts
+  assert lasts[0].endswith(" of 200; checkpoint saved, rerun the same command to resume"), lasts
+  step = int(lasts[0].split(" at step ")[1].split()[0])
+  assert 1 <= step < 200
+  assert (workdir / "distill_attention" / "checkpoints" / str(step)).is_dir()
