@@ -1,11 +1,17 @@
-"""The Colab notebook runs top to bottom on CPU in its small setting (nbclient, this interpreter).
+"""The Colab notebook: stored with the outputs of its code, installs what each runtime needs, and
+runs top to bottom on CPU in its small setting (nbclient, this interpreter).
 
-The executed run takes a couple of CPU minutes; the structural checks are instant.
+The executed run takes a couple of CPU minutes; the other checks are instant (the install cell's
+functions run with a recording stand-in for pip and git, on fake /dev trees and checkouts).
 """
 
 import json
 import os
+import re
 import sys
+import tempfile
+
+import importlib.util
 
 import nbformat
 import pytest
@@ -14,7 +20,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "linvit_colab.ipynb")
 SHIPPED_TEACHER = os.path.join(ROOT, "linvit_jax", "assets", "teacher_fmnist_vit.npz")
 CELL_TIMEOUT_S = 600      # the slowest cell takes ~1 min of wall time on a loaded 2-core machine
-KERNEL_STARTUP_S = 180
+# The script that runs the notebook and stores it with its outputs (notebooks/ is no package).
+_SPEC = importlib.util.spec_from_file_location(
+    "run_and_save", os.path.join(ROOT, "notebooks", "run_and_save.py"))
+run_and_save = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(run_and_save)
 # Files the notebook writes into its workdir.
 WORKDIR_FILES = ("student.npz", "student_config.json", "loss_curve.png", "fidelity.png",
                  "attention_maps_layer0.png", "attention_maps_layer3.png",
@@ -31,13 +41,203 @@ def _parameters_cell(nb):
   return cells[0]
 
 
-def test_notebook_is_stored_without_outputs():
+def test_stored_notebook_has_the_outputs_of_its_code():
+  """A reader sees tables and plots without running it: outputs of a run of exactly this code."""
   nb = _read()
   nbformat.validate(nb)
-  for cell in nb.cells:
-    if cell.cell_type == "code":
-      assert cell.outputs == [] and cell.execution_count is None, (
-          f"cell {cell.id} has outputs: clear them before committing (small diffs)")
+  assert os.path.getsize(NOTEBOOK) < 2 * 2**20, "outputs too large: smaller figures or fewer"
+  stored = nb.metadata.get(run_and_save.METADATA_KEY, {})
+  assert stored.get("code_sha256") == run_and_save.code_sha256(nb), (
+      "the code cells changed since the stored run: python notebooks/run_and_save.py")
+  code = [c for c in nb.cells if c.cell_type == "code"]
+  assert [c.execution_count for c in code] == list(range(1, len(code) + 1)), "run top to bottom"
+  parameters = _parameters_cell(nb)
+  for cell in code:
+    if cell is not parameters:  # plain assignments: the one cell that shows nothing
+      assert cell.outputs, f"cell {cell.id} has no stored outputs"
+    assert not [o for o in cell.outputs if o.output_type == "error"], cell.id
+  assert sum(_images(c) for c in code) >= 5  # loss, fidelity, 2 attention maps, throughput
+  # Paths of the machine that ran it would only confuse a reader (run_and_save writes <repo> etc.).
+  text = json.dumps([o for c in code for o in c.outputs
+                     if o.output_type != "display_data" or "image/png" not in o.get("data", {})])
+  machine = {ROOT, os.path.realpath(ROOT), sys.prefix, tempfile.gettempdir() + "/",
+             "pytest-of-", "linvit_run_and_save_"}
+  home = os.path.expanduser("~")
+  if home not in ("", "/"):
+    machine.add(home + "/")
+  assert not [p for p in machine if p in text], [p for p in machine if p in text]
+
+
+def test_stored_notebook_keeps_colab_settings():
+  nb = _read()
+  assert nb.metadata.kernelspec.name == "python3"  # not the private kernel the runs use
+  assert nb.metadata.get("accelerator") == "TPU"
+
+
+def _install_cell(nb=None):
+  cells = [c for c in (nb or _read()).cells if c.cell_type == "code" and "REPO_URL" in c.source]
+  assert len(cells) == 1, "exactly one install cell (the one that reads REPO_URL)"
+  return cells[0]
+
+
+def _install_helpers(monkeypatch, repo_url_env=None):
+  """The install cell's functions, defined but not run (its `__main__` block installs)."""
+  if repo_url_env is None:
+    monkeypatch.delenv("LINVIT_REPO_URL", raising=False)
+  else:
+    monkeypatch.setenv("LINVIT_REPO_URL", repo_url_env)
+  ns = {"__name__": "install_cell"}
+  exec(_install_cell().source, ns)
+  return ns
+
+
+def test_repo_url_is_one_setting_without_placeholder(monkeypatch):
+  cell = _install_cell()
+  settings = [line for line in cell.source.splitlines() if line.startswith("REPO_URL = ")]
+  assert settings[0] == 'REPO_URL = ""  # @param {type:"string"}', "Colab's form shows it"
+  assert cell.source.index(settings[0]) < cell.source.index("\nimport "), "the cell's first line"
+  assert _install_helpers(monkeypatch)["REPO_URL"] == ""
+  url = "https://example.org/me/linvit_jax.git"
+  assert _install_helpers(monkeypatch, repo_url_env=url)["REPO_URL"] == url
+
+
+@pytest.mark.parametrize("devices, env, expected", [
+    (["vfio/0", "vfio/vfio"], {}, "tpu"),           # TPU VM, v5e and later
+    (["accel0", "accel1"], {}, "tpu"),              # TPU VM, v2-v4
+    ([], {"TPU_ACCELERATOR_TYPE": "v5litepod-1"}, "tpu"),
+    ([], {"COLAB_TPU_ADDR": "10.0.0.2:8470"}, "tpu"),  # the old TPU node
+    (["vfio/vfio"], {}, "cpu"),                     # the VFIO control device alone is no TPU
+    (["nvidia0", "nvidiactl"], {}, "gpu"),
+    ([], {}, "cpu"),
+])
+def test_detect_accelerator(tmp_path, monkeypatch, devices, env, expected):
+  ns = _install_helpers(monkeypatch)
+  for name in devices:
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).touch()
+  assert ns["detect_accelerator"](environ=env, dev=str(tmp_path)) == expected
+
+
+def _fake_checkout(path):
+  """A directory that looks like a checkout: this repository's setup.py, an empty package."""
+  (path / "linvit_jax").mkdir(parents=True)
+  (path / "linvit_jax" / "__init__.py").touch()
+  (path / "setup.py").write_text(open(os.path.join(ROOT, "setup.py")).read())
+  return path
+
+
+def _install(ns, tmp_path, accelerator, have, repo_url="", start=None, candidates=()):
+  """Runs the install cell's install step with a recording `run`: no git, no pip."""
+  commands = []
+
+  def run(cmd):
+    commands.append(list(cmd))
+    if cmd[:2] == ["git", "clone"]:
+      _fake_checkout(tmp_path / "clone")
+
+  start = start or tmp_path / "elsewhere"
+  os.makedirs(start, exist_ok=True)
+  source = ns["install_linvit_jax"](repo_url, accelerator, start=str(start), have=have, run=run,
+                                    candidates=candidates, clone_dir=str(tmp_path / "clone"))
+  return source, commands
+
+
+def _pip_requirements(commands):
+  pip = [c for c in commands if c[1:4] == ["-m", "pip", "install"] and "--no-deps" not in c]
+  assert len(pip) == 1, commands
+  return pip[0][5:]
+
+
+def _jax_requirement(ns):
+  """setup.py's jax requirement, e.g. 'jax>=0.10,<0.11'."""
+  return next(r for r in ns["read_requirements"](ROOT) if re.match(r"jax\b(?!-)", r))
+
+
+def test_tpu_runtime_gets_jax_tpu_and_keeps_colab_tensorflow(tmp_path, monkeypatch):
+  ns = _install_helpers(monkeypatch)
+  jax_requirement = _jax_requirement(ns)
+  colab = lambda name: name == "tensorflow"  # Colab: tensorflow preinstalled, no linvit_jax
+  source, commands = _install(ns, tmp_path, "tpu", colab, repo_url="https://example.org/x.git")
+  assert commands[0] == ["git", "clone", "--depth", "1", "https://example.org/x.git",
+                         str(tmp_path / "clone")]
+  requirements = _pip_requirements(commands)
+  assert "jax[tpu]" + jax_requirement[len("jax"):] in requirements  # setup.py's range
+  assert jax_requirement not in requirements
+  assert not [r for r in requirements if r.startswith("tensorflow-cpu")]
+  assert "tensorflow-datasets" in " ".join(requirements)
+  assert commands[-1][-2:] == ["--no-deps", str(tmp_path / "clone")]
+  assert source == str(tmp_path / "clone")
+
+
+def test_cpu_runtime_without_tensorflow_gets_setup_requirements(tmp_path, monkeypatch):
+  ns = _install_helpers(monkeypatch)
+  _, commands = _install(ns, tmp_path, "cpu", lambda name: False, repo_url="https://e.org/x")
+  assert _pip_requirements(commands) == ns["read_requirements"](ROOT)  # tensorflow-cpu included
+
+
+def test_gpu_runtime_gets_jax_cuda(tmp_path, monkeypatch):
+  ns = _install_helpers(monkeypatch)
+  checkout = _fake_checkout(tmp_path / "checkout")
+  _, commands = _install(ns, tmp_path, "gpu", lambda name: False, start=checkout)
+  assert "jax[cuda12]" + _jax_requirement(ns)[len("jax"):] in _pip_requirements(commands)
+
+
+def test_local_checkout_is_installed_from(tmp_path, monkeypatch):
+  ns = _install_helpers(monkeypatch)
+  checkout = _fake_checkout(tmp_path / "linvit_jax")
+  (checkout / "notebooks").mkdir()
+  source, commands = _install(ns, tmp_path, "cpu", lambda name: False,
+                              start=checkout / "notebooks")  # Jupyter started in notebooks/
+  assert source == str(checkout) and commands[-1][-2:] == ["--no-deps", str(checkout)]
+  assert not [c for c in commands if c[0] == "git"]
+  drive = _fake_checkout(tmp_path / "drive" / "MyDrive" / "linvit_jax")  # a Colab location
+  source, commands = _install(ns, tmp_path, "cpu", lambda name: False,
+                              repo_url="https://e.org/x", candidates=(str(drive),))
+  assert source == str(drive) and not [c for c in commands if c[0] == "git"]
+
+
+def test_installed_package_installs_nothing(tmp_path, monkeypatch):
+  ns = _install_helpers(monkeypatch)
+  source, commands = _install(ns, tmp_path, "tpu", lambda name: True, repo_url="https://e.org/x")
+  assert source is None and commands == []
+
+
+def test_nothing_to_install_from_is_one_clear_line(tmp_path, monkeypatch):
+  ns = _install_helpers(monkeypatch)
+  with pytest.raises(ns["InstallError"]) as error:
+    _install(ns, tmp_path, "cpu", lambda name: False)
+  assert "set REPO_URL" in str(error.value)
+  lines = error.value._render_traceback_()  # what IPython shows instead of a traceback
+  assert len(lines) == 1 and "\n" not in lines[0]
+
+
+def test_checkout_root_seen_from_its_parent_is_not_an_installed_package(tmp_path, monkeypatch):
+  """Seen from /content on Colab, the checkout /content/linvit_jax is an empty namespace package."""
+  importable = _install_helpers(monkeypatch)["importable"]
+  (tmp_path / "linvit_nb_probe").mkdir()
+  monkeypatch.syspath_prepend(str(tmp_path))
+  assert not importable("linvit_nb_probe")
+  (tmp_path / "linvit_nb_probe" / "__init__.py").touch()
+  import importlib
+  importlib.invalidate_caches()
+  assert importable("linvit_nb_probe")
+
+
+def test_after_install_checks(monkeypatch):
+  ns = _install_helpers(monkeypatch)
+  assert "Restart session" in ns["platform_warning"]("tpu", "cpu")
+  assert ns["platform_warning"]("tpu", "tpu") is None
+  assert ns["platform_warning"]("cpu", "cpu") is None
+  assert ns["stale_modules"]({"jax": "0.5.0"}, {"jax": "0.10.2", "numpy": "2.1.0"},
+                             loaded=["jax", "os"]) == ["jax"]
+
+
+def test_readme_links_the_notebook_on_colab():
+  with open(os.path.join(ROOT, "README.md")) as f:
+    links = re.findall(r"\((https://colab\.research\.google\.com/[^)\s]*)\)", f.read())
+  links = [u for u in links if u.endswith("/notebooks/linvit_colab.ipynb")]
+  assert links, "README: an 'Open in Colab' link to notebooks/linvit_colab.ipynb"
+  assert not [u for u in links if re.search(r"[<>]|OWNER", u)], f"placeholder in {links}"
 
 
 def test_parameters_default_to_the_shipped_teacher(monkeypatch):
@@ -63,21 +263,6 @@ def _stand_in_teacher(path):
   checkpoints.save_npz(path, jax.device_get(params))
 
 
-def _kernel_manager(tmp_path):
-  """A kernel manager for this interpreter. A private kernelspec with an absolute path: whatever
-  'python3' kernelspecs the machine has (a user-level one may name another Python), the notebook
-  runs where linvit_jax is installed."""
-  from jupyter_client.kernelspec import KernelSpecManager
-  from jupyter_client.manager import KernelManager
-  kernels = tmp_path / "kernels"
-  (kernels / "linvit-test").mkdir(parents=True)
-  (kernels / "linvit-test" / "kernel.json").write_text(json.dumps({
-      "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-      "display_name": "linvit_jax tests", "language": "python"}))
-  return KernelManager(kernel_name="linvit-test",
-                       kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernels)]))
-
-
 def _text(cell):
   return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
 
@@ -88,7 +273,6 @@ def _images(cell):
 
 
 def test_notebook_executes_in_small_mode(tmp_path, monkeypatch):
-  from nbclient import NotebookClient
   workdir = tmp_path / "workdir"
   monkeypatch.setenv("LINVIT_NOTEBOOK_SMALL", "1")
   monkeypatch.setenv("LINVIT_NOTEBOOK_WORKDIR", str(workdir))
@@ -100,11 +284,9 @@ def test_notebook_executes_in_small_mode(tmp_path, monkeypatch):
     monkeypatch.setenv("LINVIT_NOTEBOOK_TEACHER", teacher)
 
   nb = _read()
-  client = NotebookClient(nb, km=_kernel_manager(tmp_path), timeout=CELL_TIMEOUT_S,
-                          startup_timeout=KERNEL_STARTUP_S,
-                          resources={"metadata": {"path": str(tmp_path)}})
-  try:
-    client.execute()  # raises CellExecutionError (with the traceback) on the first failing cell
+  try:  # raises CellExecutionError (with the traceback) on the first failing cell
+    run_and_save.execute(nb, cwd=str(tmp_path), kernel_dir=str(tmp_path / "kernels"),
+                         timeout=CELL_TIMEOUT_S)
   finally:
     nbformat.write(nb, str(tmp_path / "executed.ipynb"))  # kept for a look after a failure
 
@@ -114,6 +296,8 @@ def test_notebook_executes_in_small_mode(tmp_path, monkeypatch):
   errors = [o for c in code for o in c.outputs if o.output_type == "error"]
   assert not errors, errors
   assert "jax " in text and "on [" in text                              # devices listed
+  install = _text(_install_cell(nb))
+  assert "linvit_jax at " in install and "$ " not in install            # installed nothing
   assert "copied " in text and " leaves (" in text                      # surgery report table
   assert "per-layer attention fidelity" in text
   for name in ("converted", "distill_attention"):                       # before / after columns
