@@ -5,7 +5,7 @@
     python -m bench.bench_steps --plan smoke       # "mu/16" at 64 px, seconds
 
 The steps are the project's own: the model, distill and stage blocks of configs/imagenet_vit.py,
-`stages.build` for the loss and trainable mask, `train.make_optimizer` and `train.make_train_step`
+`stages.build` for the loss and trainable mask, `optim.make_optimizer` and `train.make_train_step`
 (jitted exactly as the stage runner calls them: `step(state, frozen_teacher_params, batch)`). If
 those modules cannot be imported (they are young), a self-contained equivalent is measured instead
 and the JSON says so (`implementation`).
@@ -72,7 +72,8 @@ def _flops(c: mlc.ConfigDict, feature_map: str, image_size: int) -> dict[str, fl
 
 def _project_steps(c: mlc.ConfigDict, batch: dict[str, jax.Array], rng: jax.Array):
   """The distill and finetune steps exactly as train.run_stage builds them."""
-  from linvit_jax import run, stages, train  # young modules: imported here; failures reported
+  # young modules: imported here; failures reported
+  from linvit_jax import optim, run, stages, train
 
   teacher, student = run.build_models(c)
   k_t, k_s, k_state = jax.random.split(rng, 3)
@@ -82,9 +83,9 @@ def _project_steps(c: mlc.ConfigDict, batch: dict[str, jax.Array], rng: jax.Arra
   for name in ("distill_attention", "finetune"):
     stage_cfg = c[name]
     loss_fn, mask = stages.build(stage_cfg.kind, stage_cfg, c, teacher, student, s_params)
-    mask = train.trainable_mask_for(s_params, mask)
+    mask = optim.trainable_mask(s_params, mask)
     settings = train.stage_settings(stage_cfg)
-    tx, schedule = train.make_optimizer(settings["optimizer"], settings["steps"], mask)
+    tx, schedule = optim.make_optimizer(settings["optimizer"], settings["steps"], mask)
     step = jax.jit(train.make_train_step(loss_fn, tx, schedule, mask), donate_argnums=())
     state = train.init_train_state(s_params, tx, k_state)
     steps[name] = (step, state)
@@ -197,26 +198,28 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   a = jax.random.normal(rng, (ref_n, ref_n), jnp.float32).astype(dtype)
   mm = jax.jit(jnp.matmul)
   cases = {k: (lambda fn=fn, args=args: fn(*args)) for k, (fn, args) in compiled.items()}
-  cases[common.REFERENCE] = lambda: mm(a, a)
   print(f"compiled in {time.time() - t_start:.0f}s; timing {reps} rounds", flush=True)
-  times = common.time_interleaved(cases, reps=reps)
+  t = common.time_interleaved(cases, reps=reps, reference=lambda: mm(a, a))
 
   flops = _flops(c, args.feature_map, size)
-  ref_s = common.median(times[common.REFERENCE])
-  matmul_gflops = 2.0 * ref_n ** 3 / ref_s / 1e9
-  base_s = common.median(times["student_fwdbwd"])
+  ref_flops = 2.0 * ref_n ** 3
   rows = []
   for name in ("student_fwdbwd", "teacher_fwd", "distill_step", "finetune_step"):
-    s = common.median(times[name])
-    gflops = batch_size * flops[name] / s / 1e9
-    rows.append(dict(name=name, ms=1e3 * s, images_per_s=batch_size / s, gflops=gflops,
-                     pct_matmul=100 * gflops / matmul_gflops, cost_vs_student_fwdbwd=s / base_s,
-                     flops_per_image=flops[name], times_s=times[name], memory=memory[name]))
+    s = common.median(t.wall[name])
+    f = batch_size * flops[name]
+    rows.append(dict(
+        name=name, ms=1e3 * s, images_per_s=batch_size / s, gflops=f / s / 1e9,
+        matmul_gflops=ref_flops / common.median(t.ref_wall[name]) / 1e9,
+        pct_matmul=100 * common.efficiency(f, t.wall[name], ref_flops, t.ref_wall[name]),
+        pct_matmul_cpu_time=100 * common.efficiency(f, t.cpu[name], ref_flops, t.ref_cpu[name]),
+        cost_vs_student_fwdbwd=common.median_ratio(t.wall[name], t.wall["student_fwdbwd"]),
+        flops_per_image=flops[name], times_s=t.wall[name], cpu_s=t.cpu[name],
+        matmul_times_s=t.ref_wall[name], memory=memory[name]))
+  matmul_gflops = ref_flops / common.median(sum(t.ref_wall.values(), [])) / 1e9
   result = dict(plan=args.plan, implementation=implementation, variant=variant,
                 image_size=size, batch=batch_size, feature_map=args.feature_map, dtype=dtype,
                 model=c.model.to_dict(),
-                distill=c.distill.to_dict(), matmul_gflops=matmul_gflops,
-                matmul_times_s=times[common.REFERENCE], reference_n=ref_n,
+                distill=c.distill.to_dict(), matmul_gflops=matmul_gflops, reference_n=ref_n,
                 machine=common.machine_summary(), rows=rows, wall_s=time.time() - t_start,
                 date=time.strftime("%Y-%m-%d %H:%M"))
   os.makedirs(os.path.dirname(out_path), exist_ok=True)

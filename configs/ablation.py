@@ -1,7 +1,7 @@
 r"""The ablation table on the embedded data: which parts of the teacher are worth copying?
 
-  python -m linvit_jax.main --config configs/ablation.py --workdir workdirs/ablation
-  python -m linvit_jax.main --config configs/ablation.py:patch=7 --workdir workdirs/ablation_p7
+  python -m linvit_jax.ablation --config configs/ablation.py --workdir workdirs/ablation
+  python -m linvit_jax.ablation --config configs/ablation.py:patch=7 --workdir workdirs/ablation_p7
 
 Arms (see linvit_jax/ablation.py): teacher_ft, random, copy_attention, copy_same,
 copy_same_distill, copy_all_distill, copy_same_distill_in_budget — each with the same fine-tune

@@ -6,10 +6,11 @@ r"""Convert any big_vision ViT checkpoint to linear attention on a folder of ima
 
 `init` alone decides the architecture: width, depth, heads, MLP, patch, pool type, position
 embedding, head or none are read from the checkpoint's names and shapes
-(`checkpoints.infer_vit_config`); a 'gap' / '0' / 'none' pool stores nothing that tells them apart,
-so `pool=` can say which (default 'gap' when there is no cls token). Two things a checkpoint cannot
-tell: `gelu=exact|tanh` (big_vision trains with tanh; DINOv2-style models with the exact erf) and
-`norm=imagenet|minus_one_one` (input normalisation: ImageNet mean/std, or big_vision's [-1, 1]).
+(`vit_checkpoint.infer_vit_config`); a 'gap' / '0' / 'none' pool stores nothing that tells them
+apart, so `pool=` can say which (default 'gap' when there is no cls token). Two things a
+checkpoint cannot tell: `gelu=exact|tanh` (big_vision trains with tanh; DINOv2-style models with
+the exact erf) and `norm=imagenet|minus_one_one` (input normalisation: ImageNet mean/std, or
+big_vision's [-1, 1]).
 
 `images` is a folder of jpg/png photos (recursive; sub-folders are not needed: no label is read).
 A stable hash of each file's path holds out `holdout` of them (default 20 %, at least one file);
@@ -37,8 +38,8 @@ lr_distill, lr_align, align_trainable, holdout, eval_images, tiny (a few steps, 
 
 import os
 
-from linvit_jax import checkpoints
 from linvit_jax import config_lib
+from linvit_jax.models import vit_checkpoint
 
 NORMS = {"imagenet": "vgg_value_range", "minus_one_one": "value_range(-1,1)"}
 
@@ -61,7 +62,7 @@ def get_config(arg=None):
     raise ValueError(f"distill_fraction={arg.distill_fraction}: expected in (0, 1]")
   if "://" not in arg.images and not os.path.isdir(arg.images):
     raise ValueError(f"images={arg.images!r} is not a folder")
-  arch = checkpoints.infer_vit_config(arg.init)
+  arch = vit_checkpoint.infer_vit_config(arg.init)
   if arg.pool:
     if arch["pool_type"] in ("tok", "map"):
       raise ValueError(f"pool={arg.pool!r}: the checkpoint's pool type is {arch['pool_type']!r} "

@@ -11,7 +11,7 @@ checkpoints: gs://big_vision/vit_s16_i1k_{90,150,300}ep.npz. For AugReg-era chec
 cls token; pre_logits only in some). The checkpoint layout is detected on load.
 
 Hyper-parameters taken from big_vision's `configs/vit_s16_i1k.py` where they apply, with its
-optimizer semantics (`big_vision/optax.py`, reproduced by `train.make_optimizer`): batch 1024,
+optimizer semantics (`big_vision/optax.py`, reproduced by `optim.make_optimizer`): batch 1024,
 scale_by_adam b2=0.999, gradient clip 1.0, cosine schedule with linear warmup, decoupled weight
 decay wd=1e-4 added after the lr scaling (so not multiplied by the lr) and only on `.*/kernel`;
 the same preprocessing (inception crop 224 + flip; resize_small 256 + central crop 224; value

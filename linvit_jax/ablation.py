@@ -1,5 +1,7 @@
 """The ablation: which parts of a softmax teacher are worth copying into a linear student?
 
+  python -m linvit_jax.ablation --config configs/ablation.py --workdir DIR   (local or gs://)
+
 Every arm gets the same fine-tune budget (steps × batch) on the same data and seed; arms differ
 only in how the student starts:
 
@@ -13,6 +15,7 @@ only in how the student starts:
 
 Results: `ablation.md` (top-1 before and after fine-tuning, mean ± std over seeds, per-layer
 fidelity) and `ablation.png` (test accuracy during fine-tuning), plus each run's own workdir.
+The command line is main.py's (same flags, errors and exit codes) around `run_ablation`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from typing import Any, Mapping
 
 import ml_collections as mlc
 import numpy as np
+
+from linvit_jax import gfile
+from linvit_jax.errors import UserError
 
 ARMS: dict[str, dict[str, Any]] = {
     "teacher_ft": dict(attention="softmax", policy="copy_all", distill=False),
@@ -118,11 +124,15 @@ def plot_curves(results: Mapping[str, list[dict]], path: str, teacher_top1: floa
   ax.legend(fontsize=7, loc="lower right")
   ax.grid(alpha=0.3)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  with gfile.open(path, "wb") as f:  # matplotlib writes file objects: gs:// paths work too
+    fig.savefig(f, format="png", dpi=120)
 
 
 def run_ablation(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs every (arm, seed) in its own sub-workdir (each resumable) and writes the report."""
+  if "ablation" not in config:
+    raise UserError("the config has no `ablation` block (arms, seeds, finetune_steps, ...): "
+                    "see configs/ablation.py")
   from linvit_jax import run as run_lib  # the single-run path, shared with main.py
   a = config.ablation
   results: dict[str, list[dict]] = {}
@@ -132,8 +142,8 @@ def run_ablation(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
     for arm in a.arms:
       sub = os.path.join(workdir, arm, f"seed{seed}")
       done = os.path.join(sub, "results.json")
-      if os.path.exists(done):  # finished earlier: a rerun of the ablation only fills the gaps
-        with open(done) as f:
+      if gfile.exists(done):  # finished earlier: a rerun of the ablation only fills the gaps
+        with gfile.open(done) as f:
           r = json.load(f)
       elif a.report_only:  # summarise what has finished, run nothing
         continue
@@ -149,7 +159,7 @@ def run_ablation(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   if not results:
     raise ValueError(f"no finished ablation runs under {workdir!r}")
   table = summarize(results, teacher_top1)
-  with open(os.path.join(workdir, "ablation.md"), "w") as f:
+  with gfile.open(os.path.join(workdir, "ablation.md"), "w") as f:
     f.write(f"# Ablation\n\nteacher top-1 (softmax, before any fine-tuning): "
             f"{100 * teacher_top1:.2f} %\n\nfine-tune budget: {a.finetune_steps} steps × batch "
             f"{config.finetune.batch_size}; distillation: {a.distill_steps} steps; seeds "
@@ -157,3 +167,8 @@ def run_ablation(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   plot_curves(results, os.path.join(workdir, "ablation.png"), teacher_top1)
   print(table)
   return {"table": table, "teacher_top1": teacher_top1}
+
+
+if __name__ == "__main__":
+  from linvit_jax import main as main_lib  # pylint: disable=g-import-not-at-top
+  main_lib.cli(run_ablation)

@@ -1,17 +1,15 @@
-"""big_vision-compatible ViT checkpoints: read/write .npz, fix old layouts, merge into a model.
+"""big_vision-compatible params checkpoints: read/write .npz (local or gs://), strict merge.
 
 A big_vision params checkpoint is an uncompressed .npz whose keys are '/'-joined flax module
 paths ("Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel"). Everything here works on plain
-nested dicts of numpy arrays (no 'params' top key) and is pure: inputs are never mutated.
-
-The one path in is `load_vit_params` (what models/vit.py's `load()` delegates to):
-    load_npz -> fix_old_checkpoints -> pyloop/scan layout -> merge_params -> resample_posemb -> cast
+nested dicts of numpy arrays (no 'params' top key) and is pure: inputs are never mutated. Nothing
+here knows a model: what makes a checkpoint fit the ViT (old layouts, scan <-> loop, posemb
+resampling, `vit.load`) is in models/vit_checkpoint.py, which builds on this module.
 """
 
 from __future__ import annotations
 
 import io
-import math
 import os
 import re
 import tempfile
@@ -22,10 +20,10 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
-import scipy.ndimage
 
+from linvit_jax import gfile
+from linvit_jax import tree as tree_lib
 from linvit_jax.errors import UserError
-from linvit_jax.models.variants import decode_variant
 
 Params = dict[str, Any]  # nested dict of arrays
 
@@ -45,64 +43,17 @@ class CheckpointError(UserError, ValueError):
 # Flat <-> nested.
 
 def flatten(params: Mapping[str, Any]) -> dict[str, Any]:
-    """Nested dict -> {'a/b/c': leaf}, names sorted (the order big_vision writes them in).
-
-    Empty sub-dicts vanish, as in big_vision's tree_flatten_with_names.
-    """
-    flat: dict[str, Any] = {}
-
-    def visit(node: Mapping[str, Any], prefix: str) -> None:
-        for key in sorted(node):
-            if not isinstance(key, str) or not key or "/" in key:
-                raise CheckpointError(f"param name {key!r} under '{prefix or '<root>'}' must be a "
-                                      "non-empty string without '/' to be saved as an npz key")
-            value = node[key]
-            if isinstance(value, Mapping):
-                visit(value, prefix + key + "/")
-            else:
-                flat[prefix + key] = value
-
-    if not isinstance(params, Mapping):
-        raise CheckpointError(f"expected a nested dict of params, got {type(params).__name__}")
-    visit(params, "")
-    return flat
+    """Nested dict -> {'a/b/c': leaf}, names sorted (tree.flatten; errors are CheckpointErrors)."""
+    return tree_lib.flatten(params, error=CheckpointError)
 
 
 def unflatten(flat: Mapping[str, Any]) -> Params:
-    """{'a/b/c': leaf} -> nested dict. A name that is both a leaf and a prefix is an error."""
-    tree: Params = {}
-    for name in sorted(flat):
-        parts = name.split("/")
-        node = tree
-        for depth, part in enumerate(parts[:-1]):
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise CheckpointError(f"key {name!r} nests under '{'/'.join(parts[:depth + 1])}', "
-                                      "which is itself an array")
-            node = child
-        if parts[-1] in node:
-            raise CheckpointError(f"key {name!r} is both an array and a prefix of other keys")
-        node[parts[-1]] = flat[name]
-    return tree
-
-
-def _copy_tree(tree: Mapping[str, Any]) -> Params:
-    """Copies the dict structure (not the arrays), so callers' trees are never mutated."""
-    return {k: _copy_tree(v) if isinstance(v, Mapping) else v for k, v in tree.items()}
+    """{'a/b/c': leaf} -> nested dict (tree.unflatten; errors are CheckpointErrors)."""
+    return tree_lib.unflatten(flat, error=CheckpointError)
 
 
 # ------------------------------------------------------------------------------------------------
 # .npz reading and writing.
-
-def _is_remote(path: str) -> bool:
-    return "://" in path
-
-
-def _gfile():
-    # TensorFlow costs seconds and >1 GB to import; only remote paths (gs://, ...) need it.
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    return tf.io.gfile
-
 
 # big_vision's short checkpoint names, accepted wherever a checkpoint path is (teacher.init,
 # `init=` of configs/convert_folder.py, vit.load, load_npz): `init=i1k-s16-300ep` works as in
@@ -193,7 +144,7 @@ def _split_selector(path: str) -> tuple[str, str | None]:
     '://' of a URL never reads as one; a local file whose name really contains ':' wins.
     """
     m = re.fullmatch(r"(.+):(\w[\w/]*)", path)
-    if m is None or (not _is_remote(path) and os.path.exists(path)):
+    if m is None or (not gfile.is_remote(path) and os.path.exists(path)):
         return path, None
     return m.group(1), m.group(2).rstrip("/")
 
@@ -237,8 +188,8 @@ def _remote_call(path: str, what: str, fn: Callable[[], Any]) -> Any:
 
 def _open(path: str):
     """A readable binary file object, or a CheckpointError naming the file and what is wrong."""
-    if _is_remote(path):
-        gfile = _gfile()
+    if gfile.is_remote(path):
+        gfile.tf_gfile()  # TensorFlow's import (seconds) happens here, not inside the deadline.
 
         def fetch() -> bytes:
             if not gfile.exists(path):
@@ -247,7 +198,7 @@ def _open(path: str):
                 raise CheckpointError(f"checkpoint '{path}': is a directory, expected an .npz "
                                       "file")
             # np.load needs seeks, which remote files do poorly: read it all, as big_vision does.
-            with gfile.GFile(path, "rb") as f:
+            with gfile.open(path, "rb") as f:
                 return f.read()
         return io.BytesIO(_remote_call(path, "read it", fetch))
     if not os.path.exists(path):
@@ -291,7 +242,8 @@ def _read_npz(path: str) -> dict[str, np.ndarray]:
     return {k: _recover_dtype(k, v, path) for k, v in flat.items()}
 
 
-def _top_keys(tree: Mapping[str, Any]) -> str:
+def top_keys(tree: Mapping[str, Any]) -> str:
+    """The top-level names of a tree, for error messages that say what is there instead."""
     return ", ".join(repr(k) for k in sorted(tree))
 
 
@@ -319,7 +271,7 @@ def load_npz(path: str) -> Params:
         for depth, part in enumerate(selector.split("/")):
             if not isinstance(node, dict) or part not in node:
                 where = "/".join(selector.split("/")[:depth]) or "the top level"
-                avail = _top_keys(node) if isinstance(node, dict) else "none (it is an array)"
+                avail = top_keys(node) if isinstance(node, dict) else "none (it is an array)"
                 raise CheckpointError(f"checkpoint '{file}': no subtree {selector!r} "
                                       f"({part!r} not found under {where}); available: {avail}")
             node = node[part]
@@ -348,17 +300,16 @@ def save_npz(path: str, params: Mapping[str, Any]) -> None:
     flat = {k: _to_savable(k, v) for k, v in flatten(params).items()}
     if not flat:
         raise CheckpointError(f"refusing to save an empty checkpoint to '{path}'")
-    if _is_remote(path):
-        gfile = _gfile()
+    if gfile.is_remote(path):
         buf = io.BytesIO()
         np.savez(buf, **flat)
         tmp = f"{path}.tmp-{os.getpid()}"
         parent = path.rsplit("/", 1)[0]
         gfile.makedirs(parent)
         try:
-            with gfile.GFile(tmp, "wb") as f:
+            with gfile.open(tmp, "wb") as f:
                 f.write(buf.getvalue())
-            gfile.rename(tmp, path, overwrite=True)
+            gfile.rename(tmp, path)
         except BaseException:
             if gfile.exists(tmp):
                 gfile.remove(tmp)
@@ -384,179 +335,6 @@ def save_npz(path: str, params: Mapping[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# Old checkpoint layouts.
-
-_NUMBERED = re.compile(r"(.+)_(\d+)")
-
-
-def convert_pre_linen(tree: Mapping[str, Any]) -> Params:
-    """Renumbers pre-linen submodule names, as flax.training.checkpoints.convert_pre_linen.
-
-    Pre-linen flax numbered submodules globally within their parent (LayerNorm_0,
-    MultiHeadDotProductAttention_1, LayerNorm_2, MlpBlock_3); linen counts per module type
-    (LayerNorm_0, MultiHeadDotProductAttention_0, LayerNorm_1, MlpBlock_0). Within each parent,
-    names of the same type are renumbered 0, 1, 2, ... in order of their old number. Already-linen
-    trees come back unchanged (numbers are already 0..n-1 per type).
-    """
-    def order(name: str) -> tuple[str, int]:
-        m = _NUMBERED.fullmatch(name)
-        return (m.group(1), int(m.group(2))) if m else (name, -1)
-
-    out: Params = {}
-    counts: dict[str, int] = {}
-    for name in sorted(tree, key=order):
-        value = tree[name]
-        m = _NUMBERED.fullmatch(name)
-        if m:
-            kind = m.group(1)
-            new = f"{kind}_{counts.get(kind, 0)}"
-            counts[kind] = counts.get(kind, 0) + 1
-        else:
-            new = name
-        out[new] = convert_pre_linen(value) if isinstance(value, Mapping) else value
-    return out
-
-
-def _has_cls_slot(n: int) -> bool:
-    return math.isqrt(n - 1) ** 2 == n - 1 and n > 1
-
-
-def fix_old_checkpoints(params: Mapping[str, Any], *, model_posemb_len: int | None = None
-                        ) -> Params:
-    """Brings older ViT checkpoints (original ViT paper, AugReg, ViT-G era) to today's names.
-
-    - pre-linen module numbering (see convert_pre_linen);
-    - `Transformer/posembed_input/pos_embedding` and `Transformer/pos_embedding` -> `pos_embedding`;
-    - a posemb with a [cls] slot (N = g*g + 1; old ViTs concatenated [cls] before adding the
-      posemb): the slot is split off and added into `cls`, which is exactly equivalent;
-    - an inlined MAP head (`probe` at the top level) -> `MAPHead_0`.
-    The [cls]-slot test is big_vision's (N = g*g + 1), which would misread a non-square grid with
-    h*w = g*g + 1 (2x5, 4x5, ...), as today's checkpoints of non-square models have. So a
-    top-level posemb that already has `model_posemb_len` positions (the model it is loaded into;
-    load_vit_params passes it) is taken as is. Old-location posembs are always from square models.
-    """
-    params = convert_pre_linen(params)
-    enc = params.get("Transformer")
-    old_location = False
-    if isinstance(enc, dict):
-        if "posembed_input" in enc:
-            params["pos_embedding"] = enc.pop("posembed_input")["pos_embedding"]
-            old_location = True
-        if "pos_embedding" in enc:
-            params["pos_embedding"] = enc.pop("pos_embedding")
-            old_location = True
-
-    pe = params.get("pos_embedding")
-    if (pe is not None and np.ndim(pe) == 3 and _has_cls_slot(pe.shape[1])
-            and (old_location or pe.shape[1] != model_posemb_len)):
-        params["pos_embedding"] = pe[:, 1:]
-        if "cls" in params:
-            params["cls"] = params["cls"] + pe[:, :1]
-
-    if "probe" in params:
-        head_parts = ("probe", "MlpBlock_0", "MultiHeadDotProductAttention_0", "LayerNorm_0")
-        params["MAPHead_0"] = {k: params.pop(k) for k in head_parts if k in params}
-    return params
-
-
-def _block_index(name: str) -> int | None:
-    m = re.fullmatch(r"encoderblock_(\d+)", name)
-    return int(m.group(1)) if m else None
-
-
-def pyloop_to_scan(params: Mapping[str, Any]) -> Params:
-    """Stacks `Transformer/encoderblock_{i}` into `Transformer/encoderblock` (leading depth axis).
-
-    A tree that is already scanned comes back unchanged.
-    """
-    params = _copy_tree(params)
-    enc = params.get("Transformer", {})
-    indices = sorted(i for i in map(_block_index, enc) if i is not None)
-    if not indices:
-        return params
-    if "encoderblock" in enc:
-        raise CheckpointError("'Transformer' has both 'encoderblock' (scan) and 'encoderblock_N' "
-                              "(python loop) blocks")
-    if indices != list(range(len(indices))):
-        raise CheckpointError(f"'Transformer' blocks must be numbered 0..{len(indices) - 1} to be "
-                              f"stacked, found encoderblock_{indices}")
-    blocks = [flatten(enc.pop(f"encoderblock_{i}")) for i in indices]
-    for i, block in enumerate(blocks[1:], 1):
-        if block.keys() != blocks[0].keys():
-            diff = sorted(block.keys() ^ blocks[0].keys())
-            raise CheckpointError(f"cannot stack encoder blocks: encoderblock_{i} and "
-                                  f"encoderblock_0 differ in params {diff}")
-    stacked = {}
-    for name in blocks[0]:
-        shapes = {np.shape(b[name]) for b in blocks}
-        if len(shapes) > 1:
-            raise CheckpointError(f"cannot stack encoder blocks: 'encoderblock_N/{name}' has "
-                                  f"different shapes across blocks {sorted(shapes)}")
-        stacked[name] = np.stack([np.asarray(b[name]) for b in blocks])
-    enc["encoderblock"] = unflatten(stacked)
-    return params
-
-
-def scan_to_pyloop(params: Mapping[str, Any]) -> Params:
-    """Splits `Transformer/encoderblock` (leading depth axis) into `encoderblock_{i}`.
-
-    A tree that is already per-block comes back unchanged.
-    """
-    params = _copy_tree(params)
-    enc = params.get("Transformer", {})
-    if "encoderblock" not in enc:
-        return params
-    flat = flatten(enc.pop("encoderblock"))
-    depths = {np.shape(v)[0] if np.ndim(v) else None for v in flat.values()}
-    if len(depths) != 1 or None in depths:
-        raise CheckpointError("cannot unstack 'Transformer/encoderblock': its params disagree on "
-                              f"the leading (depth) axis, sizes {sorted(map(str, depths))}")
-    for i in range(depths.pop()):
-        enc[f"encoderblock_{i}"] = unflatten({k: np.asarray(v)[i] for k, v in flat.items()})
-    return params
-
-
-# ------------------------------------------------------------------------------------------------
-# Position embeddings.
-
-def _square_side(n: int, what: str) -> int:
-    side = math.isqrt(n)
-    if side * side != n:
-        raise CheckpointError(f"{what} has {n} positions, not a square grid; pass its (h, w) "
-                              "explicitly to resample_posemb")
-    return side
-
-
-def resample_posemb(old: np.ndarray, new: Any, old_hw: tuple[int, int] | None = None,
-                    new_hw: tuple[int, int] | None = None) -> np.ndarray:
-    """Resizes a (1, h*w, D) learned posemb to another grid: bilinear, as big_vision does.
-
-    `new` is the target array or its shape. Grids are square unless given as (h, w). Corners map to
-    corners (scipy.ndimage.zoom, order=1, its default align-corners grid), like big_vision's
-    "high-res fine-tuning".
-    """
-    old = np.asarray(old)
-    new_shape = tuple(new.shape if hasattr(new, "shape") else new)
-    if old.ndim != 3 or len(new_shape) != 3 or old.shape[0] != 1 or new_shape[0] != 1:
-        raise CheckpointError(f"pos_embedding must be (1, N, D): got {old.shape} -> {new_shape}")
-    if old.shape[2] != new_shape[2]:
-        raise CheckpointError(f"pos_embedding width differs, cannot resample: checkpoint "
-                              f"{old.shape} vs model {new_shape}")
-    oh, ow = old_hw or (_square_side(old.shape[1], f"checkpoint pos_embedding {old.shape}"),) * 2
-    nh, nw = new_hw or (_square_side(new_shape[1], f"model pos_embedding {new_shape}"),) * 2
-    if oh * ow != old.shape[1] or nh * nw != new_shape[1]:
-        raise CheckpointError(f"pos_embedding grids ({oh}, {ow}) -> ({nh}, {nw}) do not match "
-                              f"the shapes {old.shape} -> {new_shape}")
-    if (oh, ow) == (nh, nw):
-        return old
-    # scipy has no bfloat16; interpolate in float32 and cast back.
-    grid = old.reshape(oh, ow, -1).astype(np.float32)
-    grid = scipy.ndimage.zoom(grid, (nh / oh, nw / ow, 1), order=1)
-    assert grid.shape[:2] == (nh, nw), (grid.shape, nh, nw)  # zoom rounds; exact ratios hit.
-    return grid.reshape(new_shape).astype(old.dtype)
-
-
-# ------------------------------------------------------------------------------------------------
 # Merging into a model's params.
 
 def _dtype_class(dtype: np.dtype) -> str:
@@ -575,7 +353,7 @@ def _dtype_class(dtype: np.dtype) -> str:
         return f"opaque {dtype.str}"
 
 
-def _non_finite(value: Any) -> int:
+def count_non_finite(value: Any) -> int:
     """How many NaN/Inf entries a float leaf has (0 for non-floats)."""
     a = np.asarray(value)
     if _dtype_class(a.dtype) != "float":
@@ -585,20 +363,25 @@ def _non_finite(value: Any) -> int:
     return int(a.size - np.count_nonzero(np.isfinite(a)))
 
 
-def _shape(value: Any) -> tuple[int, ...]:
+def shape_of(value: Any) -> tuple[int, ...]:
+    """The shape of an array, a jax array or a jax.ShapeDtypeStruct, as ints."""
     # .shape first: init params may be jax.ShapeDtypeStruct (from jax.eval_shape), not arrays.
     return tuple(int(d) for d in (value.shape if hasattr(value, "shape") else np.shape(value)))
 
 
-def _dtype(value: Any) -> np.dtype:
+def dtype_of(value: Any) -> np.dtype:
+    """The numpy dtype of an array, a jax array or a jax.ShapeDtypeStruct."""
     return np.dtype(value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype)
 
 
-def _is_posemb(name: str) -> bool:
+def is_posemb(name: str) -> bool:
+    """Whether a '/'-joined param name is a learned position embedding (resampled, not merged)."""
     return name.rsplit("/", 1)[-1] == "pos_embedding"
 
 
-def _compile(dont_load: Sequence[str]) -> list[re.Pattern]:
+def dont_load_matcher(dont_load: Sequence[str]) -> Callable[[str], bool]:
+    """Whether a '/'-joined param name fully matches one of the `dont_load` regexes; a bad regex
+    is a CheckpointError now, not at the first name."""
     if isinstance(dont_load, str):
         dont_load = (dont_load,)  # A lone string would otherwise be iterated per character.
     patterns = []
@@ -607,10 +390,11 @@ def _compile(dont_load: Sequence[str]) -> list[re.Pattern]:
             patterns.append(re.compile(p))
         except re.error as e:
             raise CheckpointError(f"dont_load pattern {p!r} is not a valid regex: {e}") from e
-    return patterns
+    return lambda name: any(p.fullmatch(name) for p in patterns)
 
 
-def _raise_problems(source: str, problems: list[str], hint: str = "") -> None:
+def raise_problems(source: str, problems: list[str], hint: str = "") -> None:
+    """A CheckpointError naming `source` and every problem (one per line); none: returns."""
     if not problems:
         return
     where = f"checkpoint '{source}'" if source else "checkpoint"
@@ -630,16 +414,12 @@ def merge_params(loaded: Mapping[str, Any], init: Mapping[str, Any],
     '/'-joined name fully matches a `dont_load` regex keep their init value and are exempt.
     A `pos_embedding` may differ in its number of positions (load_vit_params resamples it).
     """
-    patterns = _compile(dont_load)
-
-    def skipped(name: str) -> bool:
-        return any(p.fullmatch(name) for p in patterns)
-
+    skipped = dont_load_matcher(dont_load)
     flat_loaded, flat_init = flatten(loaded), flatten(init)
     merged: dict[str, Any] = {}
     problems: list[str] = []
     for name, init_val in flat_init.items():
-        want = _shape(init_val)
+        want = shape_of(init_val)
         if skipped(name):
             merged[name] = init_val
             continue
@@ -647,169 +427,26 @@ def merge_params(loaded: Mapping[str, Any], init: Mapping[str, Any],
             problems.append(f"missing {name!r} (expected shape {want})")
             continue
         val = flat_loaded[name]
-        got = _shape(val)
-        resamplable = (_is_posemb(name) and len(got) == len(want) == 3
+        got = shape_of(val)
+        resamplable = (is_posemb(name) and len(got) == len(want) == 3
                        and (got[0], got[2]) == (want[0], want[2]))
         if got != want and not resamplable:
             problems.append(f"shape mismatch at {name!r}: checkpoint {got} vs model {want}")
-        got_cls, want_cls = _dtype_class(_dtype(val)), _dtype_class(_dtype(init_val))
+        got_cls, want_cls = _dtype_class(dtype_of(val)), _dtype_class(dtype_of(init_val))
         if got_cls != want_cls:
-            problems.append(f"dtype mismatch at {name!r}: checkpoint {_dtype(val)} ({got_cls}) "
-                            f"vs model {_dtype(init_val)} ({want_cls})")
-        elif bad := _non_finite(val):
+            problems.append(f"dtype mismatch at {name!r}: checkpoint {dtype_of(val)} ({got_cls}) "
+                            f"vs model {dtype_of(init_val)} ({want_cls})")
+        elif bad := count_non_finite(val):
             problems.append(f"non-finite values at {name!r}: {bad} of {np.size(val)} entries "
                             "are NaN/Inf")
         merged[name] = val
     for name in sorted(flat_loaded.keys() - flat_init.keys()):
         if not skipped(name):
-            problems.append(f"unexpected key {name!r} (shape {_shape(flat_loaded[name])}), "
+            problems.append(f"unexpected key {name!r} (shape {shape_of(flat_loaded[name])}), "
                             "not in the model")
     hint = ""
     if any(p.startswith(("missing", "unexpected")) for p in problems):
         hint = ("\n(params to keep at their init value, or to ignore in the checkpoint, go in "
                 "dont_load as regexes, e.g. dont_load=('head/.*',))")
-    _raise_problems(source, problems, hint)
+    raise_problems(source, problems, hint)
     return unflatten(merged)
-
-
-# ------------------------------------------------------------------------------------------------
-# The one entry point models/vit.py's load() delegates to.
-
-def _check_against_config(params: Params, model_cfg: Mapping[str, Any],
-                          skipped: Callable[[str], bool], source: str) -> None:
-    """Clear errors when the checkpoint is plainly a different ViT than `model_cfg` describes.
-
-    Only what is checkable from the params and stated in the config is compared, and only for
-    params that will actually be loaded (not dont_load'ed).
-    """
-    cfg = {**decode_variant(model_cfg.get("variant")),
-           **{k: model_cfg[k] for k in ("patch_size", "width", "num_heads", "mlp_dim")
-              if model_cfg.get(k) is not None}}
-    flat = flatten(params)
-    problems = []
-    emb = flat.get("embedding/kernel")
-    if emb is not None and np.ndim(emb) == 4 and not skipped("embedding/kernel"):
-        if "patch_size" in cfg:
-            ps = cfg["patch_size"]
-            ps = tuple(ps) if isinstance(ps, Sequence) else (ps, ps)
-            if tuple(emb.shape[:2]) != tuple(ps):
-                problems.append(f"patch size {tuple(emb.shape[:2])} (embedding/kernel "
-                                f"{_shape(emb)}) but the model config says {ps}")
-        if "width" in cfg and emb.shape[-1] != cfg["width"]:
-            problems.append(f"width {emb.shape[-1]} (embedding/kernel {_shape(emb)}) but the "
-                            f"model config says {cfg['width']}")
-    block = next((n.rsplit("/", 2)[0] for n in sorted(flat)
-                  if re.fullmatch(r"Transformer/encoderblock(_0)?/MultiHeadDotProductAttention_0"
-                                  r"/query/kernel", n)), None)
-    if block is not None and "num_heads" in cfg:
-        name = block + "/query/kernel"
-        q = flat[name]
-        if not skipped(name) and q.shape[-2] != cfg["num_heads"]:
-            problems.append(f"{q.shape[-2]} heads ({name} {_shape(q)}) but the model config "
-                            f"says num_heads={cfg['num_heads']}")
-    mlp = next((n for n in sorted(flat) if re.fullmatch(
-        r"Transformer/encoderblock(_0)?/MlpBlock_0/Dense_0/kernel", n)), None)
-    if mlp is not None and "mlp_dim" in cfg and not skipped(mlp):
-        if flat[mlp].shape[-1] != cfg["mlp_dim"]:
-            problems.append(f"mlp_dim {flat[mlp].shape[-1]} ({mlp} {_shape(flat[mlp])}) but the "
-                            f"model config says {cfg['mlp_dim']}")
-    _raise_problems(source, problems)
-
-
-def infer_vit_config(path: str) -> dict[str, Any]:
-    """The big_vision ViT fields a checkpoint's names and shapes decide, for `vit.Model(**...)`.
-
-    patch_size and width (embedding/kernel), depth (blocks, per-block or scanned), num_heads
-    (query/kernel [D, H, Dh]), mlp_dim (Dense_0), posemb ('learn' when a pos_embedding is stored,
-    else 'sincos2d'), pool_type ('tok' with a cls token, 'map' with a MAP head, else 'gap': a
-    'gap' / '0' / 'none' model stores nothing that tells them apart), num_classes (head/kernel,
-    None when there is no head), rep_size (pre_logits/kernel). Also `posemb_grid`: the stored
-    position-embedding grid (h, w), the resolution the checkpoint was trained at, for information.
-    Any layout `load_vit_params` reads (old names, scanned) works.
-    """
-    params = fix_old_checkpoints(load_npz(path))
-    flat = flatten(params)
-    problems = []
-    emb = flat.get("embedding/kernel")
-    if emb is None or np.ndim(emb) != 4:
-        _raise_problems(path, [f"no patch embedding 'embedding/kernel' [ph, pw, C, D] (top-level "
-                               f"keys: {_top_keys(params)}): not a big_vision ViT checkpoint"])
-    scanned = isinstance(params.get("Transformer"), dict) and "encoderblock" in params["Transformer"]
-    block = "Transformer/encoderblock" if scanned else "Transformer/encoderblock_0"
-    query = flat.get(f"{block}/MultiHeadDotProductAttention_0/query/kernel")
-    dense0 = flat.get(f"{block}/MlpBlock_0/Dense_0/kernel")
-    if query is None or dense0 is None:
-        problems.append(f"no first encoder block with attention query and MLP kernels under "
-                        f"{block!r}")
-    _raise_problems(path, problems)
-    if scanned:
-        depth = int(query.shape[0])
-    else:
-        indices = [_block_index(n) for n in params["Transformer"]]
-        depth = 1 + max(i for i in indices if i is not None)
-    if "cls" in params:
-        pool = "tok"
-    elif "MAPHead_0" in params:
-        pool = "map"
-    else:
-        pool = "gap"
-    head = flat.get("head/kernel")
-    rep = flat.get("pre_logits/kernel")
-    pe = flat.get("pos_embedding")
-    grid = None
-    if pe is not None and np.ndim(pe) == 3:
-        side = math.isqrt(pe.shape[1])
-        grid = (side, side) if side * side == pe.shape[1] else None
-    return dict(patch_size=tuple(int(x) for x in emb.shape[:2]), width=int(emb.shape[-1]),
-                depth=int(depth), num_heads=int(query.shape[-2]), mlp_dim=int(dense0.shape[-1]),
-                posemb="learn" if pe is not None else "sincos2d", pool_type=pool,
-                num_classes=int(head.shape[-1]) if head is not None else None,
-                rep_size=int(rep.shape[-1]) if rep is not None else False, posemb_grid=grid)
-
-
-def load_vit_params(init_params: Mapping[str, Any] | None, init_file: str,
-                    model_cfg: Mapping[str, Any], dont_load: Sequence[str] = ()) -> Params:
-    """big_vision's `vit.load` semantics: a checkpoint made to fit the model `init_params` is from.
-
-    Steps: read (any layout, `:subtree` selector) -> fix old names -> scan or per-block layout
-    as `model_cfg['scan']` says -> check against model_cfg (patch size, width, heads, mlp_dim) ->
-    strict merge into `init_params` (dont_load'ed params keep their init value) -> resample the
-    posemb to the model's grid -> cast each param to the model's dtype. Returns numpy arrays.
-    With `init_params=None` the fixed-up checkpoint is returned as is (after the config checks).
-    """
-    init_pe = (init_params or {}).get("pos_embedding")
-    posemb_len = _shape(init_pe)[1] if init_pe is not None and len(_shape(init_pe)) == 3 else None
-    params = fix_old_checkpoints(load_npz(init_file), model_posemb_len=posemb_len)
-    if isinstance(params.get("Transformer"), dict):
-        convert = pyloop_to_scan if model_cfg.get("scan") else scan_to_pyloop
-        params = convert(params)
-    patterns = _compile(dont_load)
-
-    def skipped(name: str) -> bool:
-        return any(p.fullmatch(name) for p in patterns)
-
-    _check_against_config(params, model_cfg, skipped, init_file)
-
-    if init_params is None:
-        flat = flatten(params)
-        _raise_problems(init_file, [f"non-finite values at {k!r}: {n} of {np.size(v)} entries are "
-                                    "NaN/Inf" for k, v in flat.items() if (n := _non_finite(v))])
-        return unflatten({k: np.asarray(v) for k, v in flat.items()})
-
-    merged = flatten(merge_params(params, init_params, dont_load, source=init_file))
-    flat_init = flatten(init_params)
-    out = {}
-    for name, value in merged.items():
-        init_val = flat_init[name]
-        if skipped(name):  # Init value, untouched (could be a jax array or a ShapeDtypeStruct).
-            out[name] = np.asarray(init_val) if hasattr(init_val, "__array__") else init_val
-            continue
-        value = np.asarray(value)
-        if _is_posemb(name) and value.shape != _shape(init_val):
-            try:
-                value = resample_posemb(value, _shape(init_val))
-            except CheckpointError as e:
-                raise CheckpointError(f"checkpoint '{init_file}': cannot resample {name!r}: "
-                                      f"{e}") from e
-        out[name] = value.astype(_dtype(init_val), copy=False)
-    return unflatten(out)

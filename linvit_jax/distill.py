@@ -23,16 +23,12 @@ Losses (each a function below; formulas in their docstrings):
     logit_kd_loss           Hinton KD with temperature;  softmax_xent / sigmoid_xent for labels
 
 The attention-distillation stage's loss, called inside a jitted train step (weights from the
-`cfg.distill` ml_collections block, defaults in `DISTILL_DEFAULTS`):
+`cfg.distill` ml_collections block; its fields and defaults are config_lib.distill()'s, plus
+`feature_keys`, default FEATURE_KEYS):
 
     loss_fn = make_distill_loss(teacher_model, student_model, config.distill)
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         student_params, teacher_params, batch, rng)
-
-    cfg.distill = dict(metric="nmse", w_attn=1.0, w_routing=0.1, routing_temperature=1.0,
-                       routing_queries=64, routing_kind="xent", lookahead=0, w_lookahead=0.0,
-                       w_feature=0.0, feature_keys=("encoded", "pre_logits"), w_logit_kd=0.0,
-                       kd_temperature=1.0)
 
 Metrics are flat dicts of scalars: loss, attn_nmse, attn_cosine, attn_nmse/layer_00, ...,
 attn_cosine/layer_00, ..., routing, routing/layer_00, ..., lookahead, lookahead/layer_00, ...,
@@ -41,8 +37,8 @@ feature_nmse/<key>, feature_cosine/<key>, logit_kd. Fine-tuning combines `softma
 
 Argument order is model before params throughout (as in `model.apply(params, ...)`).
 
-Which parameters train: `trainable_mask(params, "distill_attention" | "finetune" | regex)` and
-`masked_optimizer(opt, mask)` (frozen leaves get exactly zero updates and no optimizer state).
+Which parameters train: optim.trainable_mask(params, "distill_attention" | "finetune" | regex)
+and optim.masked_optimizer(tx, mask) (frozen leaves get exactly zero updates and no state).
 
 A freshly initialised student attention should first go through `calibrate_out_projection` (one
 batch): checkpoints with LayerScale folded in have small attention outputs, and a standard init
@@ -54,7 +50,6 @@ All losses are computed in float32; every variance and norm in a denominator is 
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Union
 
@@ -63,8 +58,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
+from linvit_jax import config_lib
 from linvit_jax.models import attention as attn_lib
 from linvit_jax.models import vit
 
@@ -76,28 +71,11 @@ EPS = 1e-12      # guards variances and norms in denominators (absolute: outputs
 LOG_EPS = 1e-9   # guards log() of attention weights that a feature map can make exactly zero
 ATTN = "MultiHeadDotProductAttention_0"
 
-DISTILL_DEFAULTS = dict(
-    metric="nmse",              # attention-output metric in the loss: "nmse" | "cosine"
-    w_attn=1.0,
-    w_routing=0.1,
-    routing_temperature=1.0,    # τ of the teacher's softmax(QKᵀ/(τ√d)); >1 softens targets
-    routing_queries=64,         # s sampled query tokens per step (0: all queries)
-    routing_kind="xent",        # "xent" | "kl" (same gradient; kl is 0 at the optimum)
-    lookahead=0,                # k: teacher sublayers the attention error is pushed through
-    w_lookahead=0.0,
-    w_feature=0.0,              # end-to-end alignment of the student's own stream
-    feature_keys=("encoded", "pre_logits"),
-    w_logit_kd=0.0,
-    kd_temperature=1.0,
-)
-
-# Which parameters train in a stage (re.fullmatch on '/'-joined paths, scanned or per-block).
-STAGE_TRAINABLE = {
-    "distill_attention": r"Transformer/encoderblock(_\d+)?/" + ATTN + r"/.*",
-    "attention": r"Transformer/encoderblock(_\d+)?/" + ATTN + r"/.*",
-    "finetune": r".*",
-    "all": r".*",
-}
+# The student's own features that w_feature matches (`feature_keys`: a loss option that the
+# config's `distill` block does not carry).
+FEATURE_KEYS = ("encoded", "pre_logits")
+# The `cfg.distill` fields and their defaults: the config's (config_lib.distill), plus feature_keys.
+_DEFAULTS = {**config_lib.distill(), "feature_keys": FEATURE_KEYS}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -112,12 +90,6 @@ def as_model(model: ModelLike) -> nn.Module:
   if not isinstance(model, Mapping):
     raise TypeError(f"expected a vit.Model or its config dict, got {type(model).__name__}")
   return vit.Model(**model)
-
-
-def layer_specs(model: ModelLike) -> tuple[attn_lib.AttentionSpec, ...]:
-  """The attention operator of every encoder layer."""
-  model = as_model(model)
-  return attn_lib.parse_layer_specs(model.attention, model.depth)
 
 
 def _is_scanned(params: Params) -> bool:
@@ -152,17 +124,8 @@ def teacher_targets(teacher_model: ModelLike, teacher_params: Params, images: Ar
   model = as_model(teacher_model)
   (logits, out), state = model.apply({"params": teacher_params}, images, train=False,
                                      mutable=["intermediates"])
-  inter = state["intermediates"]["Transformer"]
-  if "encoderblock" in inter:
-    blk = inter["encoderblock"]
-    attn_input, q, k = blk["attn_input"][0], blk[ATTN]["q"][0], blk[ATTN]["k"][0]
-  else:
-    blocks = [inter[f"encoderblock_{l}"] for l in range(model.depth)]
-    attn_input = jnp.stack([b["attn_input"][0] for b in blocks])
-    q = jnp.stack([b[ATTN]["q"][0] for b in blocks])
-    k = jnp.stack([b[ATTN]["k"][0] for b in blocks])
   enc = [out["encoder"][f"block{l:02d}"] for l in range(model.depth)]
-  targets = {"attn_input": attn_input, "q": q, "k": k,
+  targets = {**vit.sown_per_layer(state["intermediates"]),  # attn_input, q, k
              "sa": jnp.stack([e["sa"] for e in enc]),
              "+sa": jnp.stack([e["+sa"] for e in enc]),
              "+mlp": jnp.stack([e["+mlp"] for e in enc]),
@@ -188,7 +151,7 @@ def student_attention_outputs(student_model: ModelLike, student_params: Params,
     outputs [L,B,N,D] (after the out projection), or (outputs, q, k) with `with_qk`.
   """
   model = as_model(student_model)
-  specs = layer_specs(model)
+  specs = vit.layer_specs(model)
   depth = len(specs)
   if attn_inputs.shape[0] != depth:
     raise ValueError(f"attn_inputs has {attn_inputs.shape[0]} layers, the student has {depth}")
@@ -271,8 +234,8 @@ def _sample_queries(n: int, num_queries: int, rng: Array | None) -> Array | None
 
 def routing_loss(teacher_q: Array, teacher_k: Array, student_q: Array, student_k: Array,
                  spec: attn_lib.AttentionSpec, fmap_params: Params | None = None,
-                 num_queries: int = 64, rng: Array | None = None, temperature: float = 1.0,
-                 kind: str = "xent") -> Array:
+                 num_queries: int = _DEFAULTS["routing_queries"], rng: Array | None = None,
+                 temperature: float = 1.0, kind: str = "xent") -> Array:
   """Cross-entropy / KL from the teacher's attention probabilities to the student's weights.
 
     P = softmax(q_t k_tᵀ / (τ √d))                           teacher, [B,H,s,N]
@@ -306,10 +269,10 @@ def routing_loss(teacher_q: Array, teacher_k: Array, student_q: Array, student_k
 
 def routing_losses(targets: Mapping[str, Array], student_q: Array, student_k: Array,
                    student_model: ModelLike, student_params: Params, rng: Array | None, *,
-                   num_queries: int = 64, temperature: float = 1.0, kind: str = "xent"
-                   ) -> tuple[Array, Array]:
+                   num_queries: int = _DEFAULTS["routing_queries"], temperature: float = 1.0,
+                   kind: str = "xent") -> tuple[Array, Array]:
   """`routing_loss` for every layer (one query sample per layer). Returns (mean, per-layer [L])."""
-  specs = layer_specs(student_model)
+  specs = vit.layer_specs(as_model(student_model))
   keys = [None] * len(specs) if rng is None else list(jax.random.split(rng, len(specs)))
   per_layer = jnp.stack([
       routing_loss(targets["q"][l], targets["k"][l], student_q[l], student_k[l], spec,
@@ -357,7 +320,7 @@ def lookahead_loss(teacher_model: ModelLike, teacher_params: Params,
   if k < 0:
     raise ValueError(f"lookahead depth must be >= 0, got {k}")
   model = as_model(teacher_model)
-  specs = layer_specs(model)
+  specs = vit.layer_specs(model)
   depth = len(specs)
   tparams = jax.lax.stop_gradient(teacher_params)
   sa_t, plus_sa, plus_mlp = targets["sa"], targets["+sa"], targets["+mlp"]
@@ -389,7 +352,7 @@ def lookahead_loss(teacher_model: ModelLike, teacher_params: Params,
 
 def feature_alignment_loss(student_out: Array | Mapping[str, Array],
                            teacher_out: Array | Mapping[str, Array], *,
-                           keys: Sequence[str] = ("encoded", "pre_logits"), w_nmse: float = 1.0,
+                           keys: Sequence[str] = FEATURE_KEYS, w_nmse: float = 1.0,
                            w_cosine: float = 1.0, eps: float = EPS
                            ) -> tuple[Array, dict[str, Array]]:
   """Match the student's own (not teacher-forced) features to the frozen teacher's.
@@ -535,53 +498,24 @@ def calibrate_out_projection(targets: Mapping[str, Array], student_model: ModelL
 
 
 # ------------------------------------------------------------------------------------------------
-# Which parameters train.
-
-def _path_str(path) -> str:
-  return "/".join(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
-
-
-def trainable_mask(params: Params, stage: str = "distill_attention") -> Any:
-  """A pytree of bools like `params`: True where the stage trains the leaf.
-
-  `stage` is a name in STAGE_TRAINABLE ("distill_attention": encoder attention q/k/v/out and
-  feature maps; "finetune": everything) or a regex fully matched against '/'-joined paths.
-  """
-  pattern = re.compile(STAGE_TRAINABLE.get(stage, stage))
-  mask = jax.tree_util.tree_map_with_path(lambda p, _: bool(pattern.fullmatch(_path_str(p))),
-                                          params)
-  if not any(jax.tree.leaves(mask)):
-    raise ValueError(f"trainable mask for stage {stage!r} selects no parameter")
-  return mask
-
-
-def masked_optimizer(opt: optax.GradientTransformation, mask: Any
-                     ) -> optax.GradientTransformation:
-  """`opt` on the leaves where `mask` is True; exactly zero updates and no state elsewhere."""
-  labels = jax.tree.map(lambda m: "train" if m else "frozen", mask)
-  return optax.multi_transform({"train": opt, "frozen": optax.set_to_zero()}, labels)
-
-
-# ------------------------------------------------------------------------------------------------
 # Stage losses.
 
-def _block(cfg: Any, name: str, defaults: Mapping[str, Any]) -> ml_collections.ConfigDict:
-  """The `cfg.<name>` block (or cfg itself) merged over defaults; unknown fields are errors."""
-  if cfg is None:
-    given = {}
-  else:
-    if hasattr(cfg, name) or (isinstance(cfg, Mapping) and name in cfg):
-      cfg = cfg[name] if isinstance(cfg, Mapping) else getattr(cfg, name)
-    given = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
-  unknown = sorted(set(given) - set(defaults))
+def distill_config(cfg: Any = None, **overrides: Any) -> ml_collections.ConfigDict:
+  """The `cfg.distill` block with every field (`cfg`: a whole config, the block itself, a dict or
+  None; then `overrides`), checked: an unknown field, metric or routing_kind is an error."""
+  if cfg is not None and (hasattr(cfg, "distill") or (isinstance(cfg, Mapping) and
+                                                       "distill" in cfg)):
+    cfg = cfg["distill"] if isinstance(cfg, Mapping) else cfg.distill
+  given = {**dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg or {}), **overrides}
+  unknown = sorted(set(given) - set(_DEFAULTS))
   if unknown:
-    raise ValueError(f"unknown {name} config field(s) {unknown}; known: {sorted(defaults)}")
-  return ml_collections.ConfigDict({**defaults, **given})
-
-
-def distill_config(**overrides) -> ml_collections.ConfigDict:
-  """The `cfg.distill` block with defaults (fields: see DISTILL_DEFAULTS)."""
-  return _block(overrides, "distill", DISTILL_DEFAULTS)
+    raise ValueError(f"unknown distill config field(s) {unknown}; known: {sorted(_DEFAULTS)}")
+  block = ml_collections.ConfigDict({**_DEFAULTS, **given})
+  if block.metric not in ("nmse", "cosine"):
+    raise ValueError(f"distill.metric must be nmse or cosine, got {block.metric!r}")
+  if block.routing_kind not in ("xent", "kl"):
+    raise ValueError(f"distill.routing_kind must be xent or kl, got {block.routing_kind!r}")
+  return block
 
 
 def _layer_metrics(metrics: dict, name: str, per_layer: Array) -> None:
@@ -598,17 +532,18 @@ def _feature_terms(student_out: Mapping[str, Array], targets: Mapping[str, Array
 
 def distill_loss(student_params: Params, teacher_params: Params, batch: Mapping[str, Array],
                  rng: Array | None, *, student_model: ModelLike, teacher_model: ModelLike,
-                 cfg: Any = None) -> tuple[Array, dict[str, Array]]:
-  """The attention-distillation stage's loss (`cfg.distill` weights; zero weights cost nothing):
+                 cfg: ml_collections.ConfigDict) -> tuple[Array, dict[str, Array]]:
+  """The attention-distillation stage's loss (`cfg`: a `distill_config` block, as
+  `make_distill_loss` binds it; zero weights cost nothing):
 
     w_attn·attention_output_loss + w_routing·routing + w_lookahead·lookahead
       + w_feature·feature_alignment (student's own stream) + w_logit_kd·logit_kd
 
   One teacher forward gives all targets; the attention terms are teacher-forced, so their gradient
   reaches only the student's attention params (feature/logit terms reach everything: use
-  `trainable_mask` to choose what trains). Returns (loss, flat dict of scalar metrics).
+  optim.trainable_mask to choose what trains). Returns (loss, flat dict of scalar metrics).
   """
-  c = _block(cfg, "distill", DISTILL_DEFAULTS)
+  c = cfg  # checked and filled once, by distill_config (not at every trace)
   student, teacher = as_model(student_model), as_model(teacher_model)
   images = batch["image"]
   rng_route, rng_fmap = (None, None) if rng is None else tuple(jax.random.split(rng))
@@ -652,11 +587,7 @@ def distill_loss(student_params: Params, teacher_params: Params, batch: Mapping[
 
 def make_distill_loss(teacher_model: ModelLike, student_model: ModelLike, cfg: Any = None):
   """`loss_fn(student_params, teacher_params, batch, rng) -> (loss, metrics)`: `distill_loss`
-  with the models and the `cfg.distill` block bound (validated now, not at the first step)."""
-  block = _block(cfg, "distill", DISTILL_DEFAULTS)
-  if block.metric not in ("nmse", "cosine"):
-    raise ValueError(f"distill.metric must be nmse or cosine, got {block.metric!r}")
-  if block.routing_kind not in ("xent", "kl"):
-    raise ValueError(f"distill.routing_kind must be xent or kl, got {block.routing_kind!r}")
+  with the models and the `cfg.distill` block (`distill_config(cfg)`) bound: validated now, not
+  at the first step."""
   return functools.partial(distill_loss, student_model=as_model(student_model),
-                           teacher_model=as_model(teacher_model), cfg=block)
+                           teacher_model=as_model(teacher_model), cfg=distill_config(cfg))

@@ -1,4 +1,5 @@
-"""Evaluation: top-1, per-layer attention fidelity, attention maps, resolution scaling, plots.
+"""Evaluation: masked means over eval batches (top-1), per-layer attention fidelity, attention
+maps, resolution scaling, plots.
 
 Fidelity is measured teacher-forced: every student attention layer gets the teacher's own input at
 that layer, and its output (after the out projection) is compared with the teacher's, so a layer's
@@ -16,11 +17,71 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linvit_jax import checkpoints
+from linvit_jax import distill
+from linvit_jax import sharding as sharding_lib
 from linvit_jax.models import attention as attn_lib
+from linvit_jax.models import vit
+from linvit_jax.models import vit_checkpoint
+
+Batch = Mapping[str, Any]
+
+
+# ----------------------------------------------------------------------------- masked means
+
+@functools.lru_cache(maxsize=32)
+def _jitted_eval(eval_fn: Callable, mesh: jax.sharding.Mesh) -> Callable:
+  def sums(params, batch):
+    values = eval_fn(params, batch)
+    mask = batch["_mask"].astype(jnp.float32)
+    out = {}
+    for k, v in values.items():
+      if v.ndim != 1 or v.shape[0] != mask.shape[0]:
+        raise ValueError(f"eval_fn output {k!r} must be per-example [{mask.shape[0]}], got shape "
+                         f"{v.shape}")
+      out[k] = jnp.sum(v.astype(jnp.float32) * mask)
+    return out, jnp.sum(mask)
+  return jax.jit(sums, out_shardings=sharding_lib.replicated(mesh))
+
+
+def evaluate(params: Any, eval_fn: Callable[[Any, Batch], Mapping[str, jax.Array]],
+             eval_iter: Iterable[Batch], mesh: jax.sharding.Mesh) -> dict[str, float]:
+  """Means over the real examples of `eval_fn`'s per-example values, over the whole iterator.
+
+  `eval_fn(params, batch) -> {name: [B] values}` (e.g. correct = argmax == label). Padding rows
+  carry `batch["_mask"] == 0` and are excluded; `params` may be any pytree (pass the teacher
+  alongside the student to compare them). Returns {name: mean, "num_examples": count}; every
+  process gets the same numbers.
+  """
+  fn = _jitted_eval(eval_fn, mesh)
+  totals: dict[str, float] = {}
+  count = 0.0
+  with jax.set_mesh(mesh):
+    for local in eval_iter:
+      local = dict(local)
+      if "_mask" not in local:
+        first = jax.tree.leaves(local)[0]
+        local["_mask"] = np.ones((np.shape(first)[0],), np.bool_)
+      sums, n = jax.device_get(fn(params, sharding_lib.make_global_batch(local, mesh)))
+      for k, v in sums.items():
+        totals[k] = totals.get(k, 0.0) + float(v)
+      count += float(n)
+  if count == 0:
+    raise ValueError("evaluate: the eval iterator held no real examples (all masked or empty)")
+  return {**{k: v / count for k, v in totals.items()}, "num_examples": int(count)}
 
 
 # ----------------------------------------------------------------------------- accuracy
+
+def top1_hits(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """Per-example top-1 hits as float32 [B]: one-hot or multi-hot labels [B, C] count a hit when
+  the top-scoring class is positive, integer labels [B] when it is equal."""
+  pred = jnp.argmax(logits, axis=-1)
+  if labels.ndim == 2:
+    hit = jnp.take_along_axis(labels, pred[:, None], axis=-1)[:, 0] > 0
+  else:
+    hit = pred == labels
+  return hit.astype(jnp.float32)
+
 
 def make_predict_fn(model: nn.Module) -> Callable[[Any, jax.Array], jax.Array]:
   @jax.jit
@@ -31,17 +92,10 @@ def make_predict_fn(model: nn.Module) -> Callable[[Any, jax.Array], jax.Array]:
 
 
 def correct_fn(model: nn.Module, label_key: str = "labels") -> Callable[[Any, Mapping], dict]:
-  """Per-example top-1 hits; one-hot or multi-hot labels count a hit when the top-scoring class
-  is positive, integer labels when it is equal."""
+  """`eval_fn` for `evaluate`: the model's per-example top-1 hits (`top1_hits`) as "top1"."""
   def fn(params, batch):
     logits, _ = model.apply({"params": params}, batch["image"], train=False)
-    pred = jnp.argmax(logits, axis=-1)
-    labels = batch[label_key]
-    if labels.ndim == 2:
-      hit = jnp.take_along_axis(labels, pred[:, None], axis=-1)[:, 0] > 0
-    else:
-      hit = pred == labels
-    return {"top1": hit.astype(jnp.float32)}
+    return {"top1": top1_hits(logits, batch[label_key])}
   return fn
 
 
@@ -49,9 +103,8 @@ def top1(model: nn.Module, params: Any, batches: Iterable[Mapping[str, np.ndarra
          mesh: jax.sharding.Mesh | None = None, label_key: str = "labels") -> float:
   """Top-1 accuracy over padded eval batches (rows with `_mask` False are ignored), summed over
   every process's batches on the mesh."""
-  from linvit_jax import sharding, train  # train imports orbax; keep evaluate light to import
-  mesh = mesh or sharding.make_mesh([("data", -1)])
-  return train.evaluate(params, correct_fn(model, label_key), batches, mesh)["top1"]
+  mesh = mesh or sharding_lib.make_mesh([("data", -1)])
+  return evaluate(params, correct_fn(model, label_key), batches, mesh)["top1"]
 
 
 # ----------------------------------------------------------------------------- internals of a model
@@ -68,38 +121,21 @@ def block_names(params: Mapping[str, Any]) -> list[str]:
 def per_block(params: Mapping[str, Any]) -> Mapping[str, Any]:
   """The per-block (python-loop) layout of a params tree."""
   if "encoderblock" in params["Transformer"]:
-    return checkpoints.scan_to_pyloop(params)
+    return vit_checkpoint.scan_to_pyloop(params)
   return params
 
 
 def intermediates(model: nn.Module, params: Any, images: jax.Array) -> tuple[Any, dict, dict]:
   """(logits, out, per-block {attn_input, q, k}) of one forward pass."""
   (logits, out), state = model.apply({"params": params}, images, mutable=["intermediates"])
-  inter = state["intermediates"]["Transformer"]
-  blocks = {}
-  if "encoderblock" in inter:  # scanned: every sown value has a leading depth axis
-    stacked = inter["encoderblock"]
-    depth = stacked["attn_input"][0].shape[0]
-    for i in range(depth):
-      blocks[f"encoderblock_{i}"] = {
-          "attn_input": stacked["attn_input"][0][i],
-          "q": stacked["MultiHeadDotProductAttention_0"]["q"][0][i],
-          "k": stacked["MultiHeadDotProductAttention_0"]["k"][0][i]}
-  else:
-    for name, b in inter.items():
-      blocks[name] = {"attn_input": b["attn_input"][0],
-                      "q": b["MultiHeadDotProductAttention_0"]["q"][0],
-                      "k": b["MultiHeadDotProductAttention_0"]["k"][0]}
+  sown = vit.sown_per_layer(state["intermediates"])
+  blocks = {f"encoderblock_{i}": {k: v[i] for k, v in sown.items()}
+            for i in range(sown["attn_input"].shape[0])}
   return logits, out, blocks
-
-
-def layer_specs(model: nn.Module) -> tuple[attn_lib.AttentionSpec, ...]:
-  return attn_lib.parse_layer_specs(model.attention, model.depth)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2))
 def _attention_fidelity(teacher, teacher_params, student, student_params, images):
-  from linvit_jax import distill  # distill imports vit; evaluate stays importable on its own
   targets = distill.teacher_targets(teacher, teacher_params, images)
   outputs = distill.student_attention_outputs(student, student_params, targets["attn_input"])
   return distill.output_metrics(outputs, targets["sa"])
@@ -179,7 +215,7 @@ def cls_attention_maps(model: nn.Module, params: Any, images: jax.Array) -> np.n
   p = per_block(params)["Transformer"]
   _, h, w, _ = out["stem"].shape
   maps = []
-  for name, spec in zip(block_names(params), layer_specs(model)):
+  for name, spec in zip(block_names(params), vit.layer_specs(model)):
     q, k = blocks[name]["q"][:, :1], blocks[name]["k"]
     if spec.kind == "linear":
       phi_q, phi_k = attn_lib.feature_maps_of(spec, q, k, p[name]["MultiHeadDotProductAttention_0"])
@@ -222,7 +258,7 @@ def resample_for_resolution(params: Mapping[str, Any], new_grid: tuple[int, int]
   if "pos_embedding" in params:
     pe = np.asarray(params["pos_embedding"])
     new_shape = (1, new_grid[0] * new_grid[1], pe.shape[-1])
-    params["pos_embedding"] = checkpoints.resample_posemb(pe, new_shape)
+    params["pos_embedding"] = vit_checkpoint.resample_posemb(pe, new_shape)
   return params
 
 

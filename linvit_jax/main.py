@@ -5,14 +5,20 @@ surgery with the config's policy → calibrate fresh attention → the config's 
 export (student.npz in big_vision's format, student_config.json, surgery_report.json,
 results.json, plots) into the workdir. Rerunning in the same workdir resumes: finished stages are
 skipped, an interrupted stage continues from its last checkpoint.
+
+`cli(command)` is this command line (flags, logging, one-line user errors and exit codes) around
+another `command(config, workdir)`: `python -m linvit_jax.ablation` is the same CLI around the
+ablation driver.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import logging as std_logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 # TensorFlow's C++ start-up lines (CPU features, oneDNN, CUDA probes) say nothing to a user; set
@@ -43,7 +49,21 @@ class _OwnInfoOnly(std_logging.Filter):
     return record.levelno >= std_logging.WARNING or record.pathname.startswith(_PACKAGE_DIR)
 
 
-def main(argv: list[str]) -> None:
+# What a command line runs once its flags are parsed: command(config, workdir).
+Command = Callable[[Any, str], Any]
+
+
+def convert(config: Any, workdir: str) -> None:
+  """One conversion run (run.py) and its summary table: what `python -m linvit_jax.main` does."""
+  if "ablation" in config:  # its arms are runs of their own: a plain run would be another thing
+    raise UserError("this is an ablation config (it has an `ablation` block): run it with "
+                    "`python -m linvit_jax.ablation --config ... --workdir ...`")
+  from linvit_jax import run as run_lib  # heavy imports after flag parsing: fast --help
+  results = run_lib.run(config, workdir)
+  print(run_lib.format_summary(results))
+
+
+def main(argv: list[str], command: Command = convert) -> None:
   del argv
   if FLAGS.config is None:
     raise UserError("--config is required, e.g. --config configs/demo.py")
@@ -51,13 +71,7 @@ def main(argv: list[str]) -> None:
     raise UserError("--workdir is required, e.g. --workdir workdirs/demo")
   if not any(a.lstrip("-").split("=")[0] in ("v", "verbosity") for a in sys.argv[1:]):
     logging.get_absl_handler().python_handler.addFilter(_OwnInfoOnly())
-  from linvit_jax import run as run_lib  # heavy imports after flag parsing: fast --help
-  if "ablation" in FLAGS.config:
-    from linvit_jax import ablation
-    ablation.run_ablation(FLAGS.config, FLAGS.workdir)
-    return
-  results = run_lib.run(FLAGS.config, FLAGS.workdir)
-  print(run_lib.format_summary(results))
+  command(FLAGS.config, FLAGS.workdir)
 
 
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
@@ -117,10 +131,11 @@ def _parse_flags(argv: list[str]) -> list[str]:
   return []  # not reached
 
 
-def _entry() -> None:
-  # Known user errors end in `error: <message>` on stderr and exit code 2 (130 for Ctrl-C).
+def cli(command: Command = convert) -> None:
+  """Parses --config/--workdir and runs `command(config, workdir)`; known user errors end in
+  `error: <message>` on stderr and exit code 2 (128 + signal after Ctrl-C or SIGTERM)."""
   try:
-    app.run(main, flags_parser=_parse_flags)
+    app.run(functools.partial(main, command=command), flags_parser=_parse_flags)
   except KeyError as e:  # a config field that does not exist
     _fail(str(e))
   except KeyboardInterrupt as e:  # train.StageInterrupted says which step it saved
@@ -135,4 +150,4 @@ def _entry() -> None:
 
 
 if __name__ == "__main__":
-  _entry()
+  cli()

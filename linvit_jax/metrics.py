@@ -2,7 +2,7 @@
 
 Only the main process writes (`enabled=False` elsewhere). The jsonl file is the source of truth
 (a resumed stage trims it back to its checkpoint and appends); TensorBoard is for looking at.
-Both go through TensorFlow's file layer (tf.io.gfile / tf.summary) for remote paths, so a gs://
+Both go through TensorFlow's file layer (linvit_jax.gfile / tf.summary) for remote paths, so a gs://
 workdir gets its events with the packages we install (tensorflow-cpu, no separate GCS client).
 View them with `pip install tensorboard` and `tensorboard --logdir <workdir>`.
 """
@@ -16,33 +16,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from linvit_jax import gfile
+
 METRICS_FILE = "metrics.jsonl"
-
-
-def _is_remote(path: str) -> bool:
-  return "://" in path
-
-
-def _open(path: str, mode: str):
-  if _is_remote(path):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top  (gs:// needs tf.io.gfile)
-    return tf.io.gfile.GFile(path, mode)
-  return open(path, mode)
-
-
-def _exists(path: str) -> bool:
-  if _is_remote(path):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    return tf.io.gfile.exists(path)
-  return os.path.exists(path)
-
-
-def _makedirs(path: str) -> None:
-  if _is_remote(path):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    tf.io.gfile.makedirs(path)
-  else:
-    os.makedirs(path, exist_ok=True)
 
 
 def _scalar(v: Any) -> float | int | None:
@@ -57,10 +33,10 @@ def _scalar(v: Any) -> float | int | None:
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:
   """The logged rows of a metrics.jsonl ([] if it does not exist); a torn last line is dropped."""
-  if not _exists(path):
+  if not gfile.exists(path):
     return []
   rows = []
-  with _open(path, "r") as f:
+  with gfile.open(path, "r") as f:
     for line in f:
       line = line.strip()
       if not line:
@@ -83,18 +59,11 @@ class MetricWriter:
     self._tb = None
     if not enabled:
       return
-    _makedirs(logdir)
-    if _exists(self.path):  # rewrite: drops rows past the checkpoint and a torn last line
+    gfile.makedirs(logdir)
+    if gfile.exists(self.path):  # rewrite: drops rows past the checkpoint and a torn last line
       kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= resume_step]
-      with _open(self.path + ".tmp", "w") as f:
-        for r in kept:
-          f.write(json.dumps(r) + "\n")
-      if _is_remote(self.path):
-        import tensorflow as tf  # pylint: disable=g-import-not-at-top
-        tf.io.gfile.rename(self.path + ".tmp", self.path, overwrite=True)
-      else:
-        os.replace(self.path + ".tmp", self.path)
-    self._file = _open(self.path, "a")
+      gfile.write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+    self._file = gfile.open(self.path, "a")
     if tensorboard:
       try:
         self._tb = _SummaryWriter(logdir)

@@ -23,6 +23,7 @@ from linvit_jax import compile_cache
 from linvit_jax import config_lib
 from linvit_jax import distill
 from linvit_jax import evaluate
+from linvit_jax import gfile
 from linvit_jax import sharding
 from linvit_jax import stages
 from linvit_jax import surgery
@@ -31,6 +32,10 @@ from linvit_jax.errors import UserError
 from linvit_jax.data import input_pipeline
 from linvit_jax.models import attention as attn_lib
 from linvit_jax.models import vit
+
+
+# Folded into the seed's key for a converted student's init (see `run`).
+STUDENT_INIT_SALT = 0x5EED
 
 
 class ConfigError(UserError, ValueError):
@@ -71,7 +76,7 @@ def _attention(config: mlc.ConfigDict) -> Any:
 def _exported_student_config(config: mlc.ConfigDict) -> dict[str, Any] | None:
   """student_config.json beside `student.init`, checked against config.model; None if absent."""
   path = os.path.join(os.path.dirname(config.student.init), "student_config.json")
-  text = _read_text(path)
+  text = gfile.read_text(path)
   if text is None:
     return None
   exported = json.loads(text)
@@ -111,9 +116,9 @@ def validate(config: mlc.ConfigDict) -> None:
     if kind in ("train", "finetune") and config[name].w_label and not config.model.num_classes:
       raise ConfigError(f"config.{name}.w_label={config[name].w_label} but the model has no "
                         "head (model.num_classes is None): set w_label=0 (label-free)")
-    if kind != "distill_attention" and config[name].label_loss not in stages.LABEL_LOSSES:
+    if kind != "distill_attention" and config[name].label_loss not in distill.LABEL_LOSSES:
       raise ConfigError(f"config.{name}.label_loss={config[name].label_loss!r}: unknown; known: "
-                        f"{sorted(stages.LABEL_LOSSES)}")
+                        f"{sorted(distill.LABEL_LOSSES)}")
   depth = check("model.variant", vit.decode_variant, config.model.variant or None).get(
       "depth", config.model.depth)
   check("student.attention", attn_lib.parse_layer_specs, _attention(config), depth or 1)
@@ -195,26 +200,8 @@ def keep_fresh(params: Any, fresh: Any, patterns: Sequence[str]) -> tuple[Any, l
   return checkpoints.unflatten({**flat, **{k: flat_fresh[k] for k in kept}}), kept
 
 
-def _is_remote(path: str) -> bool:
-  return "://" in path
-
-
-def _write_text(path: str, text: str) -> None:
-  """Atomic write (temp + rename) to a local path or, through tf.io.gfile, to gs:// etc."""
-  tmp = path + ".tmp"
-  if _is_remote(path):
-    import tensorflow as tf
-    with tf.io.gfile.GFile(tmp, "w") as f:
-      f.write(text)
-    tf.io.gfile.rename(tmp, path, overwrite=True)
-    return
-  with open(tmp, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
-
-
 def _write_json(path: str, obj: Any) -> None:
-  _write_text(path, json.dumps(obj, indent=1, default=float))
+  gfile.write_text(path, json.dumps(obj, indent=1, default=float))
 
 
 # What decides the contents of a workdir's checkpoints (plus every listed stage's block); a rerun
@@ -225,20 +212,10 @@ _STAGE_BOOKKEEPING = ("checkpoint_every", "max_to_keep", "log_every", "eval_ever
                       "max_nonfinite_in_a_row")
 
 
-def _read_text(path: str) -> str | None:
-  if _is_remote(path):
-    import tensorflow as tf
-    return tf.io.gfile.GFile(path).read() if tf.io.gfile.exists(path) else None
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return f.read()
-
-
 def _check_same_run(workdir: str, config: mlc.ConfigDict) -> None:
   """A rerun in a workdir resumes the run recorded there (config.json), never a different one."""
   try:
-    text = _read_text(os.path.join(workdir, "config.json"))
+    text = gfile.read_text(os.path.join(workdir, "config.json"))
     old = json.loads(text) if text else None
   except (OSError, ValueError):
     return  # unreadable or torn: _prepare_workdir reports an unusable workdir
@@ -277,12 +254,8 @@ def _check_same_run(workdir: str, config: mlc.ConfigDict) -> None:
 def _prepare_workdir(workdir: str) -> None:
   """Creates the workdir and proves it writable before any compute."""
   try:
-    if _is_remote(workdir):
-      import tensorflow as tf
-      tf.io.gfile.makedirs(workdir)
-    else:
-      os.makedirs(workdir, exist_ok=True)
-    _write_text(os.path.join(workdir, ".write_test"), "ok")
+    gfile.makedirs(workdir)
+    gfile.write_text(os.path.join(workdir, ".write_test"), "ok")
   except Exception as e:  # noqa: BLE001 - any failure here means the same thing to the user
     raise ConfigError(f"workdir {workdir!r} is not writable: {type(e).__name__}: {e}") from e
 
@@ -297,7 +270,7 @@ def _labelled(config: mlc.ConfigDict) -> bool:
 
 def _attention_json(model: Any) -> Any:
   """The student's attention as vit.Model(attention=...) takes it back: one spec or per layer."""
-  specs = attn_lib.parse_layer_specs(model.attention, model.depth)
+  specs = vit.layer_specs(model)
   default = attn_lib.AttentionSpec()
 
   def one(spec):
@@ -321,7 +294,7 @@ def _to_softmax_layers(teacher_params, student_model, student_params, layers: li
   (their feature-map params dropped); other layers untouched."""
   if "encoderblock" in student_params["Transformer"]:
     raise ConfigError("student.softmax_layers needs a per-block (scan=False) student")
-  specs = list(attn_lib.parse_layer_specs(student_model.attention, student_model.depth))
+  specs = list(vit.layer_specs(student_model))
   for l in layers:
     specs[l] = attn_lib.AttentionSpec(kind="softmax")
   model = student_model.clone(attention=tuple(specs))
@@ -372,7 +345,12 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
     teacher_shapes = jax.eval_shape(teacher_model.init, rng, sample[:1])["params"]
     teacher_params = vit.load(teacher_shapes, config.teacher.init, model_kwargs(config),
                               dont_load=tuple(config.teacher.dont_load))
-  fresh_student = jax.jit(student_model.init)(rng, sample[:1])["params"]
+  # A converted student's fresh params must not come from the key that initialised its teacher:
+  # a teacher trained from scratch by this code with the same seed started from PRNGKey(seed),
+  # and its trained attention kernels keep ~0.9 cosine to that init, so "fresh" attention would
+  # secretly be a copy (seed 0 alone distilled to 82 % in 100 steps, every other seed to ~53 %).
+  init_rng = jax.random.fold_in(rng, STUDENT_INIT_SALT) if config.teacher.init else rng
+  fresh_student = jax.jit(student_model.init)(init_rng, sample[:1])["params"]
   student_params = fresh_student
   if config.student.init:  # an exported student: evaluate it, or train it further
     student_params = vit.load(fresh_student, config.student.init, model_kwargs(config),
@@ -380,7 +358,7 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   # The run's identity is written only now that its inputs load: a first start that failed on a
   # bad checkpoint or dataset leaves nothing that would refuse the corrected rerun.
   if is_main:
-    _write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=1))
+    gfile.write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=1))
 
   def fidelity(tag: str) -> None:
     results[f"fidelity_{tag}"] = evaluate.attention_fidelity(
@@ -422,7 +400,7 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
       scores = {}
       if correct is not None:
         batches = _eval_batches(config, max_examples=config.eval.curve_examples)
-        scores["top1"] = train.evaluate(params, correct, batches, mesh)["top1"]
+        scores["top1"] = evaluate.evaluate(params, correct, batches, mesh)["top1"]
       if teacher_params is not None:
         e2e = evaluate.end_to_end_fidelity(teacher_model, teacher_params, model, params,
                                            curve_images)
@@ -544,7 +522,7 @@ def _plots(config, workdir, results, teacher_model, teacher_params, student_mode
            student_params, sample) -> None:
   import tempfile
   # matplotlib writes local files; a gs:// workdir gets a copy of each.
-  local = tempfile.mkdtemp() if _is_remote(workdir) else workdir
+  local = tempfile.mkdtemp() if gfile.is_remote(workdir) else workdir
   fid = {k.replace("fidelity_", ""): v for k, v in results.items() if k.startswith("fidelity_")}
   evaluate.plot_fidelity(fid, os.path.join(local, "fidelity.png"))
   evaluate.plot_fidelity_curves(results.get("histories", {}),
@@ -556,9 +534,8 @@ def _plots(config, workdir, results, teacher_model, teacher_params, student_mode
     evaluate.plot_attention_maps(sample[:n], tmaps, smaps,
                                  os.path.join(local, "attention_maps.png"))
   if local != workdir:
-    import tensorflow as tf
     for name in os.listdir(local):
-      tf.io.gfile.copy(os.path.join(local, name), os.path.join(workdir, name), overwrite=True)
+      gfile.copy(os.path.join(local, name), os.path.join(workdir, name))
 
 
 def format_summary(results: Mapping[str, Any]) -> str:

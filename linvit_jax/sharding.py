@@ -8,7 +8,7 @@ devices and 2 processes × 4 devices on localhost; GPU and TPU are untested here
   device sees `global_batch / (data·fsdp)` examples; other axes (e.g. "model") replicate it.
 * Parameters are fully-sharded (fsdp) along the "fsdp" axis: every leaf of at least `min_size`
   elements is split on its largest dimension that the axis divides; smaller leaves (biases,
-  LayerNorms, scalars) are replicated. Per-path regex rules override this.
+  LayerNorms, scalars) are replicated. Per-path regex rules (re.fullmatch) override this.
 * Each process feeds only its own rows of the global batch; `make_global_batch` stitches them
   into one global `jax.Array` with `jax.make_array_from_process_local_data`.
 
@@ -29,6 +29,8 @@ from typing import Any, Union
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from linvit_jax import tree as tree_lib
 
 # Mesh axes the batch dimension is split over, in this order, when present in the mesh.
 BATCH_AXES = ("data", "fsdp")
@@ -295,8 +297,9 @@ def make_global_batch(local_batch: Any, mesh: Mesh) -> Any:
     x = np.asarray(x)
     if x.ndim == 0 or x.shape[0] % local_shards:
       raise ValueError(
-          f"batch entry '{path_str(path)}' has shape {x.shape}: its leading (batch) dimension "
-          f"must split over this process's {local_shards} batch shards (mesh {mesh_shape(mesh)})")
+          f"batch entry '{tree_lib.path_str(path)}' has shape {x.shape}: its leading (batch) "
+          f"dimension must split over this process's {local_shards} batch shards (mesh "
+          f"{mesh_shape(mesh)})")
     global_shape = (x.shape[0] // local_shards * shards,) + x.shape[1:]
     return jax.make_array_from_process_local_data(sharding, x, global_shape)
 
@@ -305,23 +308,6 @@ def make_global_batch(local_batch: Any, mesh: Mesh) -> Any:
 
 # ------------------------------------------------------------------------------------------------
 # Parameters.
-
-def path_str(path: Sequence[Any]) -> str:
-  """A jax key path as a '/'-joined name: ('a', 'b', 0) → 'a/b/0'."""
-  parts = []
-  for k in path:
-    if isinstance(k, jax.tree_util.DictKey):
-      parts.append(str(k.key))
-    elif isinstance(k, jax.tree_util.GetAttrKey):
-      parts.append(k.name)
-    elif isinstance(k, jax.tree_util.SequenceKey):
-      parts.append(str(k.idx))
-    elif isinstance(k, jax.tree_util.FlattenedIndexKey):
-      parts.append(str(k.key))
-    else:
-      parts.append(str(k))
-  return "/".join(parts)
-
 
 def _fsdp_spec(shape: Sequence[int], axis_size: int) -> P:
   """Split the largest dimension the axis divides (ties: the later one); replicate if none."""
@@ -358,19 +344,20 @@ def param_partition_specs(params_shapes: Any, axis_sizes: Mapping[str, int], *,
                           rules: Rules | None = None, min_size: int = DEFAULT_MIN_SIZE) -> Any:
   """PartitionSpec per leaf of a pytree of arrays / ShapeDtypeStructs (pure: no devices needed).
 
-  `rules` are (regex, spec) pairs tried in order with `re.search` on the leaf's path; the first
-  match wins: "fsdp" = split the largest divisible dimension whatever the size, "replicate" or
-  None = whole on every device, a tuple / PartitionSpec = exactly that. Leaves no rule matches
-  get "fsdp" if they have at least `min_size` elements, else are replicated.
+  `rules` are (regex, spec) pairs tried in order with `re.fullmatch` on the leaf's whole path
+  (as every path regex of the project: ".*/kernel", not "kernel"); the first match wins:
+  "fsdp" = split the largest divisible dimension whatever the size, "replicate" or None = whole
+  on every device, a tuple / PartitionSpec = exactly that. Leaves no rule matches get "fsdp" if
+  they have at least `min_size` elements, else are replicated.
   """
   compiled = [(re.compile(pattern), pattern, spec) for pattern, spec in (rules or ())]
   fsdp_size = axis_sizes.get(FSDP_AXIS, 1)
 
   def one(path, leaf):
-    name = path_str(path)
+    name = tree_lib.path_str(path)
     shape = tuple(np.shape(leaf)) if not hasattr(leaf, "shape") else tuple(leaf.shape)
     for regex, pattern, spec in compiled:
-      if regex.search(name):
+      if regex.fullmatch(name):
         if spec is None or spec == "replicate":
           return P()
         if spec == "fsdp":

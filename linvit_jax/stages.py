@@ -24,15 +24,16 @@ import jax
 import jax.numpy as jnp
 import ml_collections as mlc
 
+from linvit_jax import config_lib
 from linvit_jax import distill
-
-LABEL_LOSSES = {"softmax_xent": distill.softmax_xent, "sigmoid_xent": distill.sigmoid_xent}
+from linvit_jax import evaluate
+from linvit_jax import optim
 
 
 def _label_loss(name: str) -> Callable[[jax.Array, jax.Array], jax.Array]:
-  if name not in LABEL_LOSSES:
-    raise ValueError(f"unknown label_loss {name!r}; known: {sorted(LABEL_LOSSES)}")
-  return LABEL_LOSSES[name]
+  if name not in distill.LABEL_LOSSES:
+    raise ValueError(f"unknown label_loss {name!r}; known: {sorted(distill.LABEL_LOSSES)}")
+  return distill.LABEL_LOSSES[name]
 
 
 def _supervised(stage_cfg: mlc.ConfigDict, config: mlc.ConfigDict, teacher_model, student_model):
@@ -64,7 +65,7 @@ def _supervised(stage_cfg: mlc.ConfigDict, config: mlc.ConfigDict, teacher_model
                          "set w_label=0 to train without labels")
       metrics["label_loss"] = l = label_loss(logits, batch[key])
       loss = loss + w_label * l
-      metrics["accuracy"] = _accuracy(logits, batch[key])
+      metrics["accuracy"] = jnp.mean(evaluate.top1_hits(logits, batch[key]))
     if needs_teacher:
       if frozen is None:
         raise ValueError("w_logit_kd / w_feature / w_blocks / w_attn_tf need a teacher "
@@ -95,13 +96,6 @@ def _supervised(stage_cfg: mlc.ConfigDict, config: mlc.ConfigDict, teacher_model
   return loss_fn
 
 
-def _accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  pred = jnp.argmax(logits, -1)
-  if labels.ndim == 2:
-    return jnp.mean(jnp.take_along_axis(labels, pred[:, None], -1)[:, 0] > 0)
-  return jnp.mean(pred == labels)
-
-
 def build(kind: str, stage_cfg: mlc.ConfigDict, config: mlc.ConfigDict, teacher_model: Any,
           student_model: Any, student_params: Any) -> tuple[Callable, Any]:
   """The stage's loss function and trainable mask (None = every parameter)."""
@@ -110,13 +104,12 @@ def build(kind: str, stage_cfg: mlc.ConfigDict, config: mlc.ConfigDict, teacher_
   if kind == "align":
     trainable = stage_cfg.get("trainable", "") or "all"
     return (_supervised(stage_cfg, config, teacher_model, student_model),
-            distill.trainable_mask(student_params, trainable))
+            optim.trainable_mask(student_params, trainable))
   if kind == "distill_attention":
     d = config.distill
     loss_fn = distill.make_distill_loss(teacher_model, student_model, d)
-    return loss_fn, distill.trainable_mask(student_params, "distill_attention")
-  raise ValueError(f"unknown stage kind {kind!r}; known: train, distill_attention, finetune, "
-                   "align")
+    return loss_fn, optim.trainable_mask(student_params, "distill_attention")
+  raise ValueError(f"unknown stage kind {kind!r}; known: {config_lib.STAGE_KINDS}")
 
 
 def calibrate(teacher_model, teacher_params, student_model, student_params, images) -> Any:

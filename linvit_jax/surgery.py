@@ -47,6 +47,7 @@ from typing import Any, Union
 import jax.numpy as jnp
 import numpy as np
 
+from linvit_jax import tree as tree_lib
 from linvit_jax.errors import UserError
 
 Params = dict[str, Any]
@@ -207,28 +208,6 @@ class _Ref:
     return s if self.index is None else s[1:]
 
 
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-  flat = {}
-  for key in sorted(tree):
-    value = tree[key]
-    if isinstance(value, Mapping):
-      flat.update(_flatten(value, f"{prefix}{key}/"))
-    else:
-      flat[prefix + key] = value
-  return flat
-
-
-def _unflatten(flat: Mapping[str, Any]) -> Params:
-  tree: Params = {}
-  for name, value in flat.items():
-    node = tree
-    *parents, leaf = name.split("/")
-    for p in parents:
-      node = node.setdefault(p, {})
-    node[leaf] = value
-  return tree
-
-
 _SCANNED = "Transformer/encoderblock/"
 
 
@@ -238,7 +217,7 @@ def _per_block_view(tree: Mapping[str, Any], what: str) -> dict[str, _Ref]:
   if "params" in tree and len(tree) == 1:
     raise SurgeryError(f"{what} params have a single 'params' key: pass variables['params']")
   view: dict[str, _Ref] = {}
-  for path, leaf in _flatten(tree).items():
+  for path, leaf in tree_lib.flatten(tree, error=SurgeryError).items():
     if path.startswith(_SCANNED):
       if not np.ndim(leaf):
         raise SurgeryError(f"{what} '{path}' is under the scanned 'encoderblock' but has no "
@@ -266,7 +245,7 @@ def _cast(value: Any, dtype: Any) -> Any:
 def _hint(path: str) -> str:
   if path.endswith("pos_embedding"):
     return (" (a different image size or patch grid: load the teacher at the student's resolution"
-            " with checkpoints.load_vit_params, which resamples the position embedding)")
+            " with vit.load, which resamples the position embedding)")
   if path.startswith("head/"):
     return " (a different label set: prepend the rule ('head/.*', 'keep'))"
   return ""
@@ -357,7 +336,7 @@ def transplant(teacher_params: Mapping[str, Any], student_params: Mapping[str, A
 
   used = set(sources)
   unused = sorted((p for p in teacher if p not in used), key=_natural_key)
-  return _unflatten(chosen), SurgeryReport(rows, rules, unused)
+  return tree_lib.unflatten(chosen, error=SurgeryError), SurgeryReport(rows, rules, unused)
 
 
 def _natural_key(path: str) -> list[Any]:

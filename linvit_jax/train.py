@@ -19,11 +19,13 @@ this file knows nothing about what the loss computes. `run_stage` owns everythin
   a full or unwritable disk is a `WorkdirWriteError` (an OSError) naming the directory, raised
   after the previous checkpoint is known to be intact.
 
-Stage config (ConfigDict or dict; defaults in STAGE_DEFAULTS / OPTIMIZER_DEFAULTS):
+Stage config (ConfigDict or dict; the fields it omits take config_lib's defaults:
+stage_bookkeeping(steps) and OPTIMIZER_DEFAULTS):
     name, steps, batch_size (global), optimizer=dict(name="adamw"|"adam"|"sgd", lr, wd, b1, b2,
     eps, momentum, grad_clip, warmup_steps, schedule="cosine"|"linear"|"constant", end_lr_ratio,
-    accum_steps, wd_pattern), checkpoint_every, max_to_keep, log_every, eval_every,
-    max_nonfinite_in_a_row, progress. Other fields (the loss's own settings) are ignored here.
+    accum_steps, wd_pattern) (see optim.py), checkpoint_every, max_to_keep, log_every,
+    eval_every, max_nonfinite_in_a_row, progress. Other fields (the loss's own settings) are
+    ignored here.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import errno
 import functools
 import logging
 import os
-import re
 import signal
 import threading
 import time
@@ -47,8 +48,11 @@ import optax
 import orbax.checkpoint as ocp
 import tqdm
 
+from linvit_jax import config_lib
 from linvit_jax import metrics as metrics_lib
+from linvit_jax import optim
 from linvit_jax import sharding as sharding_lib
+from linvit_jax import tree as tree_lib
 from linvit_jax.checkpoints import CheckpointError
 from linvit_jax.errors import UserError
 
@@ -57,34 +61,6 @@ Batch = Mapping[str, Any]
 # loss_fn(params, frozen, batch, rng) -> (scalar loss, {name: scalar}); pure and jittable.
 LossFn = Callable[[Params, Any, Batch, jax.Array], tuple[jax.Array, Mapping[str, jax.Array]]]
 
-STAGE_DEFAULTS = dict(
-    steps=None,               # required: optimizer updates in this stage
-    batch_size=None,          # required: global batch (all processes, all micro-batches)
-    checkpoint_every=1000,    # save every N steps (and always at the end); 0 = only at the end
-    max_to_keep=2,
-    log_every=50,             # metrics row every N steps (and the first and last)
-    eval_every=0,             # call eval_fn(params) every N steps (and at the end); 0 = at the end
-    max_nonfinite_in_a_row=10,
-    progress=True,            # tqdm bar on process 0
-)
-OPTIMIZER_DEFAULTS = dict(
-    name="adamw",
-    lr=1e-3,
-    # big_vision's decoupled weight decay: `wd · param` is added after the update is scaled by
-    # the peak lr, and follows the schedule's shape only (update = -s(t)·(lr·adam + wd·param),
-    # s(t) = schedule(t)/lr ∈ [0, 1]); NOT optax.adamw's lr·wd (1e-4 there is ~1e4× weaker).
-    wd=0.0,
-    wd_pattern=r".*/kernel",  # re.fullmatch on "a/b/kernel" paths: big_vision's wd_mults default
-    b1=0.9,
-    b2=0.999,
-    eps=1e-8,
-    momentum=0.9,             # sgd only
-    grad_clip=0.0,            # global-norm clip over the trained params; 0 = off
-    warmup_steps=0,
-    schedule="cosine",        # after a linear warmup from 0: cosine | linear | constant
-    end_lr_ratio=0.0,         # final lr = lr · end_lr_ratio (cosine, linear)
-    accum_steps=1,            # micro-batches per step (gradient accumulation)
-)
 RESERVED_METRICS = ("loss", "grad_norm", "lr", "nonfinite", "nonfinite_total",
                     "nonfinite_in_a_row")
 
@@ -161,100 +137,28 @@ def _get(cfg: Any, key: str, default: Any) -> Any:
 
 
 def stage_settings(stage_cfg: Any) -> dict[str, Any]:
-  """The stage fields this runner uses, with defaults filled in and checked."""
-  s = {k: _get(stage_cfg, k, v) for k, v in STAGE_DEFAULTS.items()}
-  s["name"] = _get(stage_cfg, "name", None)
+  """The stage fields this runner uses, checked, with config_lib's defaults filled in."""
+  name = _get(stage_cfg, "name", None)
+  s = {"name": name}
   for k in ("steps", "batch_size"):
+    s[k] = _get(stage_cfg, k, None)
     if not isinstance(s[k], (int, np.integer)) or s[k] <= 0:
-      raise ValueError(f"stage {s['name']!r}: {k} must be a positive integer, got {s[k]!r}")
+      raise ValueError(f"stage {name!r}: {k} must be a positive integer, got {s[k]!r}")
+  s.update({k: _get(stage_cfg, k, v)
+            for k, v in config_lib.stage_bookkeeping(int(s["steps"])).items()})
   opt_cfg = _get(stage_cfg, "optimizer", None)
-  opt_cfg = opt_cfg.to_dict() if hasattr(opt_cfg, "to_dict") else dict(opt_cfg or {})
-  unknown = sorted(set(opt_cfg) - set(OPTIMIZER_DEFAULTS))
-  if unknown:
-    raise ValueError(f"stage {s['name']!r}: unknown optimizer field(s) {unknown}; known: "
-                     f"{sorted(OPTIMIZER_DEFAULTS)}")
-  s["optimizer"] = {**OPTIMIZER_DEFAULTS, **{k: v for k, v in opt_cfg.items() if v is not None}}
-  if "accum_steps" not in opt_cfg and _get(stage_cfg, "accum_steps", None):
+  try:
+    s["optimizer"] = optim.optimizer_settings(opt_cfg)
+  except ValueError as e:
+    raise ValueError(f"stage {name!r}: {e}") from None
+  opt_given = opt_cfg.to_dict() if hasattr(opt_cfg, "to_dict") else dict(opt_cfg or {})
+  if "accum_steps" not in opt_given and _get(stage_cfg, "accum_steps", None):
     s["optimizer"]["accum_steps"] = int(_get(stage_cfg, "accum_steps", 1))
   return s
 
 
-def make_schedule(opt: Mapping[str, Any], total_steps: int) -> optax.Schedule:
-  """Linear warmup from 0 to `lr` over warmup_steps, then cosine / linear decay or constant."""
-  lr, warmup = float(opt["lr"]), int(opt["warmup_steps"])
-  end = lr * float(opt["end_lr_ratio"])
-  kind = opt["schedule"]
-  if kind == "cosine":
-    return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(total_steps, warmup + 1), end)
-  if kind in ("linear", "constant"):
-    decay = (optax.linear_schedule(lr, end, max(total_steps - warmup, 1)) if kind == "linear"
-             else optax.constant_schedule(lr))
-    if warmup == 0:
-      return decay
-    return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), decay], [warmup])
-  raise ValueError(f"optimizer.schedule={kind!r}: expected 'cosine', 'linear' or 'constant'")
-
-
-def _decay_mask(pattern: str | None) -> Callable[[Params], Any]:
-  # A function of the params the inner optimizer sees (frozen leaves are optax.MaskedNode there).
-  if pattern is None:  # the pre-big_vision convention, kept for configs that ask for it
-    return lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)
-  regex = re.compile(pattern)
-  return lambda p: jax.tree_util.tree_map_with_path(
-      lambda path, _: bool(regex.fullmatch(sharding_lib.path_str(path))), p)
-
-
-def make_optimizer(opt: Mapping[str, Any], total_steps: int,
-                   trainable_mask: Any) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """big_vision's optimizer chain (its optax.make) for the trained leaves: clip → scale_by_adam
-  (or sgd momentum) → scale(lr) → add_decayed_weights(wd, wd_pattern) → schedule shape → descent.
-  "adamw" and "adam" are the same chain (decay is always decoupled, as in big_vision); frozen
-  leaves get a zero update and no optimizer state."""
-  schedule = make_schedule(opt, total_steps)
-  lr = float(opt["lr"])
-  if lr <= 0:
-    raise ValueError(f"optimizer.lr={lr!r}: must be positive (freeze parameters with the mask)")
-  name = opt["name"]
-  if name in ("adamw", "adam"):
-    direction = optax.scale_by_adam(b1=opt["b1"], b2=opt["b2"], eps=opt["eps"])
-  elif name == "sgd":
-    direction = (optax.trace(decay=opt["momentum"]) if opt["momentum"] else optax.identity())
-  else:
-    raise ValueError(f"optimizer.name={name!r}: expected 'adamw', 'adam' or 'sgd'")
-  parts = []
-  if opt["grad_clip"]:
-    parts.append(optax.clip_by_global_norm(float(opt["grad_clip"])))
-  parts += [direction, optax.scale(lr)]
-  if opt["wd"]:
-    parts.append(optax.add_decayed_weights(float(opt["wd"]), _decay_mask(opt["wd_pattern"])))
-  parts += [optax.scale_by_schedule(lambda step: schedule(step) / lr), optax.scale(-1.0)]
-  core = optax.chain(*parts)
-  labels = jax.tree.map(lambda m: "trained" if m else "frozen", trainable_mask)
-  return optax.multi_transform({"trained": core, "frozen": optax.set_to_zero()}, labels), schedule
-
-
-def trainable_mask_for(params_shapes: Params, mask: Any) -> Any:
-  """A pytree of Python bools like params from None (all), a path regex, a callable or a pytree."""
-  if mask is None:
-    out = jax.tree.map(lambda _: True, params_shapes)
-  elif isinstance(mask, str):
-    regex = re.compile(mask)
-    out = jax.tree_util.tree_map_with_path(
-        lambda path, _: bool(regex.search(sharding_lib.path_str(path))), params_shapes)
-  elif callable(mask):
-    out = mask(params_shapes)
-  else:
-    out = mask
-  expected = jax.tree.structure(params_shapes)
-  got = jax.tree.structure(out)
-  if got != expected:
-    raise ValueError(f"trainable_mask does not match the params tree:\n  params: {expected}\n"
-                     f"  mask:   {got}")
-  out = jax.tree.map(bool, out)
-  if not any(jax.tree.leaves(out)):
-    what = f" {mask!r}" if isinstance(mask, str) else ""
-    raise ValueError(f"trainable_mask{what} selects no parameters: the stage would train nothing")
-  return out
+# Kept for run.validate until run.py calls optim.make_optimizer itself.
+make_optimizer = optim.make_optimizer
 
 
 # ------------------------------------------------------------------------------------------------
@@ -265,13 +169,13 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, schedule:
                     micro_batch_sharding: Any = None) -> Callable:
   """`train_step(state, frozen, batch) -> (state, metrics)`, pure; jit it with shardings.
 
-  Frozen leaves enter the loss behind `stop_gradient`, so their gradients are never computed.
+  `tx` alone freezes what `trainable_mask` leaves out (optim.masked_optimizer: a zero update, no
+  state). Their gradients are computed but read by nothing (grad_norm covers the trained leaves
+  only), so XLA drops them: the compiled step costs what one with stop_gradient on them costs.
   With accum_steps > 1 the batch is split into strided micro-batches (rows j, j+k, j+2k, ... so
   each stays evenly sharded without moving data) whose gradients are averaged.
   """
   def loss_of_params(params, frozen, batch, rng):
-    params = jax.tree.map(lambda p, m: p if m else jax.lax.stop_gradient(p), params,
-                          trainable_mask)
     loss, aux = loss_fn(params, frozen, batch, rng)
     return loss, dict(aux)
 
@@ -305,7 +209,8 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, schedule:
       loss, aux, grads = jax.tree.map(lambda x: x / accum_steps, total)
       grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
 
-    grad_norm = optax.tree.norm(grads)
+    grad_norm = optax.tree.norm([g for g, m in zip(jax.tree.leaves(grads),
+                                                   jax.tree.leaves(trainable_mask)) if m])
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -354,10 +259,10 @@ def state_shardings(abstract_state: TrainState, mesh: jax.sharding.Mesh,
   by_path = {}
   for (path, leaf), sh in zip(jax.tree_util.tree_flatten_with_path(abstract_state.params)[0],
                               jax.tree.leaves(param_sh)):
-    by_path[sharding_lib.path_str(path)] = (tuple(leaf.shape), sh)
+    by_path[tree_lib.path_str(path)] = (tuple(leaf.shape), sh)
 
   def one(path, leaf, default):
-    parts = sharding_lib.path_str(path).split("/")
+    parts = tree_lib.path_str(path).split("/")
     for k in range(1, len(parts)):
       hit = by_path.get("/".join(parts[k:]))
       if hit is not None and hit[0] == tuple(leaf.shape):
@@ -398,7 +303,8 @@ def run_stage(*, stage_cfg: Any, loss_fn: LossFn, init_params: Params | Callable
     loss_fn: `loss_fn(params, frozen, batch, rng) -> (loss, metrics)`, pure.
     init_params: the starting params (host or device arrays; global values on every process),
       or `init_params(rng) -> params` to create them directly sharded. Not used on resume.
-    trainable_mask: pytree of bools like params, a path regex, a callable, or None (all).
+    trainable_mask: what trains (optim.trainable_mask): None (all), a name in
+      optim.STAGE_TRAINABLE, a path regex (re.fullmatch), a callable or a pytree of bools.
     frozen: arrays the loss reads but never trains (e.g. the teacher); sharded like params,
       not checkpointed (the caller can rebuild them). None for none.
     batch_iter_fn: `batch_iter_fn(start_step)` -> iterator of this process's numpy batches,
@@ -428,8 +334,8 @@ def run_stage(*, stage_cfg: Any, loss_fn: LossFn, init_params: Params | Callable
     params_shapes = jax.eval_shape(init_params, init_rng)
   else:
     params_shapes = _abstract(init_params)
-  mask = trainable_mask_for(params_shapes, trainable_mask)
-  tx, schedule = make_optimizer(opt, total, mask)
+  mask = optim.trainable_mask(params_shapes, trainable_mask)
+  tx, schedule = optim.make_optimizer(opt, total, mask)
 
   create_state = functools.partial(init_train_state, tx=tx, rng=train_rng)
   abstract_state = jax.eval_shape(create_state, params_shapes)
@@ -714,48 +620,3 @@ def _interrupted(name: str, total: int, state: TrainState, manager: ocp.Checkpoi
            else "starts this stage again")
   return StageInterrupted(f"stage {name!r} interrupted{by} ({problem}); nothing new was saved, "
                           f"rerunning the same command {where}", signum)
-
-
-# ------------------------------------------------------------------------------------------------
-# Evaluation.
-
-@functools.lru_cache(maxsize=32)
-def _jitted_eval(eval_fn: Callable, mesh: jax.sharding.Mesh) -> Callable:
-  def sums(params, batch):
-    values = eval_fn(params, batch)
-    mask = batch["_mask"].astype(jnp.float32)
-    out = {}
-    for k, v in values.items():
-      if v.ndim != 1 or v.shape[0] != mask.shape[0]:
-        raise ValueError(f"eval_fn output {k!r} must be per-example [{mask.shape[0]}], got shape "
-                         f"{v.shape}")
-      out[k] = jnp.sum(v.astype(jnp.float32) * mask)
-    return out, jnp.sum(mask)
-  return jax.jit(sums, out_shardings=sharding_lib.replicated(mesh))
-
-
-def evaluate(params: Params, eval_fn: Callable[[Params, Batch], Mapping[str, jax.Array]],
-             eval_iter: Iterable[Batch], mesh: jax.sharding.Mesh) -> dict[str, float]:
-  """Means over the real examples of `eval_fn`'s per-example values, over the whole iterator.
-
-  `eval_fn(params, batch) -> {name: [B] values}` (e.g. correct = argmax == label). Padding rows
-  carry `batch["_mask"] == 0` and are excluded; `params` may be any pytree (pass the teacher
-  alongside the student to compare them). Returns {name: mean, "num_examples": count}; every
-  process gets the same numbers.
-  """
-  fn = _jitted_eval(eval_fn, mesh)
-  totals: dict[str, float] = {}
-  count = 0.0
-  with jax.set_mesh(mesh):
-    for local in eval_iter:
-      local = dict(local)
-      if "_mask" not in local:
-        first = jax.tree.leaves(local)[0]
-        local["_mask"] = np.ones((np.shape(first)[0],), np.bool_)
-      sums, n = jax.device_get(fn(params, sharding_lib.make_global_batch(local, mesh)))
-      for k, v in sums.items():
-        totals[k] = totals.get(k, 0.0) + float(v)
-      count += float(n)
-  if count == 0:
-    raise ValueError("evaluate: the eval iterator held no real examples (all masked or empty)")
-  return {**{k: v / count for k, v in totals.items()}, "num_examples": int(count)}

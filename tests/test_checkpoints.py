@@ -1,4 +1,5 @@
-"""checkpoints.py against a real big_vision checkpoint (tests/data, see its .json)."""
+"""checkpoints.py and models/vit_checkpoint.py against a real big_vision checkpoint (tests/data,
+see its .json)."""
 
 import json
 import os
@@ -9,7 +10,9 @@ import numpy as np
 import pytest
 
 from linvit_jax import checkpoints as ckpt
+from linvit_jax import gfile
 from linvit_jax.checkpoints import CheckpointError
+from linvit_jax.models import vit_checkpoint as vit_ckpt
 from linvit_jax.models.variants import decode_variant
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -136,7 +139,7 @@ def test_remote_paths_go_through_gfile(params, tmp_path, monkeypatch):
         makedirs=lambda p: os.makedirs(local(p), exist_ok=True),
         GFile=lambda p, mode: open(local(p), mode), remove=lambda p: os.remove(local(p)),
         rename=lambda a, b, overwrite: os.replace(local(a), local(b)))
-    monkeypatch.setattr(ckpt, "_gfile", lambda: fake)
+    monkeypatch.setattr(gfile, "tf_gfile", lambda: fake)
     ckpt.save_npz("gs://bucket/run/ckpt.npz", {"img": params})
     assert temp_files(tmp_path / "bucket" / "run") == []
     assert_bitwise_equal(ckpt.load_npz("gs://bucket/run/ckpt.npz:img"), params)
@@ -148,7 +151,7 @@ def test_remote_paths_go_through_gfile(params, tmp_path, monkeypatch):
 # Layout conversions.
 
 def test_pyloop_scan_round_trip_is_bitwise(params):
-    scan = ckpt.pyloop_to_scan(params)
+    scan = vit_ckpt.pyloop_to_scan(params)
     enc = scan["Transformer"]
     assert sorted(enc) == ["encoder_norm", "encoderblock"]
     q = enc["encoderblock"]["MultiHeadDotProductAttention_0"]["query"]["kernel"]
@@ -157,16 +160,16 @@ def test_pyloop_scan_round_trip_is_bitwise(params):
         q[2], params["Transformer"]["encoderblock_2"]["MultiHeadDotProductAttention_0"]["query"][
             "kernel"])
     assert "encoderblock_0" in params["Transformer"]  # Input untouched.
-    assert_bitwise_equal(ckpt.scan_to_pyloop(scan), params)
-    assert_bitwise_equal(ckpt.pyloop_to_scan(scan), scan)  # Already scanned: unchanged.
-    assert_bitwise_equal(ckpt.scan_to_pyloop(params), params)
+    assert_bitwise_equal(vit_ckpt.scan_to_pyloop(scan), params)
+    assert_bitwise_equal(vit_ckpt.pyloop_to_scan(scan), scan)  # Already scanned: unchanged.
+    assert_bitwise_equal(vit_ckpt.scan_to_pyloop(params), params)
 
 
 def test_pyloop_to_scan_rejects_gaps_in_block_numbers(params):
     p = fresh(params)
     del p["Transformer"]["encoderblock_1"]
     with pytest.raises(CheckpointError, match=r"numbered 0\.\.2.*\[0, 2, 3\]"):
-        ckpt.pyloop_to_scan(p)
+        vit_ckpt.pyloop_to_scan(p)
 
 
 def augreg_style(params, slot):
@@ -187,7 +190,7 @@ def test_augreg_checkpoint_is_fixed_back_to_the_original(params, tmp_path):
     slot = np.random.default_rng(0).normal(size=(1, 1, 192)).astype(np.float32)
     old = augreg_style(params, slot)
     assert "MlpBlock_3" in old["Transformer"]["encoderblock_0"]
-    fixed = ckpt.fix_old_checkpoints(old)
+    fixed = vit_ckpt.fix_old_checkpoints(old)
     assert "posembed_input" in old["Transformer"]  # Pure: input untouched.
     expected = fresh(params)
     expected["cls"] = params["cls"] + slot  # Old ViTs added the slot to [cls] before the encoder.
@@ -195,23 +198,23 @@ def test_augreg_checkpoint_is_fixed_back_to_the_original(params, tmp_path):
     # The same through a file and the full load path.
     path = str(tmp_path / "augreg.npz")
     ckpt.save_npz(path, old)
-    assert_bitwise_equal(ckpt.load_vit_params(params, path, CFG), expected)
+    assert_bitwise_equal(vit_ckpt.load_vit_params(params, path, CFG), expected)
 
 
 def test_fix_old_checkpoints_other_eras(params):
     # 2021-era: posemb directly in the encoder, no cls slot (gap model).
     p = fresh(params)
     p["Transformer"]["pos_embedding"] = p.pop("pos_embedding")
-    assert_bitwise_equal(ckpt.fix_old_checkpoints(p), params)
+    assert_bitwise_equal(vit_ckpt.fix_old_checkpoints(p), params)
     # ViT-G era: MAP head inlined at the top level.
     head = {"probe": np.ones((1, 1, 4), np.float32), "LayerNorm_0": {"scale": np.ones(4)},
             "MlpBlock_0": {"Dense_0": {"kernel": np.ones((4, 8))}},
             "MultiHeadDotProductAttention_0": {"out": {"bias": np.zeros(4)}}}
-    fixed = ckpt.fix_old_checkpoints({**fresh(params), **head})
+    fixed = vit_ckpt.fix_old_checkpoints({**fresh(params), **head})
     assert_bitwise_equal(fixed["MAPHead_0"], head)
     assert "probe" not in fixed
     # A current checkpoint is left alone.
-    assert_bitwise_equal(ckpt.fix_old_checkpoints(params), params)
+    assert_bitwise_equal(vit_ckpt.fix_old_checkpoints(params), params)
 
 
 def test_non_square_posemb_is_not_mistaken_for_a_cls_slot(params, tmp_path):
@@ -219,20 +222,21 @@ def test_non_square_posemb_is_not_mistaken_for_a_cls_slot(params, tmp_path):
     p = fresh(params)
     p["pos_embedding"] = np.random.default_rng(2).normal(size=(1, 10, 192)).astype(np.float32)
     path = write(tmp_path, p, "nonsquare.npz")
-    assert_bitwise_equal(ckpt.load_vit_params(p, path, CFG), p)
-    assert ckpt.fix_old_checkpoints(p)["pos_embedding"].shape == (1, 9, 192)  # big_vision's rule
+    assert_bitwise_equal(vit_ckpt.load_vit_params(p, path, CFG), p)
+    # big_vision's rule alone:
+    assert vit_ckpt.fix_old_checkpoints(p)["pos_embedding"].shape == (1, 9, 192)
     init = fresh(p)
     init["pos_embedding"] = np.zeros((1, 12, 192), np.float32)  # Grid unknowable from shapes.
     with pytest.raises(CheckpointError, match=r"nonsquare\.npz': cannot resample 'pos_embedding'"
                                               r": model pos_embedding \(1, 12, 192\) has 12 "
                                               r"positions, not a square grid"):
-        ckpt.load_vit_params(init, path, CFG)
+        vit_ckpt.load_vit_params(init, path, CFG)
 
 
 def test_convert_pre_linen_renumbers_per_type_in_numeric_order():
     tree = {"Dense_10": 10, "Dense_2": 2, "Conv_5": 5, "Conv_11": 11, "head": 0,
             "Block_3": {"LayerNorm_1": 1, "LayerNorm_7": 7}}
-    assert ckpt.convert_pre_linen(tree) == {"Dense_0": 2, "Dense_1": 10, "Conv_0": 5,
+    assert vit_ckpt.convert_pre_linen(tree) == {"Dense_0": 2, "Dense_1": 10, "Conv_0": 5,
                                             "Conv_1": 11, "head": 0,
                                             "Block_0": {"LayerNorm_0": 1, "LayerNorm_1": 7}}
 
@@ -244,7 +248,7 @@ def test_resample_posemb_bilinear_on_grids():
     i, j = np.mgrid[:4, :4].astype(np.float32)
     plane = (2 * i + 3 * j + 1)[..., None] * np.ones(5, np.float32)  # (4, 4, 5) linear ramp
     old = plane.reshape(1, 16, 5)
-    new = ckpt.resample_posemb(old, (1, 64, 5))
+    new = vit_ckpt.resample_posemb(old, (1, 64, 5))
     grid = new.reshape(8, 8, 5)
     assert new.shape == (1, 64, 5) and new.dtype == np.float32
     # Corners map to corners, and a plane stays a plane (so its mean is kept).
@@ -256,34 +260,34 @@ def test_resample_posemb_bilinear_on_grids():
     np.testing.assert_allclose(grid[..., 0], 2 * ii + 3 * jj + 1, rtol=1e-5)
     # Random data: mean roughly kept; same shape: identity.
     rnd = np.random.default_rng(1).normal(size=(1, 16, 8)).astype(np.float32)
-    up = ckpt.resample_posemb(rnd, np.zeros((1, 64, 8)))
+    up = vit_ckpt.resample_posemb(rnd, np.zeros((1, 64, 8)))
     assert abs(up.mean() - rnd.mean()) < 0.1
-    assert ckpt.resample_posemb(rnd, rnd).tobytes() == rnd.tobytes()
+    assert vit_ckpt.resample_posemb(rnd, rnd).tobytes() == rnd.tobytes()
     # Non-square grids with explicit (h, w); bf16 in, bf16 out.
-    ns = ckpt.resample_posemb(rnd.astype(ml_dtypes.bfloat16), (1, 48, 8), new_hw=(6, 8))
+    ns = vit_ckpt.resample_posemb(rnd.astype(ml_dtypes.bfloat16), (1, 48, 8), new_hw=(6, 8))
     assert ns.shape == (1, 48, 8) and ns.dtype == ml_dtypes.bfloat16
     with pytest.raises(CheckpointError, match="48 positions, not a square grid"):
-        ckpt.resample_posemb(rnd, (1, 48, 8))
+        vit_ckpt.resample_posemb(rnd, (1, 48, 8))
     with pytest.raises(CheckpointError, match="width differs"):
-        ckpt.resample_posemb(rnd, (1, 64, 9))
+        vit_ckpt.resample_posemb(rnd, (1, 64, 9))
 
 
 def test_load_resamples_posemb_to_the_model_grid_and_casts(params):
     init = fresh(params)
     init["pos_embedding"] = np.zeros((1, 64, 192), np.float32)  # 128px model
     init = ckpt.unflatten({k: v.astype(ml_dtypes.bfloat16) for k, v in ckpt.flatten(init).items()})
-    out = ckpt.load_vit_params(init, FIXTURE, CFG)
+    out = vit_ckpt.load_vit_params(init, FIXTURE, CFG)
     flat = ckpt.flatten(out)
     assert all(type(v) is np.ndarray and v.dtype == ml_dtypes.bfloat16 for v in flat.values())
-    expected = ckpt.resample_posemb(params["pos_embedding"], (1, 64, 192))
+    expected = vit_ckpt.resample_posemb(params["pos_embedding"], (1, 64, 192))
     np.testing.assert_array_equal(flat["pos_embedding"], expected.astype(ml_dtypes.bfloat16))
 
 
 def test_load_converts_layout_to_the_model_config(params):
-    scan_init = ckpt.pyloop_to_scan(params)
-    out = ckpt.load_vit_params(scan_init, FIXTURE, {**CFG, "scan": True})
+    scan_init = vit_ckpt.pyloop_to_scan(params)
+    out = vit_ckpt.load_vit_params(scan_init, FIXTURE, {**CFG, "scan": True})
     assert_bitwise_equal(out, scan_init)
-    scan_file_out = ckpt.load_vit_params(params, FIXTURE, {**CFG, "scan": False})
+    scan_file_out = vit_ckpt.load_vit_params(params, FIXTURE, {**CFG, "scan": False})
     assert_bitwise_equal(scan_file_out, params)
 
 
@@ -292,8 +296,8 @@ def test_dont_load_swaps_in_a_new_head(params):
     init["head"] = {"kernel": np.zeros((192, 5), np.float32), "bias": np.full(5, 0.5, np.float32)}
     with pytest.raises(CheckpointError, match=r"shape mismatch at 'head/kernel': checkpoint "
                                               r"\(192, 10\) vs model \(192, 5\)"):
-        ckpt.load_vit_params(init, FIXTURE, CFG)
-    out = ckpt.load_vit_params(init, FIXTURE, CFG, dont_load=["head/.*"])
+        vit_ckpt.load_vit_params(init, FIXTURE, CFG)
+    out = vit_ckpt.load_vit_params(init, FIXTURE, CFG, dont_load=["head/.*"])
     assert_bitwise_equal(out["head"], init["head"])
     rest = {k: v for k, v in out.items() if k != "head"}
     assert_bitwise_equal(rest, {k: v for k, v in params.items() if k != "head"})
@@ -303,7 +307,7 @@ def test_init_may_be_shape_dtype_structs(params):
     """jax.eval_shape gives objects with only .shape/.dtype; those are enough for the merge."""
     specs = ckpt.unflatten({k: types.SimpleNamespace(shape=v.shape, dtype=v.dtype)
                             for k, v in ckpt.flatten(params).items()})
-    assert_bitwise_equal(ckpt.load_vit_params(specs, FIXTURE, CFG), params)
+    assert_bitwise_equal(vit_ckpt.load_vit_params(specs, FIXTURE, CFG), params)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -416,7 +420,7 @@ BAD = [bad_truncated, bad_not_a_zip, bad_empty_file, bad_empty_npz, bad_wrong_sh
 def test_bad_checkpoint_raises_a_clear_error(case, params, tmp_path):
     path, cfg, message = case(params, tmp_path)
     with pytest.raises(CheckpointError, match=message):
-        ckpt.load_vit_params(params, path, cfg or CFG)
+        vit_ckpt.load_vit_params(params, path, cfg or CFG)
 
 
 def test_merge_collects_all_problems_in_one_error(params):

@@ -11,6 +11,7 @@ from PIL import Image
 
 from linvit_jax import checkpoints
 from linvit_jax.models import vit
+from linvit_jax.models import vit_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REAL = os.path.join(ROOT, "..", "shared", "fixtures", "real", "dinov2s14_focus_bv")
@@ -38,7 +39,7 @@ def _photos(folder, n=8, seed=0):
 def test_infer_vit_config_reads_architecture(tmp_path):
   path = str(tmp_path / "gap.npz")
   _headless_checkpoint(path, pool_type="gap", posemb="sincos2d", depth=3, num_classes=5)
-  arch = checkpoints.infer_vit_config(path)
+  arch = vit_checkpoint.infer_vit_config(path)
   assert arch["depth"] == 3 and arch["width"] == 32 and arch["num_heads"] == 2
   assert arch["patch_size"] == (8, 8) and arch["mlp_dim"] == 64
   assert arch["pool_type"] == "gap" and arch["posemb"] == "sincos2d"
@@ -46,8 +47,8 @@ def test_infer_vit_config_reads_architecture(tmp_path):
 
 
 def test_infer_vit_config_big_vision_fixture():
-  arch = checkpoints.infer_vit_config(os.path.join(ROOT, "tests", "data",
-                                                   "vit_w192_d4_p16_i64_tok_learn.npz"))
+  arch = vit_checkpoint.infer_vit_config(os.path.join(ROOT, "tests", "data",
+                                                      "vit_w192_d4_p16_i64_tok_learn.npz"))
   with open(os.path.join(ROOT, "tests", "data", "vit_w192_d4_p16_i64_tok_learn.json")) as f:
     meta = json.load(f)
   cfg = meta["model_config"] if "model_config" in meta else meta["config"]
@@ -59,13 +60,13 @@ def test_infer_vit_config_rejects_non_vit(tmp_path):
   path = str(tmp_path / "x.npz")
   np.savez(path, **{"foo/kernel": np.zeros((3, 3))})
   with pytest.raises(checkpoints.CheckpointError, match="embedding/kernel"):
-    checkpoints.infer_vit_config(path)
+    vit_checkpoint.infer_vit_config(path)
 
 
 @pytest.mark.skipif(not os.path.exists(REAL + ".npz"), reason="shared real fixture missing")
 def test_real_vit_s14_inferred_and_matches_reference():
   """The shared DINOv2-style ViT-S/14: inferred config + exact GELU reproduce big_vision's outputs."""
-  arch = checkpoints.infer_vit_config(REAL + ".npz")
+  arch = vit_checkpoint.infer_vit_config(REAL + ".npz")
   assert arch == dict(patch_size=(14, 14), width=384, depth=12, num_heads=6, mlp_dim=1536,
                       posemb="learn", pool_type="tok", num_classes=None, rep_size=False,
                       posemb_grid=(16, 16))
@@ -110,7 +111,7 @@ def folder_run(tmp_path_factory):
 
 def test_convert_folder_headless_end_to_end(folder_run):
   config, workdir, results, _ = folder_run
-  assert config.model.num_classes is None and config.stages == ["distill_attention", "align"]
+  assert config.model.num_classes is None and config.stages == ("distill_attention", "align")
   assert results["labelled"] is False and results["student_top1"] is None
   for name in ("student.npz", "student_config.json", "results.json", "fidelity.png",
                "fidelity_curves.png", "attention_maps.png"):

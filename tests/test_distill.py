@@ -13,9 +13,10 @@ import numpy as np
 import optax
 import pytest
 
-from linvit_jax import checkpoints, distill, surgery
+from linvit_jax import config_lib, distill, optim, surgery
 from linvit_jax.models import attention as attn_lib
 from linvit_jax.models import vit
+from linvit_jax.models import vit_checkpoint
 
 _jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0,
                                                     "xla_llvm_disable_expensive_passes": True})
@@ -87,8 +88,8 @@ def at_and_off_equality(tiny):
   lin_loss = distill.make_distill_loss(teacher, student, every)
   forced = distill.make_distill_loss(teacher, student, dict(
       w_routing=0.5, routing_queries=8, lookahead=2, w_lookahead=0.5))
-  mask = distill.trainable_mask(s_params, "distill_attention")
-  opt = distill.masked_optimizer(optax.adam(1e-2), mask)
+  mask = optim.trainable_mask(s_params, "distill_attention")
+  opt = optim.masked_optimizer(optax.adam(1e-2), mask)
 
   @_jit
   def run(same_params, s_params, rng):
@@ -143,19 +144,20 @@ def test_gradients_reach_only_the_trainable_parameters(at_and_off_equality):
     # The masked optimizer moves only trainable leaves, whatever the gradient.
     assert bool(np.any(updates[path])) == trainable, path
   # Frozen leaves carry no Adam moments.
-  adam_state = state.inner_states["train"].inner_state[0]
+  adam_state = state.inner_states["trained"].inner_state[0]
   n_moments = sum(x.size for x in jax.tree.leaves(adam_state.mu))
   assert n_moments == sum(v.size for p, v in g_forced.items() if flat_mask[p])
-  assert distill.trainable_mask(s_params, "finetune") == jax.tree.map(lambda _: True, s_params)
+  assert optim.trainable_mask(s_params, "finetune") == jax.tree.map(lambda _: True, s_params)
   with pytest.raises(ValueError, match="selects no parameter"):
-    distill.trainable_mask(s_params, "nothing/.*")
+    optim.trainable_mask(s_params, "nothing/.*")
 
 
 def test_scanned_trees_give_the_same_targets_and_outputs(tiny):
   teacher, t_params, student, s_params, images = tiny
   t_scan = vit.Model(**TINY, scan=True)
   s_scan = vit.Model(**TINY, attention="hedgehog", scan=True)
-  tp_scan, sp_scan = checkpoints.pyloop_to_scan(t_params), checkpoints.pyloop_to_scan(s_params)
+  tp_scan = vit_checkpoint.pyloop_to_scan(t_params)
+  sp_scan = vit_checkpoint.pyloop_to_scan(s_params)
 
   @_jit
   def both(t_params, s_params, tp_scan, sp_scan):
@@ -193,8 +195,8 @@ def test_distillation_cuts_attention_error_at_least_5x(tiny):
   s_params = _jit(lambda tp, sp: distill.calibrate_out_projection(
       distill.teacher_targets(teacher, tp, images), student, sp))(t_params, s_params)
   loss_fn = distill.make_distill_loss(teacher, student, dict(w_routing=0.1, routing_queries=8))
-  opt = distill.masked_optimizer(optax.adam(3e-3),
-                                 distill.trainable_mask(s_params, "distill_attention"))
+  opt = optim.masked_optimizer(optax.adam(3e-3),
+                               optim.trainable_mask(s_params, "distill_attention"))
 
   @_jit_for_loops
   def step(params, opt_state, images, rng):
@@ -325,7 +327,12 @@ def test_feature_alignment_on_arrays_and_out_dicts():
 
 def test_config_block_is_validated():
   c = distill.distill_config(w_routing=0.0)
-  assert c.metric == "nmse" and c.w_routing == 0.0 and c.routing_queries == 64
+  assert c.metric == "nmse" and c.w_routing == 0.0
+  # The config's defaults (config_lib.distill), whether the block comes from a config or a dict.
+  base = config_lib.base_config()
+  assert c.routing_queries == base.distill.routing_queries == 32
+  assert distill.distill_config(base).to_dict() == {**base.distill.to_dict(),
+                                                    "feature_keys": distill.FEATURE_KEYS}
   with pytest.raises(ValueError, match=r"unknown distill config field\(s\) \['w_rout'\]"):
     distill.distill_config(w_rout=1.0)
   with pytest.raises(ValueError, match="routing_kind"):

@@ -3,7 +3,7 @@
 The step in flight finishes, a checkpoint of that step is written, the CLI exits 143 (128 + SIGTERM) with
 `error: stage '<name>' interrupted by SIGTERM at step N of M; checkpoint saved, rerun the same
 command to resume`, and the same command resumes at N. The Ctrl-C cases (the same path) live in
-tests/test_robustness.py; these reuse its helpers and its tiny config.
+tests/test_robustness.py; both use the helpers in tests/helpers/ and the same tiny config.
 """
 
 import ctypes
@@ -21,7 +21,7 @@ from linvit_jax import metrics as metrics_lib
 from linvit_jax import train
 from tests.helpers import robust_config as rc
 from tests.helpers import tiny_task as tt
-from tests.test_robustness import CONFIG, ROOT, _env, _last_line, _tiny_stage
+from tests.helpers.subprocs import ROBUST_CONFIG, ROOT, last_line, subprocess_env
 
 sys.path.insert(0, os.path.join(ROOT, "launch"))
 import local_multihost  # noqa: E402  pylint: disable=wrong-import-position
@@ -63,7 +63,7 @@ def _c_handler(signum: int) -> int:
 def test_sigterm_saves_at_the_step_boundary_and_restores_the_handlers(tmp_path):
   before = {s: (signal.getsignal(s), _c_handler(s)) for s in SIGNALS}
   with pytest.raises(train.StageInterrupted) as info:
-    _tiny_stage(tmp_path, batch_iter_fn=_signal_at(2, signal.SIGTERM))
+    tt.run_stage(tmp_path, batch_iter_fn=_signal_at(2, signal.SIGTERM))
   assert str(info.value) == ("stage 'tiny' interrupted by SIGTERM at step 3 of 6; checkpoint "
                              "saved, rerun the same command to resume")
   assert info.value.signum == signal.SIGTERM
@@ -71,7 +71,7 @@ def test_sigterm_saves_at_the_step_boundary_and_restores_the_handlers(tmp_path):
   with ocp.CheckpointManager(str(tmp_path / "tiny" / "checkpoints")) as m:
     assert m.all_steps() == [2, 3]
   assert {s: (signal.getsignal(s), _c_handler(s)) for s in SIGNALS} == before
-  _, history = _tiny_stage(tmp_path)  # resumes at 3: no step logged twice
+  _, history = tt.run_stage(tmp_path)  # resumes at 3: no step logged twice
   steps = [r["step"] for r in history if "loss" in r]
   assert steps == sorted(set(steps)) and steps[-1] == 6
 
@@ -79,7 +79,7 @@ def test_sigterm_saves_at_the_step_boundary_and_restores_the_handlers(tmp_path):
 def test_second_sigterm_stops_at_once(tmp_path):
   with pytest.raises(train.StageInterrupted, match="interrupted by SIGTERM at step 3 of 6; "
                                                    "checkpoint saved"):
-    _tiny_stage(tmp_path, batch_iter_fn=_signal_at(3, signal.SIGTERM, times=2))
+    tt.run_stage(tmp_path, batch_iter_fn=_signal_at(3, signal.SIGTERM, times=2))
   assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
@@ -93,7 +93,7 @@ def test_a_handler_installed_outside_python_comes_back(tmp_path):
   libc.signal(signal.SIGTERM, 1)  # SIG_IGN, behind Python's back
   try:
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and _c_handler(signal.SIGTERM) == 1
-    _tiny_stage(tmp_path, steps=2)
+    tt.run_stage(tmp_path, steps=2)
     assert _c_handler(signal.SIGTERM) == 1
     os.kill(os.getpid(), signal.SIGTERM)  # ignored, as before the stage
   finally:
@@ -130,11 +130,11 @@ def test_cli_sigterm_saves_exits_143_and_the_rerun_resumes(teacher, tmp_path):
   """SIGTERM to `python -m linvit_jax.main` in the middle of a stage, then the same command."""
   workdir = tmp_path / "w"
   args = [sys.executable, "-m", "linvit_jax.main", "--config",
-          f"{CONFIG}:teacher={teacher},steps=200,finetune_steps=2,checkpoint_every=1000",
+          f"{ROBUST_CONFIG}:teacher={teacher},steps=200,finetune_steps=2,checkpoint_every=1000",
           "--workdir", str(workdir)]
   log = tmp_path / "first.log"
   with open(log, "w") as f:
-    proc = subprocess.Popen(args, cwd=ROOT, env=_env(1), stdout=f, stderr=f)
+    proc = subprocess.Popen(args, cwd=ROOT, env=subprocess_env(1), stdout=f, stderr=f)
     try:
       _wait_for_rows([proc], workdir / "distill_attention" / metrics_lib.METRICS_FILE)
       proc.send_signal(signal.SIGTERM)
@@ -146,14 +146,14 @@ def test_cli_sigterm_saves_exits_143_and_the_rerun_resumes(teacher, tmp_path):
   assert proc.returncode == 143, out[-4000:]
   assert "Traceback" not in out, out[-4000:]
   assert "SIGTERM: checkpointing after this step" in out, out[-4000:]
-  last = _last_line(out)
+  last = last_line(out)
   assert last.startswith("error: stage 'distill_attention' interrupted by SIGTERM at step "), last
   assert last.endswith(" of 200; checkpoint saved, rerun the same command to resume"), last
   step = int(last.split(" at step ")[1].split()[0])
   assert 1 <= step < 200
   assert (workdir / "distill_attention" / "checkpoints" / str(step)).is_dir()
   assert not (workdir / "results.json").exists()
-  _assert_resumed(args, workdir, step, 200, _env(1))
+  _assert_resumed(args, workdir, step, 200, subprocess_env(1))
 
 
 def test_cli_two_processes_sigterm_to_one_stops_both_at_the_same_step(teacher, tmp_path):
@@ -163,12 +163,12 @@ def test_cli_two_processes_sigterm_to_one_stops_both_at_the_same_step(teacher, t
   single-process test's)."""
   workdir = tmp_path / "w"
   args = [sys.executable, "-m", "linvit_jax.main", "--config",
-          f"{CONFIG}:teacher={teacher},steps=200,finetune_steps=2,checkpoint_every=1000",
+          f"{ROBUST_CONFIG}:teacher={teacher},steps=200,finetune_steps=2,checkpoint_every=1000",
           "--workdir", str(workdir)]
   port, procs, logs = local_multihost.free_port(), [], []
   try:
     for i in range(2):
-      env = local_multihost.process_env(_env(1), process_id=i, num_processes=2, port=port,
+      env = local_multihost.process_env(subprocess_env(1), process_id=i, num_processes=2, port=port,
                                         devices_per_process=1, platform="cpu")
       logs.append(tmp_path / f"process{i}.log")
       with open(logs[-1], "w") as f:
@@ -183,7 +183,7 @@ def test_cli_two_processes_sigterm_to_one_stops_both_at_the_same_step(teacher, t
         p.kill()
   outs = [log.read_text() for log in logs]
   assert [p.returncode for p in procs] == [143, 143], "\n".join(o[-3000:] for o in outs)
-  lasts = [_last_line(o) for o in outs]
+  lasts = [last_line(o) for o in outs]
   assert lasts[0] == lasts[1], lasts  # the same step on both
   assert lasts[0].startswith("error: stage 'distill_attention' interrupted by SIGTERM at step "), \
       lasts

@@ -5,9 +5,9 @@ Everything is derived from the README's text, so a command or snippet added late
 - ```python blocks are executed as written, each in a fresh interpreter at the repository root.
 - ```bash / ```sh blocks are too expensive to execute (setup, full trainings), so they are
   checked instead: bash syntax; every `python -m MODULE` names a module that exists; every
-  `python -m linvit_jax.main ...` has a --config file that exists and whose config, with its
-  `:arg` and `--config.x=y` overrides, loads through main.py's own flags; every repository path a
-  command names exists.
+  `python -m linvit_jax.main ...` (and `linvit_jax.ablation`, the same command line) has a
+  --config file that exists and whose config, with its `:arg` and `--config.x=y` overrides, loads
+  through main.py's own flags; every repository path a command names exists.
 - ```text and unlabelled blocks are output and are skipped; any other language is an error, so a
   new kind of block is not silently left unchecked.
 """
@@ -108,7 +108,9 @@ BLOCKS = read_blocks()
 PYTHON_BLOCKS = [b for b in BLOCKS if b.lang in PYTHON]
 SHELL_BLOCKS = [b for b in BLOCKS if b.lang in SHELL]
 COMMANDS = [c for b in SHELL_BLOCKS for c in shell_commands(b)]
-MAIN_COMMANDS = [c for c in COMMANDS if c.module() == "linvit_jax.main"]
+# Modules whose command line is main.py's (--config, --workdir, overrides).
+CLI_MODULES = ("linvit_jax.main", "linvit_jax.ablation")
+MAIN_COMMANDS = [c for c in COMMANDS if c.module() in CLI_MODULES]
 
 
 def _option(args: list[str], name: str) -> str | None:
@@ -234,7 +236,7 @@ def _made_by_earlier_commands(command: Command) -> list[pathlib.PurePosixPath]:
   """Output paths that README commands before `command` create (e.g. a folder of photos)."""
   made = []
   for earlier in COMMANDS[:COMMANDS.index(command)]:
-    if earlier.module() in (None, "linvit_jax.main"):
+    if earlier.module() in (None, *CLI_MODULES):
       continue
     for word in earlier.module_args():
       path = _local_path(word) or (pathlib.PurePosixPath(word) if "/" in word else None)
@@ -262,9 +264,9 @@ def sandbox(tmp_path_factory) -> pathlib.Path:
   return checkout
 
 
-# Loads the config exactly as `python -m linvit_jax.main ARGS` does, then stops: main.py's flags
-# (so flags added to main.py later are known) and ml_collections, which reads the --config.x=y
-# overrides from sys.argv.
+# Loads the config exactly as `python -m linvit_jax.main ARGS` (or .ablation) does, then stops:
+# main.py's flags (so flags added to main.py later are known) and ml_collections, which reads the
+# --config.x=y overrides from sys.argv.
 _LOAD_CONFIG = """
 import sys
 from linvit_jax import config_files, main

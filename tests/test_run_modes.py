@@ -4,6 +4,7 @@ student that keeps some params fresh, no npz export, and every sequence field se
 import glob
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -125,10 +126,13 @@ def test_no_config_field_is_a_list(path):
     ("--config.eval.resolution_factors=(1, 2, 4)", "eval.resolution_factors", (1, 2, 4)),
     ("--config.mesh=(('data', 2), ('fsdp', 4))", "mesh", (("data", 2), ("fsdp", 4))),
 ])
-def test_sequence_fields_are_settable_from_the_command_line(override, field, expected):
+def test_sequence_fields_are_settable_from_the_command_line(override, field, expected,
+                                                          monkeypatch):
   fv = flags.FlagValues()
   config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True)
-  fv(["prog", "--config", os.path.join(ROOT, "configs", "demo.py"), override])
+  argv = ["prog", "--config", os.path.join(ROOT, "configs", "demo.py"), override]
+  monkeypatch.setattr(sys, "argv", argv)  # ml_collections finds the overrides in sys.argv
+  fv(argv)
   value = fv.config
   for part in field.split("."):
     value = value[part]

@@ -15,21 +15,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from linvit_jax import sharding
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HELPERS = os.path.join(ROOT, "tests", "helpers")
-
-
-def subprocess_env(num_devices: int) -> dict:
-  env = dict(os.environ)
-  # Optimization level 0: the same results up to float rounding, half the compile time.
-  env["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={num_devices} "
-                      "--xla_backend_optimization_level=0")
-  env["JAX_PLATFORMS"] = "cpu"
-  env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-  for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
-    env.pop(k, None)
-  return env
+from tests.helpers.subprocs import HELPERS, subprocess_env
 
 
 @pytest.fixture(scope="module")
@@ -112,12 +98,16 @@ def test_rules_override_in_order():
   rules = [("pos_embedding", "replicate"),
            (r"head/kernel$", (None, "data")),
            (r"head/kernel$", "fsdp"),            # never reached: the first match wins
-           (r"tiny/", "fsdp")]                   # forced although below min_size
+           (r"tiny/.*", "fsdp")]                 # forced although below min_size
   specs = sharding.param_partition_specs(params, {"data": 2, "fsdp": 4}, rules=rules)
   assert specs["pos_embedding"] == P()
   assert specs["head"]["kernel"] == P(None, "data")
   assert specs["head"]["bias"] == P()
   assert specs["tiny"]["kernel"] == P(None, "fsdp")
+  # re.fullmatch on the whole path: "kernel" alone names no leaf (re.search would take them all).
+  specs = sharding.param_partition_specs(params, {"data": 2, "fsdp": 4},
+                                         rules=[("kernel", (None, "data"))])
+  assert specs["head"]["kernel"] == P(None, "fsdp")  # the automatic rule
 
 
 @pytest.mark.parametrize("spec, words", [
@@ -129,7 +119,7 @@ def test_rules_override_in_order():
 def test_bad_rules_name_the_param(spec, words):
   params = {"head": _shapes(kernel=(384, 1001))}
   with pytest.raises(ValueError) as e:
-    sharding.param_partition_specs(params, {"data": 2, "fsdp": 4}, rules=[("head", spec)])
+    sharding.param_partition_specs(params, {"data": 2, "fsdp": 4}, rules=[("head/.*", spec)])
   for w in words:
     assert w in str(e.value), str(e.value)
 

@@ -7,9 +7,11 @@ import jax
 import numpy as np
 import pytest
 
-from linvit_jax import checkpoints, surgery
+from linvit_jax import surgery
+from linvit_jax import tree as tree_lib
 from linvit_jax.models import vit
-from tests.conftest import unflatten
+from linvit_jax.models import vit_checkpoint
+from tests.helpers.bv_checkpoint import unflatten
 
 ATTN_PROJ = re.compile(r"Transformer/encoderblock_\d+/MultiHeadDotProductAttention_0/"
                        r"(query|key|value|out)/.*")
@@ -85,16 +87,16 @@ def test_named_policies_copy_and_keep_bitwise(teacher_and_student, policy, tmp_p
 @pytest.mark.parametrize("teacher_scan,student_scan", [(False, True), (True, False), (True, True)])
 def test_scanned_and_per_block_trees_mix(teacher_and_student, teacher_scan, student_scan):
   _, teacher, student = teacher_and_student
-  t_in = checkpoints.pyloop_to_scan(teacher) if teacher_scan else teacher
-  s_in = checkpoints.pyloop_to_scan(student) if student_scan else student
+  t_in = vit_checkpoint.pyloop_to_scan(teacher) if teacher_scan else teacher
+  s_in = vit_checkpoint.pyloop_to_scan(student) if student_scan else student
   ref_params, ref_report = surgery.transplant(teacher, student, "copy_same")
   params, report = surgery.transplant(t_in, s_in, "copy_same")
   # The output keeps the student's layout ...
   assert ("encoderblock" in params["Transformer"]) == student_scan
-  assert ({k: np.shape(v) for k, v in surgery._flatten(params).items()}
-          == {k: np.shape(v) for k, v in surgery._flatten(s_in).items()})
+  assert ({k: np.shape(v) for k, v in tree_lib.flatten(params).items()}
+          == {k: np.shape(v) for k, v in tree_lib.flatten(s_in).items()})
   # ... and per block holds exactly what the per-block surgery gives.
-  got = _flat(checkpoints.scan_to_pyloop(params))
+  got = _flat(vit_checkpoint.scan_to_pyloop(params))
   want = _flat(ref_params)
   assert got.keys() == want.keys()
   for k in want:
@@ -104,7 +106,7 @@ def test_scanned_and_per_block_trees_mix(teacher_and_student, teacher_scan, stud
 
 def test_scanned_copy_passes_teacher_leaf_through(teacher_and_student):
   _, teacher, student = teacher_and_student
-  t, s = checkpoints.pyloop_to_scan(teacher), checkpoints.pyloop_to_scan(student)
+  t, s = vit_checkpoint.pyloop_to_scan(teacher), vit_checkpoint.pyloop_to_scan(student)
   params, _ = surgery.transplant(t, s, "copy_same")
   blk = params["Transformer"]["encoderblock"]
   assert blk["MlpBlock_0"]["Dense_0"]["kernel"] is t["Transformer"]["encoderblock"]["MlpBlock_0"][
@@ -115,7 +117,7 @@ def test_scanned_copy_passes_teacher_leaf_through(teacher_and_student):
 
 def test_mixed_rules_within_scanned_leaf_and_inputs_untouched(teacher_and_student):
   _, teacher, student = teacher_and_student
-  s = checkpoints.pyloop_to_scan(student)
+  s = vit_checkpoint.pyloop_to_scan(student)
   before = _flat(s)
   rules = surgery.get_policy("copy_same",
                              prepend=[(r"Transformer/encoderblock_2/MultiHeadDotProductAttention_0/"
@@ -181,7 +183,7 @@ def test_deeper_teacher_fills_a_shallower_student(bv_fixture, teacher_and_studen
   assert all(r.action == "copy" for r in report.rows)
   assert report.copied_attention()
   assert any(p.startswith("Transformer/encoderblock_3/") for p in report.unused_teacher)
-  assert ({k: np.shape(v) for k, v in surgery._flatten(params).items()}
-          == {k: np.shape(v) for k, v in surgery._flatten(student).items()})
+  assert ({k: np.shape(v) for k, v in tree_lib.flatten(params).items()}
+          == {k: np.shape(v) for k, v in tree_lib.flatten(student).items()})
   short = report.table(max_rows=6)
   assert "rows ..." in short and len(short.splitlines()) == 1 + 7 + 1

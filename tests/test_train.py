@@ -17,14 +17,16 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import orbax.checkpoint as ocp
 import pytest
 
 from linvit_jax import metrics as metrics_lib
+from linvit_jax import optim
 from linvit_jax import sharding
 from linvit_jax import train
 from tests.helpers import tiny_task as tt
-from tests.test_sharding import subprocess_env
+from tests.helpers.subprocs import subprocess_env
 
 HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "tiny_task.py")
 TOL = 1e-5
@@ -110,7 +112,8 @@ def test_host_params_and_frozen_arrays_stay_usable(tmp_path):
   init["Dense_0"] = jax.tree.map(np.asarray, init["Dense_0"])  # host and device leaves mixed
   frozen = {"w": jnp.asarray(tt.frozen_teacher()["w"]), "shared": init["Dense_1"]["kernel"]}
   cfg = ml_collections.ConfigDict(tt.stage_cfg(2, eval_every=1, kind="finetune", w_label=1.0,
-                                               optimizer=dict(name="sgd", lr=0.1,
+                                               optimizer=dict(name="sgd", lr=0.1, wd=0.0,
+                                                              grad_clip=0.0,
                                                               schedule="constant")))
   eval_fn = jax.jit(lambda p: {"bias_norm": jnp.linalg.norm(p["Dense_1"]["bias"])})
   params, history = train.run_stage(
@@ -155,10 +158,10 @@ def test_nonfinite_batches_are_skipped_counted_and_stop_the_stage(tmp_path):
 def test_gradient_accumulation_matches_one_big_batch():
   """accum_steps=2 averages two micro-batch gradients: the full batch's loss and update."""
   loss_fn = lambda p, f, b, r: tt.loss_fn(p, f, b, r, noise=0.0)
-  mask = train.trainable_mask_for(jax.eval_shape(tt.init_params, jax.random.PRNGKey(0)),
-                                  tt.TRAINABLE)
+  mask = optim.trainable_mask(jax.eval_shape(tt.init_params, jax.random.PRNGKey(0)),
+                              tt.TRAINABLE)
   opt = train.stage_settings(tt.stage_cfg(3))["optimizer"]
-  tx, schedule = train.make_optimizer(opt, 3, mask)
+  tx, schedule = optim.make_optimizer(opt, 3, mask)
   steps = [train.make_train_step(loss_fn, tx, schedule, mask, accum_steps=k) for k in (1, 2)]
 
   @jax.jit
@@ -173,6 +176,25 @@ def test_gradient_accumulation_matches_one_big_batch():
   for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
   assert int(s2.step) == 1
+
+
+def test_frozen_leaves_are_frozen_by_the_optimizer_alone():
+  """No stop_gradient in the step: the frozen leaf's gradient (nonzero) is neither applied nor
+  counted in grad_norm, which is the trained leaves' norm."""
+  loss_fn = lambda p, f, b, r: tt.loss_fn(p, f, b, r, noise=0.0)
+  params, frozen = tt.init_params(jax.random.PRNGKey(0)), tt.frozen_teacher()
+  batch = tt.global_batch(0)
+  mask = optim.trainable_mask(params, tt.TRAINABLE)
+  opt = dict(train.stage_settings(tt.stage_cfg(3))["optimizer"], warmup_steps=0)  # lr(0) > 0
+  tx, schedule = optim.make_optimizer(opt, 3, mask)
+  step = jax.jit(train.make_train_step(loss_fn, tx, schedule, mask))
+  new, metrics = step(train.init_train_state(params, tx, jax.random.PRNGKey(1)), frozen, batch)
+  grads = jax.grad(lambda p: loss_fn(p, frozen, batch, None)[0])(params)
+  assert np.any(np.asarray(grads["Dense_0"]["bias"]))
+  trained = [g for g, m in zip(jax.tree.leaves(grads), jax.tree.leaves(mask)) if m]
+  np.testing.assert_allclose(metrics["grad_norm"], optax.tree.norm(trained), rtol=1e-5)
+  np.testing.assert_array_equal(new.params["Dense_0"]["bias"], params["Dense_0"]["bias"])
+  assert not np.array_equal(new.params["Dense_0"]["kernel"], params["Dense_0"]["kernel"])
 
 
 def test_config_errors_are_clear_and_early(tmp_path):
@@ -190,49 +212,10 @@ def test_config_errors_are_clear_and_early(tmp_path):
   with pytest.raises(ValueError, match="steps must be a positive integer"):
     run(steps=None)
   with pytest.raises(ValueError, match="selects no parameters"):
-    train.trainable_mask_for({"a": np.zeros(3)}, "nothing-matches")
+    optim.trainable_mask({"a": np.zeros(3)}, "nothing-matches")
   with pytest.raises(ValueError, match="does not match the params tree"):
-    train.trainable_mask_for({"a": np.zeros(3)}, {"b": True})
+    optim.trainable_mask({"a": np.zeros(3)}, {"b": True})
   assert not os.listdir(tmp_path)  # nothing was created before the errors
-
-
-def test_frozen_leaves_have_no_optimizer_state():
-  params = {"a": np.ones((4, 4), np.float32), "b": np.ones((4,), np.float32)}
-  mask = train.trainable_mask_for(params, r"^a$")
-  assert mask == {"a": True, "b": False}
-  opt = train.stage_settings({"name": "x", "steps": 4, "batch_size": 1})["optimizer"]
-  tx, _ = train.make_optimizer(opt, 4, mask)
-  state = jax.eval_shape(tx.init, params)
-  n_state = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state) if x.ndim)
-  assert n_state == 2 * 16  # adam mu and nu of "a" only
-  updates, _ = jax.jit(lambda p: tx.update(p, tx.init(p), p))(params)
-  assert not np.any(np.asarray(updates["b"])) and np.all(np.asarray(updates["a"]))
-
-
-def test_schedule_warmup_then_cosine():
-  opt = dict(train.OPTIMIZER_DEFAULTS, lr=1.0, warmup_steps=10, end_lr_ratio=0.1)
-  scheds = [train.make_schedule(dict(opt, schedule=k), 110) for k in ("cosine", "linear",
-                                                                       "constant")]
-  at = jnp.array([0, 5, 10, 60, 100, 110])
-  cos, lin, const = (np.asarray(v) for v in jax.jit(lambda t: [f(t) for f in scheds])(at))
-  np.testing.assert_allclose(cos, [0, 0.5, 1, 0.55, 0.1 + 0.9 * (1 + np.cos(0.9 * np.pi)) / 2,
-                                   0.1], atol=1e-6)
-  np.testing.assert_allclose(lin, [0, 0.5, 1, 0.55, 0.19, 0.1], atol=1e-6)
-  np.testing.assert_allclose(const, [0, 0.5, 1, 1, 1, 1], atol=1e-6)
-  with pytest.raises(ValueError, match="'cosine', 'linear' or 'constant'"):
-    train.make_schedule(dict(opt, schedule="step"), 10)
-
-
-def test_evaluate_ignores_padding():
-  mesh = _mesh()
-  def eval_fn(params, batch):
-    return {"correct": (batch["pred"] * params["scale"] == batch["labels"]).astype(jnp.float32)}
-  batches = [{"pred": np.array([1, 2, 3, 4]), "labels": np.array([1, 0, 3, 9]),
-              "_mask": np.array([1, 1, 1, 0], bool)},
-             {"pred": np.array([5, 6, 7, 8]), "labels": np.array([5, 6, 0, 0]),
-              "_mask": np.array([1, 1, 0, 0], bool)}]
-  out = train.evaluate({"scale": jnp.ones((), jnp.int32)}, eval_fn, iter(batches), mesh)
-  assert out == {"correct": pytest.approx(4 / 5), "num_examples": 5}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -320,26 +303,3 @@ def test_kill_9_then_restart_ends_bitwise_equal(eight_devices, tmp_path):
                                   err_msg=f"{k} (seed {seed}, kill at {kill_at})")
   with open(out) as f:
     assert json.load(f)["runs"]["4x2"]["losses"] == ref["runs"]["4x2"]["losses"]
-
-
-def test_weight_decay_has_big_vision_semantics():
-  """wd is added after scale(lr), follows the schedule's shape only and decays `.*/kernel` only:
-  big_vision's optax.make, written out by hand for adam's first step (update = ±1 per element)."""
-  params = {"Dense_0": {"kernel": np.full((2, 2), 2.0, np.float32),
-                        "bias": np.full((2,), 2.0, np.float32)},
-            "pos_embedding": np.full((1, 3, 2), 2.0, np.float32)}
-  grads = jax.tree.map(np.ones_like, params)
-  mask = train.trainable_mask_for(params, None)
-  lr, wd, warmup = 1e-2, 0.1, 4
-  opt = dict(train.OPTIMIZER_DEFAULTS, lr=lr, wd=wd, warmup_steps=warmup, schedule="constant")
-  tx, schedule = train.make_optimizer(opt, 10, mask)
-  state = tx.init(params)
-  for step in range(3):  # warmup: the schedule's shape s(t) = t / warmup scales lr and wd alike
-    updates, state = tx.update(grads, state, params)
-    s = float(schedule(step)) / lr
-    assert s == pytest.approx(step / warmup)
-    adam = 1.0  # first adam steps on a constant gradient: m/sqrt(v) = 1
-    np.testing.assert_allclose(updates["Dense_0"]["kernel"], -s * (lr * adam + wd * 2.0),
-                               rtol=1e-4)
-    np.testing.assert_allclose(updates["Dense_0"]["bias"], -s * lr * adam, rtol=1e-4)
-    np.testing.assert_allclose(updates["pos_embedding"], -s * lr * adam, rtol=1e-4)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from linvit_jax.models import vit
-from tests.conftest import DATA, FIXTURE, unflatten
+from tests.helpers.bv_checkpoint import unflatten
 
 
 def _flat_out(out, prefix="out"):

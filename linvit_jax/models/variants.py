@@ -1,7 +1,7 @@
 """big_vision's ViT size names ("S/16", "B", "So400m/14", ...) decoded into model kwargs.
 
-Kept apart from models/vit.py so that checkpoint checks (checkpoints.py) can decode a variant
-without importing flax.
+Kept apart from models/vit.py so that checkpoint checks (models/vit_checkpoint.py) can decode a
+variant without importing flax.
 """
 
 from typing import Any

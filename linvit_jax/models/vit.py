@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linvit_jax.models import attention as attn_lib
+from linvit_jax.models import vit_checkpoint
 from linvit_jax.models.variants import decode_variant
 
 
@@ -248,13 +249,36 @@ def Model(num_classes: Optional[int] = None, *, variant: Optional[str] = None,  
   return _Model(num_classes, **kw)
 
 
+def layer_specs(model: _Model) -> tuple[attn_lib.AttentionSpec, ...]:
+  """The attention operator of every encoder layer (one spec for all, or per layer)."""
+  return attn_lib.parse_layer_specs(model.attention, model.depth)
+
+
+def sown_per_layer(intermediates: Mapping[str, Any]) -> dict[str, jax.Array]:
+  """What each encoder block sows, stacked on a leading layer axis L.
+
+  `intermediates` is the 'intermediates' collection of one `model.apply(..., mutable=
+  ["intermediates"])`, per-block or scanned. Returns attn_input [L,B,N,D] (each attention
+  sublayer's input, the LayerNorm_0 output) and the post-projection q, k [L,B,N,H,Dh].
+  """
+  enc = intermediates["Transformer"]
+  attn = "MultiHeadDotProductAttention_0"
+  if "encoderblock" in enc:  # nn.scan already stacked every sown value on the layer axis
+    blk = enc["encoderblock"]
+    return {"attn_input": blk["attn_input"][0], "q": blk[attn]["q"][0], "k": blk[attn]["k"][0]}
+  depth = sum(1 for name in enc if name.startswith("encoderblock_"))
+  blocks = [enc[f"encoderblock_{l}"] for l in range(depth)]
+  return {"attn_input": jnp.stack([b["attn_input"][0] for b in blocks]),
+          "q": jnp.stack([b[attn]["q"][0] for b in blocks]),
+          "k": jnp.stack([b[attn]["k"][0] for b in blocks])}
+
+
 def load(init_params: Optional[Mapping[str, Any]], init_file: str, model_cfg: Mapping[str, Any],
          dont_load: Sequence[str] = ()) -> dict:
   """Loads a big_vision (or AugReg-era) ViT checkpoint into `init_params`' structure.
 
   big_vision's semantics: old layouts fixed, scan/loop converted to `model_cfg['scan']`, strict
   merge except keys matching a `dont_load` regex (those keep `init_params`' values), and the
-  position embedding resampled to the model's grid.
+  position embedding resampled to the model's grid (see `vit_checkpoint.load_vit_params`).
   """
-  from linvit_jax import checkpoints  # imported here: checkpoints imports models for variants
-  return checkpoints.load_vit_params(init_params, init_file, model_cfg, dont_load)
+  return vit_checkpoint.load_vit_params(init_params, init_file, model_cfg, dont_load)

@@ -24,7 +24,8 @@ def main(out: str) -> None:
   import jax
   import jax.numpy as jnp
   import optax
-  from linvit_jax import sharding, train
+  from linvit_jax import optim, sharding, train
+  from linvit_jax import tree as tree_lib
   from linvit_jax.models import vit
 
   r: dict = {"device_count": jax.device_count()}
@@ -58,12 +59,11 @@ def main(out: str) -> None:
   small = {"dense": {"kernel": jax.ShapeDtypeStruct((64, 512), jnp.float32),
                      "bias": jax.ShapeDtypeStruct((512,), jnp.float32)}}
   mask = {"dense": {"kernel": True, "bias": True}}
-  tx, _ = train.make_optimizer(train.stage_settings(
-      {"name": "x", "steps": 10, "batch_size": 8})["optimizer"], 10, mask)
+  tx, _ = optim.make_optimizer({}, 10, mask)
   abstract = jax.eval_shape(lambda p: train.init_train_state(p, tx, jax.random.PRNGKey(0)), small)
   sh = train.state_shardings(abstract, mesh42, min_size=1024)
   flat = jax.tree_util.tree_flatten_with_path(sh)[0]
-  r["state_specs"] = {sharding.path_str(p): str(s.spec) for p, s in flat}
+  r["state_specs"] = {tree_lib.path_str(p): str(s.spec) for p, s in flat}
 
   # Global batch assembly: 16 rows over the 8 batch shards of the (4, 2) mesh.
   local = {"image": np.arange(16 * 3, dtype=np.float32).reshape(16, 3),

@@ -37,7 +37,7 @@ def init_params(rng):
   }
 
 
-TRAINABLE = r"^(?!Dense_0/bias$)"  # everything except Dense_0/bias
+TRAINABLE = r"(?!Dense_0/bias$).*"  # everything except Dense_0/bias (re.fullmatch)
 
 
 def frozen_teacher():
@@ -90,16 +90,34 @@ def stage_cfg(steps=5, **over):
   return cfg
 
 
+def _all_rows():
+  return batch_iter_fn()  # the module's function (run_stage's argument of that name hides it)
+
+
+def run_stage(workdir, steps=6, batch_iter_fn=None, **cfg):
+  """`train.run_stage` on this task in one process (all rows of each batch unless
+  `batch_iter_fn` says otherwise): checkpoints every 2 steps, up to 10 kept; returns
+  (params, history)."""
+  from linvit_jax import sharding
+  from linvit_jax import train
+  return train.run_stage(
+      stage_cfg=stage_cfg(steps, **{"checkpoint_every": 2, "max_to_keep": 10, **cfg}),
+      loss_fn=loss_fn, init_params=init_params, trainable_mask=TRAINABLE,
+      frozen=frozen_teacher(), workdir=str(workdir),
+      mesh=sharding.make_mesh([("data", -1), ("fsdp", 1)]),
+      batch_iter_fn=batch_iter_fn or _all_rows(), seed=0)
+
+
 def flat(tree) -> dict[str, np.ndarray]:
   import jax
   from jax.experimental import multihost_utils
-  from linvit_jax import sharding
+  from linvit_jax import tree as tree_lib
   def fetch(x):  # multi-process: every process gathers the full value (a collective)
     if x.is_fully_addressable:
       return np.asarray(jax.device_get(x))
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {sharding.path_str(p): fetch(x) for p, x in leaves}
+  return {tree_lib.path_str(p): fetch(x) for p, x in leaves}
 
 
 def main(argv=None) -> None:

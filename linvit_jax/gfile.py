@@ -1,0 +1,92 @@
+"""Files on a local disk or behind a URL (gs://, ...), through one set of functions.
+
+Local paths use os and the builtin `open`; anything with '://' goes through TensorFlow's file
+layer (tf.io.gfile), which is imported on the first remote call only: TensorFlow costs seconds
+and over a GB to import, and most runs never touch a remote path. Tests replace `tf_gfile` with a
+fake to exercise the remote branch offline.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import shutil
+from typing import IO, Any
+
+
+def is_remote(path: str) -> bool:
+  """Whether `path` is a URL (gs://, s3://, ram://, ...) rather than a local path."""
+  return "://" in path
+
+
+def tf_gfile() -> Any:
+  """The `tf.io.gfile` module, imported now (callers with a deadline import it before it)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  return tf.io.gfile
+
+
+def open(path: str, mode: str = "r") -> IO[Any]:  # pylint: disable=redefined-builtin
+  """A file object for `path`, local or remote; use it as a context manager."""
+  if is_remote(path):
+    return tf_gfile().GFile(path, mode)
+  return builtins.open(path, mode)  # pylint: disable=consider-using-with  (closed by the caller)
+
+
+def exists(path: str) -> bool:
+  return tf_gfile().exists(path) if is_remote(path) else os.path.exists(path)
+
+
+def isdir(path: str) -> bool:
+  return tf_gfile().isdir(path) if is_remote(path) else os.path.isdir(path)
+
+
+def makedirs(path: str) -> None:
+  """Creates `path` and its parents; an existing directory is fine."""
+  if is_remote(path):
+    tf_gfile().makedirs(path)
+  else:
+    os.makedirs(path, exist_ok=True)
+
+
+def listdir(path: str) -> list[str]:
+  return list(tf_gfile().listdir(path)) if is_remote(path) else os.listdir(path)
+
+
+def remove(path: str) -> None:
+  if is_remote(path):
+    tf_gfile().remove(path)
+  else:
+    os.remove(path)
+
+
+def rename(src: str, dst: str) -> None:
+  """Moves `src` over `dst`, replacing it (atomic on a local file system)."""
+  if is_remote(src) or is_remote(dst):
+    tf_gfile().rename(src, dst, overwrite=True)
+  else:
+    os.replace(src, dst)
+
+
+def copy(src: str, dst: str) -> None:
+  """Copies the file `src` to `dst`, replacing it; either side may be remote."""
+  if is_remote(src) or is_remote(dst):
+    tf_gfile().copy(src, dst, overwrite=True)
+  else:
+    shutil.copyfile(src, dst)
+
+
+def write_text(path: str, text: str) -> None:
+  """Writes `text` to `path` through a temporary file renamed over it, so that a reader never
+  sees a half-written file (a kill mid-write leaves the old file and `<path>.tmp`)."""
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.write(text)
+  rename(tmp, path)
+
+
+def read_text(path: str) -> str | None:
+  """The contents of `path`, or None when it does not exist."""
+  if not exists(path):
+    return None
+  with open(path) as f:
+    return f.read()

@@ -1,0 +1,342 @@
+"""big_vision ViT checkpoints into a model: old layouts, scan <-> loop, posemb resampling, `load`.
+
+What makes a checkpoint fit *this ViT* lives here, beside the model (as in big_vision's
+models/vit.py); generic .npz reading/writing and the strict merge are in linvit_jax/checkpoints.py.
+Everything works on nested dicts of numpy arrays (no 'params' top key) and is pure: inputs are
+never mutated.
+
+The one path in is `load_vit_params` (what `vit.load` delegates to):
+  load_npz -> fix_old_checkpoints -> pyloop/scan layout -> merge_params -> resample_posemb -> cast
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import scipy.ndimage
+
+from linvit_jax.checkpoints import (CheckpointError, Params, count_non_finite, dont_load_matcher,
+                                    dtype_of, flatten, is_posemb, load_npz, merge_params,
+                                    raise_problems, shape_of, top_keys, unflatten)
+from linvit_jax.models.variants import decode_variant
+
+
+def _copy_tree(tree: Mapping[str, Any]) -> Params:
+  """Copies the dict structure (not the arrays), so callers' trees are never mutated."""
+  return {k: _copy_tree(v) if isinstance(v, Mapping) else v for k, v in tree.items()}
+
+
+# ------------------------------------------------------------------------------------------------
+# Old checkpoint layouts.
+
+_NUMBERED = re.compile(r"(.+)_(\d+)")
+
+
+def convert_pre_linen(tree: Mapping[str, Any]) -> Params:
+  """Renumbers pre-linen submodule names, as flax.training.checkpoints.convert_pre_linen.
+
+  Pre-linen flax numbered submodules globally within their parent (LayerNorm_0,
+  MultiHeadDotProductAttention_1, LayerNorm_2, MlpBlock_3); linen counts per module type
+  (LayerNorm_0, MultiHeadDotProductAttention_0, LayerNorm_1, MlpBlock_0). Within each parent,
+  names of the same type are renumbered 0, 1, 2, ... in order of their old number. Already-linen
+  trees come back unchanged (numbers are already 0..n-1 per type).
+  """
+  def order(name: str) -> tuple[str, int]:
+    m = _NUMBERED.fullmatch(name)
+    return (m.group(1), int(m.group(2))) if m else (name, -1)
+
+  out: Params = {}
+  counts: dict[str, int] = {}
+  for name in sorted(tree, key=order):
+    value = tree[name]
+    m = _NUMBERED.fullmatch(name)
+    if m:
+      kind = m.group(1)
+      new = f"{kind}_{counts.get(kind, 0)}"
+      counts[kind] = counts.get(kind, 0) + 1
+    else:
+      new = name
+    out[new] = convert_pre_linen(value) if isinstance(value, Mapping) else value
+  return out
+
+
+def _has_cls_slot(n: int) -> bool:
+  return math.isqrt(n - 1) ** 2 == n - 1 and n > 1
+
+
+def fix_old_checkpoints(params: Mapping[str, Any], *, model_posemb_len: int | None = None
+                        ) -> Params:
+  """Brings older ViT checkpoints (original ViT paper, AugReg, ViT-G era) to today's names.
+
+  - pre-linen module numbering (see convert_pre_linen);
+  - `Transformer/posembed_input/pos_embedding` and `Transformer/pos_embedding` -> `pos_embedding`;
+  - a posemb with a [cls] slot (N = g*g + 1; old ViTs concatenated [cls] before adding the
+    posemb): the slot is split off and added into `cls`, which is exactly equivalent;
+  - an inlined MAP head (`probe` at the top level) -> `MAPHead_0`.
+  The [cls]-slot test is big_vision's (N = g*g + 1), which would misread a non-square grid with
+  h*w = g*g + 1 (2x5, 4x5, ...), as today's checkpoints of non-square models have. So a
+  top-level posemb that already has `model_posemb_len` positions (the model it is loaded into;
+  load_vit_params passes it) is taken as is. Old-location posembs are always from square models.
+  """
+  params = convert_pre_linen(params)
+  enc = params.get("Transformer")
+  old_location = False
+  if isinstance(enc, dict):
+    if "posembed_input" in enc:
+      params["pos_embedding"] = enc.pop("posembed_input")["pos_embedding"]
+      old_location = True
+    if "pos_embedding" in enc:
+      params["pos_embedding"] = enc.pop("pos_embedding")
+      old_location = True
+
+  pe = params.get("pos_embedding")
+  if (pe is not None and np.ndim(pe) == 3 and _has_cls_slot(pe.shape[1])
+          and (old_location or pe.shape[1] != model_posemb_len)):
+    params["pos_embedding"] = pe[:, 1:]
+    if "cls" in params:
+      params["cls"] = params["cls"] + pe[:, :1]
+
+  if "probe" in params:
+    head_parts = ("probe", "MlpBlock_0", "MultiHeadDotProductAttention_0", "LayerNorm_0")
+    params["MAPHead_0"] = {k: params.pop(k) for k in head_parts if k in params}
+  return params
+
+
+def _block_index(name: str) -> int | None:
+  m = re.fullmatch(r"encoderblock_(\d+)", name)
+  return int(m.group(1)) if m else None
+
+
+def pyloop_to_scan(params: Mapping[str, Any]) -> Params:
+  """Stacks `Transformer/encoderblock_{i}` into `Transformer/encoderblock` (leading depth axis).
+
+  A tree that is already scanned comes back unchanged.
+  """
+  params = _copy_tree(params)
+  enc = params.get("Transformer", {})
+  indices = sorted(i for i in map(_block_index, enc) if i is not None)
+  if not indices:
+    return params
+  if "encoderblock" in enc:
+    raise CheckpointError("'Transformer' has both 'encoderblock' (scan) and 'encoderblock_N' "
+                          "(python loop) blocks")
+  if indices != list(range(len(indices))):
+    raise CheckpointError(f"'Transformer' blocks must be numbered 0..{len(indices) - 1} to be "
+                          f"stacked, found encoderblock_{indices}")
+  blocks = [flatten(enc.pop(f"encoderblock_{i}")) for i in indices]
+  for i, block in enumerate(blocks[1:], 1):
+    if block.keys() != blocks[0].keys():
+      diff = sorted(block.keys() ^ blocks[0].keys())
+      raise CheckpointError(f"cannot stack encoder blocks: encoderblock_{i} and "
+                            f"encoderblock_0 differ in params {diff}")
+  stacked = {}
+  for name in blocks[0]:
+    shapes = {np.shape(b[name]) for b in blocks}
+    if len(shapes) > 1:
+      raise CheckpointError(f"cannot stack encoder blocks: 'encoderblock_N/{name}' has "
+                            f"different shapes across blocks {sorted(shapes)}")
+    stacked[name] = np.stack([np.asarray(b[name]) for b in blocks])
+  enc["encoderblock"] = unflatten(stacked)
+  return params
+
+
+def scan_to_pyloop(params: Mapping[str, Any]) -> Params:
+  """Splits `Transformer/encoderblock` (leading depth axis) into `encoderblock_{i}`.
+
+  A tree that is already per-block comes back unchanged.
+  """
+  params = _copy_tree(params)
+  enc = params.get("Transformer", {})
+  if "encoderblock" not in enc:
+    return params
+  flat = flatten(enc.pop("encoderblock"))
+  depths = {np.shape(v)[0] if np.ndim(v) else None for v in flat.values()}
+  if len(depths) != 1 or None in depths:
+    raise CheckpointError("cannot unstack 'Transformer/encoderblock': its params disagree on "
+                          f"the leading (depth) axis, sizes {sorted(map(str, depths))}")
+  for i in range(depths.pop()):
+    enc[f"encoderblock_{i}"] = unflatten({k: np.asarray(v)[i] for k, v in flat.items()})
+  return params
+
+
+# ------------------------------------------------------------------------------------------------
+# Position embeddings.
+
+def _square_side(n: int, what: str) -> int:
+  side = math.isqrt(n)
+  if side * side != n:
+    raise CheckpointError(f"{what} has {n} positions, not a square grid; pass its (h, w) "
+                          "explicitly to resample_posemb")
+  return side
+
+
+def resample_posemb(old: np.ndarray, new: Any, old_hw: tuple[int, int] | None = None,
+                    new_hw: tuple[int, int] | None = None) -> np.ndarray:
+  """Resizes a (1, h*w, D) learned posemb to another grid: bilinear, as big_vision does.
+
+  `new` is the target array or its shape. Grids are square unless given as (h, w). Corners map to
+  corners (scipy.ndimage.zoom, order=1, its default align-corners grid), like big_vision's
+  "high-res fine-tuning".
+  """
+  old = np.asarray(old)
+  new_shape = tuple(new.shape if hasattr(new, "shape") else new)
+  if old.ndim != 3 or len(new_shape) != 3 or old.shape[0] != 1 or new_shape[0] != 1:
+    raise CheckpointError(f"pos_embedding must be (1, N, D): got {old.shape} -> {new_shape}")
+  if old.shape[2] != new_shape[2]:
+    raise CheckpointError(f"pos_embedding width differs, cannot resample: checkpoint "
+                          f"{old.shape} vs model {new_shape}")
+  oh, ow = old_hw or (_square_side(old.shape[1], f"checkpoint pos_embedding {old.shape}"),) * 2
+  nh, nw = new_hw or (_square_side(new_shape[1], f"model pos_embedding {new_shape}"),) * 2
+  if oh * ow != old.shape[1] or nh * nw != new_shape[1]:
+    raise CheckpointError(f"pos_embedding grids ({oh}, {ow}) -> ({nh}, {nw}) do not match "
+                          f"the shapes {old.shape} -> {new_shape}")
+  if (oh, ow) == (nh, nw):
+    return old
+  # scipy has no bfloat16; interpolate in float32 and cast back.
+  grid = old.reshape(oh, ow, -1).astype(np.float32)
+  grid = scipy.ndimage.zoom(grid, (nh / oh, nw / ow, 1), order=1)
+  assert grid.shape[:2] == (nh, nw), (grid.shape, nh, nw)  # zoom rounds; exact ratios hit.
+  return grid.reshape(new_shape).astype(old.dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# The one entry point models/vit.py's load() delegates to.
+
+def _check_against_config(params: Params, model_cfg: Mapping[str, Any],
+                          skipped: Callable[[str], bool], source: str) -> None:
+  """Clear errors when the checkpoint is plainly a different ViT than `model_cfg` describes.
+
+  Only what is checkable from the params and stated in the config is compared, and only for
+  params that will actually be loaded (not dont_load'ed).
+  """
+  cfg = {**decode_variant(model_cfg.get("variant")),
+         **{k: model_cfg[k] for k in ("patch_size", "width", "num_heads", "mlp_dim")
+            if model_cfg.get(k) is not None}}
+  flat = flatten(params)
+  problems = []
+  emb = flat.get("embedding/kernel")
+  if emb is not None and np.ndim(emb) == 4 and not skipped("embedding/kernel"):
+    if "patch_size" in cfg:
+      ps = cfg["patch_size"]
+      ps = tuple(ps) if isinstance(ps, Sequence) else (ps, ps)
+      if tuple(emb.shape[:2]) != tuple(ps):
+        problems.append(f"patch size {tuple(emb.shape[:2])} (embedding/kernel "
+                        f"{shape_of(emb)}) but the model config says {ps}")
+    if "width" in cfg and emb.shape[-1] != cfg["width"]:
+      problems.append(f"width {emb.shape[-1]} (embedding/kernel {shape_of(emb)}) but the "
+                      f"model config says {cfg['width']}")
+  block = next((n.rsplit("/", 2)[0] for n in sorted(flat)
+                if re.fullmatch(r"Transformer/encoderblock(_0)?/MultiHeadDotProductAttention_0"
+                                r"/query/kernel", n)), None)
+  if block is not None and "num_heads" in cfg:
+    name = block + "/query/kernel"
+    q = flat[name]
+    if not skipped(name) and q.shape[-2] != cfg["num_heads"]:
+      problems.append(f"{q.shape[-2]} heads ({name} {shape_of(q)}) but the model config "
+                      f"says num_heads={cfg['num_heads']}")
+  mlp = next((n for n in sorted(flat) if re.fullmatch(
+      r"Transformer/encoderblock(_0)?/MlpBlock_0/Dense_0/kernel", n)), None)
+  if mlp is not None and "mlp_dim" in cfg and not skipped(mlp):
+    if flat[mlp].shape[-1] != cfg["mlp_dim"]:
+      problems.append(f"mlp_dim {flat[mlp].shape[-1]} ({mlp} {shape_of(flat[mlp])}) but the "
+                      f"model config says {cfg['mlp_dim']}")
+  raise_problems(source, problems)
+
+
+def infer_vit_config(path: str) -> dict[str, Any]:
+  """The big_vision ViT fields a checkpoint's names and shapes decide, for `vit.Model(**...)`.
+
+  patch_size and width (embedding/kernel), depth (blocks, per-block or scanned), num_heads
+  (query/kernel [D, H, Dh]), mlp_dim (Dense_0), posemb ('learn' when a pos_embedding is stored,
+  else 'sincos2d'), pool_type ('tok' with a cls token, 'map' with a MAP head, else 'gap': a
+  'gap' / '0' / 'none' model stores nothing that tells them apart), num_classes (head/kernel,
+  None when there is no head), rep_size (pre_logits/kernel). Also `posemb_grid`: the stored
+  position-embedding grid (h, w), the resolution the checkpoint was trained at, for information.
+  Any layout `load_vit_params` reads (old names, scanned) works.
+  """
+  params = fix_old_checkpoints(load_npz(path))
+  flat = flatten(params)
+  problems = []
+  emb = flat.get("embedding/kernel")
+  if emb is None or np.ndim(emb) != 4:
+    raise_problems(path, [f"no patch embedding 'embedding/kernel' [ph, pw, C, D] (top-level "
+                          f"keys: {top_keys(params)}): not a big_vision ViT checkpoint"])
+  scanned = isinstance(params.get("Transformer"), dict) and "encoderblock" in params["Transformer"]
+  block = "Transformer/encoderblock" if scanned else "Transformer/encoderblock_0"
+  query = flat.get(f"{block}/MultiHeadDotProductAttention_0/query/kernel")
+  dense0 = flat.get(f"{block}/MlpBlock_0/Dense_0/kernel")
+  if query is None or dense0 is None:
+    problems.append(f"no first encoder block with attention query and MLP kernels under "
+                    f"{block!r}")
+  raise_problems(path, problems)
+  if scanned:
+    depth = int(query.shape[0])
+  else:
+    indices = [_block_index(n) for n in params["Transformer"]]
+    depth = 1 + max(i for i in indices if i is not None)
+  if "cls" in params:
+    pool = "tok"
+  elif "MAPHead_0" in params:
+    pool = "map"
+  else:
+    pool = "gap"
+  head = flat.get("head/kernel")
+  rep = flat.get("pre_logits/kernel")
+  pe = flat.get("pos_embedding")
+  grid = None
+  if pe is not None and np.ndim(pe) == 3:
+    side = math.isqrt(pe.shape[1])
+    grid = (side, side) if side * side == pe.shape[1] else None
+  return dict(patch_size=tuple(int(x) for x in emb.shape[:2]), width=int(emb.shape[-1]),
+              depth=int(depth), num_heads=int(query.shape[-2]), mlp_dim=int(dense0.shape[-1]),
+              posemb="learn" if pe is not None else "sincos2d", pool_type=pool,
+              num_classes=int(head.shape[-1]) if head is not None else None,
+              rep_size=int(rep.shape[-1]) if rep is not None else False, posemb_grid=grid)
+
+
+def load_vit_params(init_params: Mapping[str, Any] | None, init_file: str,
+                    model_cfg: Mapping[str, Any], dont_load: Sequence[str] = ()) -> Params:
+  """big_vision's `vit.load` semantics: a checkpoint made to fit the model `init_params` is from.
+
+  Steps: read (any layout, `:subtree` selector) -> fix old names -> scan or per-block layout
+  as `model_cfg['scan']` says -> check against model_cfg (patch size, width, heads, mlp_dim) ->
+  strict merge into `init_params` (dont_load'ed params keep their init value) -> resample the
+  posemb to the model's grid -> cast each param to the model's dtype. Returns numpy arrays.
+  With `init_params=None` the fixed-up checkpoint is returned as is (after the config checks).
+  """
+  init_pe = (init_params or {}).get("pos_embedding")
+  posemb_len = shape_of(init_pe)[1] if init_pe is not None and len(shape_of(init_pe)) == 3 else None
+  params = fix_old_checkpoints(load_npz(init_file), model_posemb_len=posemb_len)
+  if isinstance(params.get("Transformer"), dict):
+    convert = pyloop_to_scan if model_cfg.get("scan") else scan_to_pyloop
+    params = convert(params)
+  skipped = dont_load_matcher(dont_load)
+  _check_against_config(params, model_cfg, skipped, init_file)
+
+  if init_params is None:
+    flat = flatten(params)
+    raise_problems(init_file, [f"non-finite values at {k!r}: {n} of {np.size(v)} entries are "
+                               "NaN/Inf" for k, v in flat.items() if (n := count_non_finite(v))])
+    return unflatten({k: np.asarray(v) for k, v in flat.items()})
+
+  merged = flatten(merge_params(params, init_params, dont_load, source=init_file))
+  flat_init = flatten(init_params)
+  out = {}
+  for name, value in merged.items():
+    init_val = flat_init[name]
+    if skipped(name):  # Init value, untouched (could be a jax array or a ShapeDtypeStruct).
+      out[name] = np.asarray(init_val) if hasattr(init_val, "__array__") else init_val
+      continue
+    value = np.asarray(value)
+    if is_posemb(name) and value.shape != shape_of(init_val):
+      try:
+        value = resample_posemb(value, shape_of(init_val))
+      except CheckpointError as e:
+        raise CheckpointError(f"checkpoint '{init_file}': cannot resample {name!r}: "
+                              f"{e}") from e
+    out[name] = value.astype(dtype_of(init_val), copy=False)
+  return unflatten(out)

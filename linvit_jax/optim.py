@@ -1,0 +1,143 @@
+"""What a stage trains and how: trainable masks, the learning-rate schedule and the optimizer.
+
+The optimizer is big_vision's (its optax.make) on the trained leaves:
+
+    clip_by_global_norm → scale_by_adam (sgd: trace) → scale(lr) → add_decayed_weights(wd)
+      → scale_by_schedule(schedule / lr) → scale(-1)
+
+so weight decay is decoupled and follows the schedule's shape only (see
+config_lib.OPTIMIZER_DEFAULTS, where every field's default lives). Frozen leaves go through
+`optax.set_to_zero` instead (`masked_optimizer`): a zero update and no optimizer state, the one
+place where the trainable mask acts (the step differentiates every leaf; XLA drops the gradients
+nothing reads).
+
+A trainable mask is a pytree of Python bools like the params (`trainable_mask`), from None (all),
+a name in STAGE_TRAINABLE, a path regex (re.fullmatch on '/'-joined paths, as every path regex of
+the project), a callable or a pytree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import optax
+
+from linvit_jax import config_lib
+from linvit_jax import tree as tree_lib
+
+Params = Any  # a pytree of arrays (or ShapeDtypeStructs)
+
+# Named trainable masks (re.fullmatch on '/'-joined paths; per-block or scanned trees).
+_ATTENTION = r"Transformer/encoderblock(_\d+)?/MultiHeadDotProductAttention_0/.*"
+STAGE_TRAINABLE = {
+    "distill_attention": _ATTENTION,  # q/k/v/out and the feature maps of every encoder block
+    "attention": _ATTENTION,
+    "finetune": r".*",
+    "all": r".*",
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Which parameters train.
+
+def trainable_mask(params: Params, spec: Any = None) -> Any:
+  """A pytree of Python bools like `params`: True where the stage trains the leaf.
+
+  `spec`: None (every leaf), a name in STAGE_TRAINABLE, a path regex (re.fullmatch), a callable
+  `params -> mask`, or a pytree of bools like params. A mask that selects nothing is an error.
+  """
+  if spec is None:
+    out = jax.tree.map(lambda _: True, params)
+  elif isinstance(spec, str):
+    out = tree_lib.regex_mask(params, STAGE_TRAINABLE.get(spec, spec))
+  elif callable(spec):
+    out = spec(params)
+  else:
+    out = spec
+  expected, got = jax.tree.structure(params), jax.tree.structure(out)
+  if got != expected:
+    raise ValueError(f"trainable_mask does not match the params tree:\n  params: {expected}\n"
+                     f"  mask:   {got}")
+  out = jax.tree.map(bool, out)
+  if not any(jax.tree.leaves(out)):
+    what = f" {spec!r}" if isinstance(spec, str) else ""
+    raise ValueError(f"trainable_mask{what} selects no parameters: the stage would train nothing")
+  return out
+
+
+def masked_optimizer(tx: optax.GradientTransformation, mask: Any
+                     ) -> optax.GradientTransformation:
+  """`tx` on the leaves where `mask` is True; exactly zero updates and no state elsewhere."""
+  labels = jax.tree.map(lambda m: "trained" if m else "frozen", mask)
+  return optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()}, labels)
+
+
+# ------------------------------------------------------------------------------------------------
+# Schedule and optimizer.
+
+def optimizer_settings(opt_cfg: Any) -> dict[str, Any]:
+  """An optimizer block (dict, ConfigDict or None) with every field: those it omits or leaves
+  None come from config_lib.OPTIMIZER_DEFAULTS; a field not there is an error (a typo)."""
+  opt_cfg = opt_cfg.to_dict() if hasattr(opt_cfg, "to_dict") else dict(opt_cfg or {})
+  defaults = config_lib.OPTIMIZER_DEFAULTS
+  unknown = sorted(set(opt_cfg) - set(defaults))
+  if unknown:
+    raise ValueError(f"unknown optimizer field(s) {unknown}; known: {sorted(defaults)}")
+  return {**defaults, **{k: v for k, v in opt_cfg.items() if v is not None}}
+
+
+def make_schedule(opt: Mapping[str, Any], total_steps: int) -> optax.Schedule:
+  """Linear warmup from 0 to `lr` over warmup_steps, then cosine / linear decay or constant.
+  Fields `opt` omits take their config_lib.OPTIMIZER_DEFAULTS."""
+  opt = {**config_lib.OPTIMIZER_DEFAULTS, **opt}
+  lr, warmup = float(opt["lr"]), int(opt["warmup_steps"])
+  end = lr * float(opt["end_lr_ratio"])
+  kind = opt["schedule"]
+  if kind == "cosine":
+    return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(total_steps, warmup + 1), end)
+  if kind in ("linear", "constant"):
+    decay = (optax.linear_schedule(lr, end, max(total_steps - warmup, 1)) if kind == "linear"
+             else optax.constant_schedule(lr))
+    if warmup == 0:
+      return decay
+    return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), decay], [warmup])
+  raise ValueError(f"optimizer.schedule={kind!r}: expected 'cosine', 'linear' or 'constant'")
+
+
+def _decay_mask(pattern: str | None) -> Callable[[Params], Any]:
+  # A function of the params the inner optimizer sees (frozen leaves are optax.MaskedNode there,
+  # subtrees without leaves, so they get no mask entry either).
+  if pattern is None:  # the pre-big_vision convention, kept for callers that ask for it
+    return lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)
+  return lambda p: tree_lib.regex_mask(p, pattern)
+
+
+def make_optimizer(opt: Mapping[str, Any], total_steps: int,
+                   trainable_mask: Any) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """big_vision's optimizer chain (its optax.make) for the trained leaves: clip → scale_by_adam
+  (or sgd momentum) → scale(lr) → add_decayed_weights(wd, wd_pattern) → schedule shape → descent.
+  "adamw" and "adam" are the same chain (decay is always decoupled, as in big_vision); frozen
+  leaves get a zero update and no optimizer state. Fields `opt` omits take their
+  config_lib.OPTIMIZER_DEFAULTS. Returns (tx, schedule)."""
+  opt = {**config_lib.OPTIMIZER_DEFAULTS, **opt}
+  schedule = make_schedule(opt, total_steps)
+  lr = float(opt["lr"])
+  if lr <= 0:
+    raise ValueError(f"optimizer.lr={lr!r}: must be positive (freeze parameters with the mask)")
+  name = opt["name"]
+  if name in ("adamw", "adam"):
+    direction = optax.scale_by_adam(b1=opt["b1"], b2=opt["b2"], eps=opt["eps"])
+  elif name == "sgd":
+    direction = (optax.trace(decay=opt["momentum"]) if opt["momentum"] else optax.identity())
+  else:
+    raise ValueError(f"optimizer.name={name!r}: expected 'adamw', 'adam' or 'sgd'")
+  parts = []
+  if opt["grad_clip"]:
+    parts.append(optax.clip_by_global_norm(float(opt["grad_clip"])))
+  parts += [direction, optax.scale(lr)]
+  if opt["wd"]:
+    parts.append(optax.add_decayed_weights(float(opt["wd"]), _decay_mask(opt["wd_pattern"])))
+  parts += [optax.scale_by_schedule(lambda step: schedule(step) / lr), optax.scale(-1.0)]
+  return masked_optimizer(optax.chain(*parts), trainable_mask), schedule

@@ -1,0 +1,99 @@
+"""Parameter trees as '/'-joined paths: flatten / unflatten, key-path names and regex masks.
+
+Every path-regex field of the project (surgery policies, `dont_load`, sharding `param_rules`,
+trainable masks, `wd_pattern`) names leaves the same way, big_vision's:
+
+    Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel
+
+and matches a regex against the whole path (`re.fullmatch`), so one pattern means the same thing
+in every field: "kernel" matches nothing, ".*/kernel" every kernel.
+
+No jax import at module level: checkpoints.py (numpy-only) uses flatten/unflatten.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Union
+
+Patterns = Union[str, re.Pattern, Iterable[Union[str, re.Pattern]]]
+
+
+def flatten(tree: Mapping[str, Any], *, error: type[Exception] = ValueError) -> dict[str, Any]:
+  """Nested dict -> {'a/b/c': leaf}, names sorted (the order big_vision writes them in).
+
+  Empty sub-dicts vanish, as in big_vision's tree_flatten_with_names. A key that is not a
+  non-empty string without '/' (it could not round-trip) raises `error`.
+  """
+  flat: dict[str, Any] = {}
+
+  def visit(node: Mapping[str, Any], prefix: str) -> None:
+    for key in sorted(node):
+      if not isinstance(key, str) or not key or "/" in key:
+        raise error(f"param name {key!r} under '{prefix or '<root>'}' must be a non-empty string "
+                    "without '/' (a '/'-joined path names each leaf, e.g. as an npz key)")
+      value = node[key]
+      if isinstance(value, Mapping):
+        visit(value, prefix + key + "/")
+      else:
+        flat[prefix + key] = value
+
+  if not isinstance(tree, Mapping):
+    raise error(f"expected a nested dict of params, got {type(tree).__name__}")
+  visit(tree, "")
+  return flat
+
+
+def unflatten(flat: Mapping[str, Any], *, error: type[Exception] = ValueError) -> dict[str, Any]:
+  """{'a/b/c': leaf} -> nested dict. A name that is both a leaf and a prefix raises `error`."""
+  tree: dict[str, Any] = {}
+  for name in sorted(flat):
+    parts = name.split("/")
+    node = tree
+    for depth, part in enumerate(parts[:-1]):
+      child = node.setdefault(part, {})
+      if not isinstance(child, dict):
+        raise error(f"key {name!r} nests under '{'/'.join(parts[:depth + 1])}', which is itself "
+                    "an array")
+      node = child
+    if parts[-1] in node:
+      raise error(f"key {name!r} is both an array and a prefix of other keys")
+    node[parts[-1]] = flat[name]
+  return tree
+
+
+def path_str(path: Sequence[Any]) -> str:
+  """A jax key path as a '/'-joined name: (DictKey('a'), GetAttrKey('b'), SequenceKey(0)) → 'a/b/0'.
+
+  Duck-typed on the key classes' fields (DictKey/FlattenedIndexKey .key, GetAttrKey .name,
+  SequenceKey .idx), so that this module needs no jax import.
+  """
+  parts = []
+  for k in path:
+    for field in ("key", "name", "idx"):
+      if hasattr(k, field):
+        parts.append(str(getattr(k, field)))
+        break
+    else:
+      parts.append(str(k))
+  return "/".join(parts)
+
+
+def compile_patterns(patterns: Patterns) -> list[re.Pattern]:
+  """One regex or several (str or compiled) as a list of compiled patterns."""
+  if isinstance(patterns, (str, re.Pattern)):
+    patterns = [patterns]
+  return [p if isinstance(p, re.Pattern) else re.compile(p) for p in patterns]
+
+
+def matches(name: str, patterns: Sequence[re.Pattern]) -> bool:
+  """Whether any compiled pattern matches the whole of `name` (re.fullmatch)."""
+  return any(p.fullmatch(name) for p in patterns)
+
+
+def regex_mask(tree: Any, patterns: Patterns) -> Any:
+  """A pytree of Python bools like `tree`: True where the leaf's path fullmatches a pattern."""
+  import jax  # pylint: disable=import-outside-toplevel  (see the module docstring)
+  compiled = compile_patterns(patterns)
+  return jax.tree_util.tree_map_with_path(lambda p, _: matches(path_str(p), compiled), tree)

@@ -1,0 +1,120 @@
+"""optim.py: trainable masks, the schedule, big_vision's optimizer, and defaults from config_lib."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from linvit_jax import config_lib, optim, train
+
+VIT_LIKE = {  # per-block and scanned encoder paths, and a head
+    "Transformer": {
+        "encoderblock_0": {"MultiHeadDotProductAttention_0": {"query": {"kernel": np.zeros((4, 4))},
+                                                              "feature_map_q": {"w": np.zeros(2)}},
+                           "MlpBlock_0": {"Dense_0": {"kernel": np.zeros((4, 8))}}},
+        "encoderblock": {"MultiHeadDotProductAttention_0": {"out": {"bias": np.zeros((2, 4))}}}},
+    "head": {"kernel": np.zeros((4, 3)), "bias": np.zeros(3)},
+}
+
+
+def _true_paths(mask):
+  return sorted("/".join(k.key for k in p) for p, m in
+                jax.tree_util.tree_flatten_with_path(mask)[0] if m)
+
+
+def test_trainable_mask_names_regexes_callables_and_trees():
+  attn = ["Transformer/encoderblock/MultiHeadDotProductAttention_0/out/bias",
+          "Transformer/encoderblock_0/MultiHeadDotProductAttention_0/feature_map_q/w",
+          "Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"]
+  assert _true_paths(optim.trainable_mask(VIT_LIKE, "distill_attention")) == attn
+  assert _true_paths(optim.trainable_mask(VIT_LIKE, "attention")) == attn
+  everything = _true_paths(optim.trainable_mask(VIT_LIKE, None))
+  assert len(everything) == 6
+  assert _true_paths(optim.trainable_mask(VIT_LIKE, "all")) == everything
+  assert _true_paths(optim.trainable_mask(VIT_LIKE, "finetune")) == everything
+  # A regex is matched against the whole path (re.fullmatch), as in every other path field.
+  assert _true_paths(optim.trainable_mask(VIT_LIKE, "head/.*")) == ["head/bias", "head/kernel"]
+  assert _true_paths(optim.trainable_mask(VIT_LIKE, ".*/kernel")) == [
+      "Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel",
+      "Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel", "head/kernel"]
+  with pytest.raises(ValueError, match="'kernel' selects no parameters"):
+    optim.trainable_mask(VIT_LIKE, "kernel")
+  mask = optim.trainable_mask(VIT_LIKE, lambda p: jax.tree.map(lambda x: x.ndim == 1, p))
+  assert _true_paths(mask) == ["Transformer/encoderblock_0/MultiHeadDotProductAttention_0/"
+                               "feature_map_q/w", "head/bias"]
+  assert optim.trainable_mask(mask, mask) == mask  # a tree of bools passes through
+  assert all(type(v) is bool for v in jax.tree.leaves(optim.trainable_mask(
+      {"a": np.zeros(2)}, {"a": np.bool_(True)})))
+
+
+def test_frozen_leaves_have_no_optimizer_state():
+  params = {"a": np.ones((4, 4), np.float32), "b": np.ones((4,), np.float32)}
+  mask = optim.trainable_mask(params, r"a")
+  assert mask == {"a": True, "b": False}
+  tx, _ = optim.make_optimizer(dict(wd=0.0, grad_clip=0.0), 4, mask)
+  state = jax.eval_shape(tx.init, params)
+  n_state = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state) if x.ndim)
+  assert n_state == 2 * 16  # adam mu and nu of "a" only
+  assert set(state.inner_states) == {"trained", "frozen"}  # checkpointed opt_state keys
+  updates, _ = jax.jit(lambda p: tx.update(p, tx.init(p), p))(params)
+  assert not np.any(np.asarray(updates["b"])) and np.all(np.asarray(updates["a"]))
+
+
+def test_schedule_warmup_then_cosine():
+  opt = dict(lr=1.0, warmup_steps=10, end_lr_ratio=0.1)
+  scheds = [optim.make_schedule(dict(opt, schedule=k), 110) for k in ("cosine", "linear",
+                                                                       "constant")]
+  at = jnp.array([0, 5, 10, 60, 100, 110])
+  cos, lin, const = (np.asarray(v) for v in jax.jit(lambda t: [f(t) for f in scheds])(at))
+  np.testing.assert_allclose(cos, [0, 0.5, 1, 0.55, 0.1 + 0.9 * (1 + np.cos(0.9 * np.pi)) / 2,
+                                   0.1], atol=1e-6)
+  np.testing.assert_allclose(lin, [0, 0.5, 1, 0.55, 0.19, 0.1], atol=1e-6)
+  np.testing.assert_allclose(const, [0, 0.5, 1, 1, 1, 1], atol=1e-6)
+  with pytest.raises(ValueError, match="'cosine', 'linear' or 'constant'"):
+    optim.make_schedule(dict(opt, schedule="step"), 10)
+
+
+def test_weight_decay_has_big_vision_semantics():
+  """wd is added after scale(lr), follows the schedule's shape only and decays `.*/kernel` only:
+  big_vision's optax.make, written out by hand for adam's first step (update = ±1 per element)."""
+  params = {"Dense_0": {"kernel": np.full((2, 2), 2.0, np.float32),
+                        "bias": np.full((2,), 2.0, np.float32)},
+            "pos_embedding": np.full((1, 3, 2), 2.0, np.float32)}
+  grads = jax.tree.map(np.ones_like, params)
+  mask = optim.trainable_mask(params, None)
+  lr, wd, warmup = 1e-2, 0.1, 4
+  opt = dict(lr=lr, wd=wd, warmup_steps=warmup, schedule="constant", grad_clip=0.0)
+  tx, schedule = optim.make_optimizer(opt, 10, mask)
+  state = tx.init(params)
+  for step in range(3):  # warmup: the schedule's shape s(t) = t / warmup scales lr and wd alike
+    updates, state = tx.update(grads, state, params)
+    s = float(schedule(step)) / lr
+    assert s == pytest.approx(step / warmup)
+    adam = 1.0  # first adam steps on a constant gradient: m/sqrt(v) = 1
+    np.testing.assert_allclose(updates["Dense_0"]["kernel"], -s * (lr * adam + wd * 2.0),
+                               rtol=1e-4)
+    np.testing.assert_allclose(updates["Dense_0"]["bias"], -s * lr * adam, rtol=1e-4)
+    np.testing.assert_allclose(updates["pos_embedding"], -s * lr * adam, rtol=1e-4)
+
+
+def test_defaults_come_from_config_lib():
+  """A block that omits fields means what the config's block means: one table of defaults."""
+  assert optim.optimizer_settings(None) == config_lib.OPTIMIZER_DEFAULTS
+  block = config_lib.stage("finetune", steps=40, batch_size=8, lr=3e-4, warmup_steps=2)
+  minimal = {"name": "x", "steps": 40, "batch_size": 8,
+             "optimizer": {"lr": 3e-4, "warmup_steps": 2, "wd": None}}
+  got = train.stage_settings(minimal)
+  for k, v in block.items():
+    if k == "optimizer":
+      assert got[k] == {**config_lib.OPTIMIZER_DEFAULTS, **v}
+    elif k in got:
+      assert got[k] == v, k
+  assert got["optimizer"]["wd"] == 1e-4 and got["optimizer"]["grad_clip"] == 1.0
+  with pytest.raises(ValueError, match=r"unknown optimizer field\(s\) \['learning_rate'\]"):
+    optim.optimizer_settings({"learning_rate": 0.1})
+  with pytest.raises(ValueError, match=r"unknown optimizer field\(s\) \['learning_rate'\]"):
+    config_lib.optimizer(0.1, learning_rate=0.1)
+  # Every optimizer field reaches the block's `optimizer`, not the stage's top level.
+  block = config_lib.stage("train", steps=4, batch_size=8, lr=1e-3, end_lr_ratio=0.1, b1=0.95)
+  assert block["optimizer"]["end_lr_ratio"] == 0.1 and block["optimizer"]["b1"] == 0.95
+  assert "end_lr_ratio" not in block and "b1" not in block
