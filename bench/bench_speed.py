@@ -67,22 +67,25 @@ class Group:
 
 
 def _plan_cpu() -> list[Group]:
-  """What fits ~20-30 minutes on 2 shared CPU cores. Batch 8 where the issue asks for it, except
-  that the whole ViT runs batch 1 above 224 px and single layers batch 1 above 448 px (a ViT-S
-  forward+backward at 1024 px, batch 8, is ~90 s per call here). Every operator is compiled for
-  memory at every size; the ViT times the big operators only where the targets need them."""
+  """What fits ~25 minutes on 2 idle CPU cores (117 GFLOP/s matmul). Batch 8 where the issue asks
+  for it, except that the whole ViT runs batch 1 above 224 px and single layers batch 1 above
+  448 px (a ViT-S forward+backward at 1024 px, batch 8, is ~90 s per call here). The layer sweep
+  times every operator at every size; the ViT times all of them at 224 px and above that only what
+  the targets need, compiling softmax / chunked / elu1 everywhere for their memory."""
   groups = []
   layer_batch = {224: 8, 448: 8, 896: 1, 1024: 1, 1792: 1}
   for size in SIZES:
     for mode in MODES:
       groups.append(Group("layer", size, layer_batch[size], mode, run=ALL_CPU,
                           reps=7 if size <= 448 else 5))
-  vit_run = {224: ALL_CPU, 448: ALL_CPU, 896: ("elu1",),
-             1024: ("softmax", "chunked_softmax", "elu1"), 1792: ("elu1",)}
+  vit_run = {224: ALL_CPU, 448: ("softmax", "chunked_softmax", "elu1", "hedgehog"),
+             896: ("elu1",), 1024: ("softmax", "chunked_softmax", "elu1"), 1792: ("elu1",)}
   for size in SIZES:
     for mode in MODES:
       run = vit_run[size]
       memory = tuple(op for op in ("softmax", "chunked_softmax", "elu1") if op not in run)
+      # relu costs what elu1 costs and favor what hedgehog costs (same shapes, an elementwise map
+      # or a Dh x F projection); above 224 px the layer sweep compares all four.
       groups.append(Group("vit", size, 8 if size == 224 else 1, mode, run=run, memory=memory))
   return groups
 
@@ -274,21 +277,23 @@ def run_group(g: Group, *, ref: Callable[[], Any], ref_flops: float, ref_rate: f
     del case
   if cases:
     t0 = time.perf_counter()
-    times = common.time_interleaved({**cases, common.REFERENCE: ref}, reps=g.reps)
+    t = common.time_interleaved(cases, reps=g.reps, reference=ref)
     log(f"  timed {len(cases)} operators x {g.reps} rounds in {time.perf_counter() - t0:.0f}s")
-    ref_s = common.median(times[common.REFERENCE])
-    soft_s = common.median(times["softmax"]) if "softmax" in times else None
     for row in rows:
-      if row["op"] not in cases:
+      op = row["op"]
+      if op not in cases:
         continue
-      s = common.median(times[row["op"]])
-      gflops = row["flops"] / s / 1e9
-      matmul_gflops = ref_flops / ref_s / 1e9
-      row.update(times_s=times[row["op"]], ms=1e3 * s, images_per_s=g.batch / s,
-                 gflops=gflops, matmul_gflops=matmul_gflops,
-                 matmul_times_s=times[common.REFERENCE],
-                 pct_matmul=100 * gflops / matmul_gflops,
-                 speedup_vs_softmax=(soft_s / s) if soft_s else None)
+      s = common.median(t.wall[op])
+      row.update(
+          times_s=t.wall[op], cpu_s=t.cpu[op], matmul_times_s=t.ref_wall[op],
+          matmul_cpu_s=t.ref_cpu[op], ms=1e3 * s, images_per_s=g.batch / s,
+          gflops=row["flops"] / s / 1e9,
+          matmul_gflops=ref_flops / common.median(t.ref_wall[op]) / 1e9,
+          pct_matmul=100 * common.efficiency(row["flops"], t.wall[op], ref_flops, t.ref_wall[op]),
+          pct_matmul_cpu_time=100 * common.efficiency(row["flops"], t.cpu[op], ref_flops,
+                                                      t.ref_cpu[op]),
+          speedup_vs_softmax=(common.median_ratio(t.wall["softmax"], t.wall[op])
+                              if "softmax" in t.wall else None))
   cases.clear()
   gc.collect()
   return rows
@@ -322,6 +327,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   p.add_argument("--ref-n", type=int, default=None, help="reference matmul size")
   p.add_argument("--variant", default="S/16")
   p.add_argument("--no-probes", action="store_true")
+  p.add_argument("--resume", action="store_true",
+                 help="keep the groups already in --out (each group is self-contained: its "
+                      "operators and matmul were interleaved together) and run the rest")
   p.add_argument("--compile-workers", type=int, default=1,
                  help="compile a group's operators in parallel threads (GPU hosts: 8)")
   p.add_argument("--probe", default=None, help=argparse.SUPPRESS)
@@ -345,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   mm = jax.jit(jnp.matmul)
   ref = lambda: mm(a, a)  # noqa: E731
   ref_flops = 2.0 * ref_n ** 3
-  ref_rate = ref_flops / common.median(common.time_interleaved({"m": ref}, reps=5)["m"])
+  ref_rate = ref_flops / common.median(common.time_interleaved({"m": ref}, reps=5).wall["m"])
   log(f"reference matmul {ref_n}^3 {dtype}: {ref_rate / 1e9:.1f} GFLOP/s")
   est_rate = args.assumed_gflops * 1e9 if args.assumed_gflops else ref_rate
 
@@ -354,6 +362,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     keep = {tuple(x.split(":")) for x in args.only.split(",")}
     groups = [g for g in groups if (g.what, str(g.size)) in keep or (g.what,) in keep]
   rows, probes = [], []
+  if args.resume and os.path.exists(out_path):
+    with open(out_path) as f:
+      rows = json.load(f)["rows"]
+    done = {(r["what"], r["size"], r["mode"]) for r in rows}
+    groups = [g for g in groups if (g.what, g.size, g.mode) not in done]
+    log(f"resuming: {len(done)} groups kept from {out_path}, {len(groups)} to run")
 
   def save(done: bool) -> dict[str, Any]:  # after every group: a crash keeps what was measured
     result = dict(plan=args.plan, dtype=dtype, variant=args.variant,

@@ -1,9 +1,10 @@
 """What every benchmark here shares: interleaved timing, the matmul reference, FLOPs, memory.
 
-Why interleaved: this machine is shared, so absolute times drift by 2-4x within minutes. Every
-figure we report is therefore a ratio of cases timed round-robin in one run (round r times case A,
-then B, ..., then the reference matmul), median over rounds, first call (warm-up) excluded. The
-reference matmul rides in the same rounds, so "% of the matmul rate" is drift-corrected too.
+Why interleaved: this machine is shared, so absolute times drift by 2-10x within minutes. Every
+figure we report is therefore a ratio of cases timed round-robin in one run (round r runs the
+reference matmul, case A, the reference, case B, the reference, ...), first call (warm-up)
+excluded: ratios are taken within each round and the median over rounds is reported, and each
+case's "% of the matmul rate" uses the reference calls right next to it.
 
 FLOPs are counted analytically (2 per multiply-add, matmuls and attention contractions only;
 elementwise work is overhead we want to see, not count). A backward pass is counted as twice its
@@ -12,6 +13,7 @@ forward (the usual 3x for forward+backward), for every operator alike.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -42,22 +44,60 @@ def reference_matmul(n: int = REFERENCE_N) -> tuple[Callable[[], Any], float]:
   return (lambda: f(a, b)), 2.0 * n ** 3
 
 
-def time_interleaved(cases: Mapping[str, Callable[[], Any]], reps: int,
-                     warmup: int = 1) -> dict[str, list[float]]:
-  """Seconds per call of each zero-argument case, timed round-robin `reps` times after `warmup`
-  untimed rounds; each call is blocked on so the time is the whole computation."""
+@dataclasses.dataclass
+class Timings:
+  """Per case, one entry per round. `ref_*` is the reference matmul timed right before and right
+  after that case's call in the same round (their mean): on a machine whose load changes by the
+  second, a case is compared with the reference measured next to it, not minutes away."""
+  wall: dict[str, list[float]]
+  cpu: dict[str, list[float]]       # process CPU seconds (all threads) per call
+  ref_wall: dict[str, list[float]]
+  ref_cpu: dict[str, list[float]]
+
+
+def _timed_call(fn: Callable[[], Any]) -> tuple[float, float]:
+  c0, t0 = time.process_time(), time.perf_counter()
+  jax.block_until_ready(fn())
+  return time.perf_counter() - t0, time.process_time() - c0
+
+
+def time_interleaved(cases: Mapping[str, Callable[[], Any]], reps: int, warmup: int = 1,
+                     reference: Callable[[], Any] | None = None) -> Timings:
+  """Times zero-argument cases round-robin, `reps` rounds after `warmup` untimed ones; every call
+  is blocked on. With a `reference`, each round runs ref, A, ref, B, ref, ... so that every case
+  has a (timed) reference call on both sides."""
   if reps < 1:
     raise ValueError(f"reps must be >= 1, got {reps}")
   for _ in range(warmup):
-    for fn in cases.values():
+    for fn in list(cases.values()) + ([reference] if reference else []):
       jax.block_until_ready(fn())
-  times: dict[str, list[float]] = {name: [] for name in cases}
+  t = Timings({n: [] for n in cases}, {n: [] for n in cases}, {n: [] for n in cases},
+              {n: [] for n in cases})
   for _ in range(reps):
+    before = _timed_call(reference) if reference else None
     for name, fn in cases.items():
-      t0 = time.perf_counter()
-      jax.block_until_ready(fn())
-      times[name].append(time.perf_counter() - t0)
-  return times
+      wall, cpu = _timed_call(fn)
+      t.wall[name].append(wall)
+      t.cpu[name].append(cpu)
+      if reference:
+        # One untimed call first: right after a case that freed gigabytes, the next call pays for
+        # the allocator and the kernel reclaiming memory, which is not the matmul's speed.
+        jax.block_until_ready(reference())
+        after = _timed_call(reference)
+        t.ref_wall[name].append((before[0] + after[0]) / 2)
+        t.ref_cpu[name].append((before[1] + after[1]) / 2)
+        before = after
+  return t
+
+
+def efficiency(flops: float, secs: list[float], ref_flops: float, ref_secs: list[float]) -> float:
+  """Median over rounds of (this case's FLOP rate) / (the adjacent reference's FLOP rate)."""
+  return float(np.median([(flops / s) / (ref_flops / r) for s, r in zip(secs, ref_secs)]))
+
+
+def median_ratio(num: list[float], den: list[float]) -> float:
+  """Median over rounds of num[r] / den[r] (both timed in the same round)."""
+  return float(np.median(np.asarray(num) / np.asarray(den)))
 
 
 def median(xs: list[float]) -> float:
