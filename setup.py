@@ -25,7 +25,7 @@ setup(
     name="linvit_jax",
     version="0.1.0",
     description="Convert pretrained softmax ViTs (big_vision layout) to linear-attention ViTs by "
-                "copying the operator-agnostic weights and distilling attention outputs.",
+    "copying the operator-agnostic weights and distilling attention outputs.",
     # configs/ stays at the top of the repository (`--config configs/demo.py`) and ships inside
     # the wheel as `linvit_jax.configs`, where linvit_jax.config_files finds it by name
     # (`--config demo`). It has no __init__.py: the files are loaded by path, never imported.
@@ -35,7 +35,15 @@ setup(
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        "test": ["pytest>=8,<10", "pytest-xdist>=3.5,<4", "nbclient>=0.10,<1", "nbformat>=5.10,<6",
-                 "ipykernel>=6.29,<8"],
+        "test": [
+            "pytest>=8,<10",
+            "pytest-xdist>=3.5,<4",
+            "nbclient>=0.10,<1",
+            "nbformat>=5.10,<6",
+            "ipykernel>=6.29,<8",
+            # The code style, enforced by .ci/run (settings in pyproject.toml).
+            "pyink>=24,<27",
+            "ruff>=0.5,<1",
+        ],
     },
 )

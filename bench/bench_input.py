@@ -34,8 +34,7 @@ PIPELINES = {  # name -> pp string (labels: one random id of 1000 per image)
     "`decode` only (full image, no resize)": 'decode|keep("image", "labels")',
     UNFUSED_PP: f"decode|inception_crop(224)|flip_lr|value_range(-1,1)|{LABELS}",
     TRAIN_PP: f"decode_jpeg_and_inception_crop(224)|flip_lr|value_range(-1,1)|{LABELS}",
-    "`decode`, `resize_small(256)`, `central_crop(224)` (eval pp)":
-        f"decode|resize_small(256)|central_crop(224)|value_range(-1,1)|{LABELS}",
+    "`decode`, `resize_small(256)`, `central_crop(224)` (eval pp)": f"decode|resize_small(256)|central_crop(224)|value_range(-1,1)|{LABELS}",
 }
 
 
@@ -47,8 +46,9 @@ def synthetic_jpegs(n: int, seed: int = 0) -> list[bytes]:
   rng = np.random.default_rng(seed)
   out = []
   for _ in range(n):
-    field = tf.image.resize(rng.uniform(0, 255, (12, 16, 3)).astype(np.float32), (375, 500),
-                            method="bicubic")
+    field = tf.image.resize(
+        rng.uniform(0, 255, (12, 16, 3)).astype(np.float32), (375, 500), method="bicubic"
+    )
     image = tf.clip_by_value(field + rng.normal(0, 12, (375, 500, 3)), 0, 255)
     out.append(tf.io.encode_jpeg(tf.cast(image, tf.uint8), quality=95).numpy())
   return out
@@ -56,9 +56,16 @@ def synthetic_jpegs(n: int, seed: int = 0) -> list[bytes]:
 
 def window(pp: str, data: str, batch: int, warmup: int, batches: int) -> tuple[float, float]:
   """(images per wall second, images per CPU second) of one steady-state window."""
-  it = input_pipeline.make_train_iterator(dataset=data, split="train", pp=pp,
-                                          global_batch_size=batch, seed=0, shuffle_buffer=256,
-                                          process_index=0, process_count=1)
+  it = input_pipeline.make_train_iterator(
+      dataset=data,
+      split="train",
+      pp=pp,
+      global_batch_size=batch,
+      seed=0,
+      shuffle_buffer=256,
+      process_index=0,
+      process_count=1,
+  )
   for _ in range(warmup):
     next(it)
   time.sleep(0.5)  # Let prefetching fill up: steady state at the window's start.
@@ -86,15 +93,19 @@ def main() -> None:
   jpegs = synthetic_jpegs(args.images)
   rng = np.random.default_rng(1)
   with tempfile.TemporaryDirectory() as tmp:
-    jft.write_tfrecords(os.path.join(tmp, "train"),
-                        ((j, [int(rng.integers(1000))]) for j in jpegs), num_shards=4)
+    jft.write_tfrecords(
+        os.path.join(tmp, "train"), ((j, [int(rng.integers(1000))]) for j in jpegs), num_shards=4
+    )
     data = f"jft:{tmp}/train-*.tfrecord"
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in PIPELINES}
     for r in range(args.rounds):
       for name, pp in PIPELINES.items():
         results[name].append(window(pp, data, args.batch, 3, args.batches))
-        print(f"round {r}: {name}: {results[name][-1][0]:.0f} img/s wall, "
-              f"{results[name][-1][1]:.0f} img/CPU-s", flush=True)
+        print(
+            f"round {r}: {name}: {results[name][-1][0]:.0f} img/s wall, "
+            f"{results[name][-1][1]:.0f} img/CPU-s",
+            flush=True,
+        )
 
   load = os.getloadavg()[0]
   mean_kb = np.mean([len(j) for j in jpegs]) / 1e3

@@ -31,7 +31,6 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import ml_collections as mlc
-import numpy as np
 import optax
 
 from bench import common
@@ -43,8 +42,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _project_config(variant: str, feature_map: str, image_size: int) -> mlc.ConfigDict:
   """configs/imagenet_vit.py, the recipe a real conversion of ViT-S/16 runs."""
-  spec = importlib.util.spec_from_file_location("imagenet_vit",
-                                                os.path.join(REPO, "configs", "imagenet_vit.py"))
+  spec = importlib.util.spec_from_file_location(
+      "imagenet_vit", os.path.join(REPO, "configs", "imagenet_vit.py")
+  )
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   return mod.get_config(f"variant={variant},feature_map={feature_map},res={image_size},init=none")
@@ -66,8 +66,12 @@ def _flops(c: mlc.ConfigDict, feature_map: str, image_size: int) -> dict[str, fl
   proj = 2.0 * n * d["width"] ** 2
   core = common.attention_core_flops(student_spec, n, d["heads"], d["head_dim"])
   forced = d["depth"] * (9 * proj + 3 * core)
-  return dict(student_fwdbwd=3 * student, teacher_fwd=teacher, distill_step=teacher + forced,
-              finetune_step=3 * student + teacher)
+  return dict(
+      student_fwdbwd=3 * student,
+      teacher_fwd=teacher,
+      distill_step=teacher + forced,
+      finetune_step=3 * student + teacher,
+  )
 
 
 def _project_steps(c: mlc.ConfigDict, batch: dict[str, jax.Array], rng: jax.Array):
@@ -95,8 +99,11 @@ def _project_steps(c: mlc.ConfigDict, batch: dict[str, jax.Array], rng: jax.Arra
 def _fallback_steps(c: mlc.ConfigDict, batch: dict[str, jax.Array], rng: jax.Array):
   """Self-contained equivalent (only if the project's modules fail to import): teacher forward
   with intermediates, teacher-forced student attention, nmse, masked AdamW on attention params."""
-  model_kw = {k: v for k, v in c.model.to_dict().items()
-              if k not in ("width", "depth", "mlp_dim", "num_heads", "patch_size")}
+  model_kw = {
+      k: v
+      for k, v in c.model.to_dict().items()
+      if k not in ("width", "depth", "mlp_dim", "num_heads", "patch_size")
+  }
   teacher = vit.Model(**{**model_kw, "attention": "softmax"})
   student = vit.Model(**{**model_kw, "attention": c.student.attention})
   k_t, k_s = jax.random.split(rng)
@@ -114,7 +121,8 @@ def _fallback_steps(c: mlc.ConfigDict, batch: dict[str, jax.Array], rng: jax.Arr
       x = jax.lax.stop_gradient(inter[f"encoderblock_{l}"]["attn_input"][0])
       target = jax.lax.stop_gradient(out["encoder"][f"block{l:02d}"]["sa"])
       y = attn_lib.Attention(student.num_heads, spec).apply(
-          {"params": sp["Transformer"][f"encoderblock_{l}"][attn]}, x)
+          {"params": sp["Transformer"][f"encoderblock_{l}"][attn]}, x
+      )
       loss += jnp.mean((y - target) ** 2) / (jnp.var(target) + 1e-12)
     return loss / depth
 
@@ -127,13 +135,23 @@ def _fallback_steps(c: mlc.ConfigDict, batch: dict[str, jax.Array], rng: jax.Arr
     return xent(logits, b["labels"]) + xent(logits, jax.nn.softmax(t_logits))
 
   steps = {}
-  for name, loss, trainable in (("distill_attention", lambda sp, tp, b: distill_loss(
-      sp, tp, b["image"]), r".*/" + attn + r"/.*"), ("finetune", finetune_loss, r".*")):
+  for name, loss, trainable in (
+      (
+          "distill_attention",
+          lambda sp, tp, b: distill_loss(sp, tp, b["image"]),
+          r".*/" + attn + r"/.*",
+      ),
+      ("finetune", finetune_loss, r".*"),
+  ):
     import re
+
     mask = jax.tree_util.tree_map_with_path(
-        lambda p, _: bool(re.fullmatch(trainable, "/".join(str(k.key) for k in p))), s_params)
-    tx = optax.multi_transform({"t": optax.adamw(1e-4), "f": optax.set_to_zero()},
-                               jax.tree.map(lambda m: "t" if m else "f", mask))
+        lambda p, _: bool(re.fullmatch(trainable, "/".join(str(k.key) for k in p))), s_params
+    )
+    tx = optax.multi_transform(
+        {"t": optax.adamw(1e-4), "f": optax.set_to_zero()},
+        jax.tree.map(lambda m: "t" if m else "f", mask),
+    )
 
     def step(state, tp, b, loss=loss, tx=tx):
       params, opt_state = state
@@ -175,25 +193,34 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     teacher, student, t_params, s_params, steps = _project_steps(c, batch, rng)
     implementation = "project (stages.build + train.make_train_step, configs/imagenet_vit.py)"
   except Exception as e:  # noqa: BLE001 - report which implementation was measured, and why
-    print(f"project steps unavailable ({type(e).__name__}: {e}); measuring the fallback",
-          flush=True)
+    print(
+        f"project steps unavailable ({type(e).__name__}: {e}); measuring the fallback", flush=True
+    )
     teacher, student, t_params, s_params, steps = _fallback_steps(c, batch, rng)
     implementation = f"self-contained fallback ({type(e).__name__}: {str(e)[:120]})"
 
   def xent(logits, y):
     return -jnp.mean(jnp.sum(y * jax.nn.log_softmax(logits.astype(jnp.float32)), -1))
 
-  student_fb = jax.jit(jax.value_and_grad(
-      lambda sp, b: xent(student.apply({"params": sp}, b["image"])[0], b["labels"])))
+  student_fb = jax.jit(
+      jax.value_and_grad(
+          lambda sp, b: xent(student.apply({"params": sp}, b["image"])[0], b["labels"])
+      )
+  )
   teacher_fwd = jax.jit(lambda tp, im: teacher.apply({"params": tp}, im)[0])
   (dist_step, dist_state), (ft_step, ft_state) = steps["distill_attention"], steps["finetune"]
   compiled = dict(
       student_fwdbwd=(student_fb.lower(s_params, batch).compile(), (s_params, batch)),
       teacher_fwd=(teacher_fwd.lower(t_params, images).compile(), (t_params, images)),
-      distill_step=(dist_step.lower(dist_state, t_params, batch).compile(),
-                    (dist_state, t_params, batch)),
-      finetune_step=(ft_step.lower(ft_state, t_params, batch).compile(),
-                     (ft_state, t_params, batch)))
+      distill_step=(
+          dist_step.lower(dist_state, t_params, batch).compile(),
+          (dist_state, t_params, batch),
+      ),
+      finetune_step=(
+          ft_step.lower(ft_state, t_params, batch).compile(),
+          (ft_state, t_params, batch),
+      ),
+  )
   memory = {k: common.memory_stats(fn) for k, (fn, _) in compiled.items()}
   a = jax.random.normal(rng, (ref_n, ref_n), jnp.float32).astype(dtype)
   mm = jax.jit(jnp.matmul)
@@ -202,32 +229,54 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   t = common.time_interleaved(cases, reps=reps, reference=lambda: mm(a, a))
 
   flops = _flops(c, args.feature_map, size)
-  ref_flops = 2.0 * ref_n ** 3
+  ref_flops = 2.0 * ref_n**3
   rows = []
   for name in ("student_fwdbwd", "teacher_fwd", "distill_step", "finetune_step"):
     s = common.median(t.wall[name])
     f = batch_size * flops[name]
-    rows.append(dict(
-        name=name, ms=1e3 * s, images_per_s=batch_size / s, gflops=f / s / 1e9,
-        matmul_gflops=ref_flops / common.median(t.ref_wall[name]) / 1e9,
-        pct_matmul=100 * common.efficiency(f, t.wall[name], ref_flops, t.ref_wall[name]),
-        pct_matmul_cpu_time=100 * common.efficiency(f, t.cpu[name], ref_flops, t.ref_cpu[name]),
-        cost_vs_student_fwdbwd=common.median_ratio(t.wall[name], t.wall["student_fwdbwd"]),
-        flops_per_image=flops[name], times_s=t.wall[name], cpu_s=t.cpu[name],
-        matmul_times_s=t.ref_wall[name], memory=memory[name]))
+    rows.append(
+        dict(
+            name=name,
+            ms=1e3 * s,
+            images_per_s=batch_size / s,
+            gflops=f / s / 1e9,
+            matmul_gflops=ref_flops / common.median(t.ref_wall[name]) / 1e9,
+            pct_matmul=100 * common.efficiency(f, t.wall[name], ref_flops, t.ref_wall[name]),
+            pct_matmul_cpu_time=100 * common.efficiency(f, t.cpu[name], ref_flops, t.ref_cpu[name]),
+            cost_vs_student_fwdbwd=common.median_ratio(t.wall[name], t.wall["student_fwdbwd"]),
+            flops_per_image=flops[name],
+            times_s=t.wall[name],
+            cpu_s=t.cpu[name],
+            matmul_times_s=t.ref_wall[name],
+            memory=memory[name],
+        )
+    )
   matmul_gflops = ref_flops / common.median(sum(t.ref_wall.values(), [])) / 1e9
-  result = dict(plan=args.plan, implementation=implementation, variant=variant,
-                image_size=size, batch=batch_size, feature_map=args.feature_map, dtype=dtype,
-                model=c.model.to_dict(),
-                distill=c.distill.to_dict(), matmul_gflops=matmul_gflops, reference_n=ref_n,
-                machine=common.machine_summary(), rows=rows, wall_s=time.time() - t_start,
-                date=time.strftime("%Y-%m-%d %H:%M"))
+  result = dict(
+      plan=args.plan,
+      implementation=implementation,
+      variant=variant,
+      image_size=size,
+      batch=batch_size,
+      feature_map=args.feature_map,
+      dtype=dtype,
+      model=c.model.to_dict(),
+      distill=c.distill.to_dict(),
+      matmul_gflops=matmul_gflops,
+      reference_n=ref_n,
+      machine=common.machine_summary(),
+      rows=rows,
+      wall_s=time.time() - t_start,
+      date=time.strftime("%Y-%m-%d %H:%M"),
+  )
   os.makedirs(os.path.dirname(out_path), exist_ok=True)
   with open(out_path, "w") as f:
     json.dump(result, f, indent=1)
   for r in rows:
-    print(f"{r['name']:15s} {r['ms']:9.1f} ms  {r['images_per_s']:7.2f} img/s  "
-          f"{r['pct_matmul']:5.1f}% of matmul  {r['cost_vs_student_fwdbwd']:.2f}x student f+b")
+    print(
+        f"{r['name']:15s} {r['ms']:9.1f} ms  {r['images_per_s']:7.2f} img/s  "
+        f"{r['pct_matmul']:5.1f}% of matmul  {r['cost_vs_student_fwdbwd']:.2f}x student f+b"
+    )
   print(f"wrote {out_path} after {result['wall_s']:.0f}s")
   return result
 

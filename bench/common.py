@@ -29,19 +29,20 @@ import numpy as np
 from linvit_jax.models import attention as attn_lib
 from linvit_jax.models.variants import decode_variant
 
-REFERENCE = "matmul"      # case name of the reference matmul inside every timing group
-REFERENCE_N = 2048        # n×n @ n×n float32: large enough for the BLAS to run at its best
+REFERENCE = "matmul"  # case name of the reference matmul inside every timing group
+REFERENCE_N = 2048  # n×n @ n×n float32: large enough for the BLAS to run at its best
 GB = 1e9
 
 
 # ----------------------------------------------------------------------------- timing
+
 
 def reference_matmul(n: int = REFERENCE_N) -> tuple[Callable[[], Any], float]:
   """A zero-argument case for the n³ float32 matmul and its FLOPs."""
   a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
   b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
   f = jax.jit(jnp.matmul)
-  return (lambda: f(a, b)), 2.0 * n ** 3
+  return (lambda: f(a, b)), 2.0 * n**3
 
 
 @dataclasses.dataclass
@@ -49,8 +50,9 @@ class Timings:
   """Per case, one entry per round. `ref_*` is the reference matmul timed right before and right
   after that case's call in the same round (their mean): on a machine whose load changes by the
   second, a case is compared with the reference measured next to it, not minutes away."""
+
   wall: dict[str, list[float]]
-  cpu: dict[str, list[float]]       # process CPU seconds (all threads) per call
+  cpu: dict[str, list[float]]  # process CPU seconds (all threads) per call
   ref_wall: dict[str, list[float]]
   ref_cpu: dict[str, list[float]]
 
@@ -61,8 +63,12 @@ def _timed_call(fn: Callable[[], Any]) -> tuple[float, float]:
   return time.perf_counter() - t0, time.process_time() - c0
 
 
-def time_interleaved(cases: Mapping[str, Callable[[], Any]], reps: int, warmup: int = 1,
-                     reference: Callable[[], Any] | None = None) -> Timings:
+def time_interleaved(
+    cases: Mapping[str, Callable[[], Any]],
+    reps: int,
+    warmup: int = 1,
+    reference: Callable[[], Any] | None = None,
+) -> Timings:
   """Times zero-argument cases round-robin, `reps` rounds after `warmup` untimed ones; every call
   is blocked on. With a `reference`, each round runs ref, A, ref, B, ref, ... so that every case
   has a (timed) reference call on both sides."""
@@ -71,8 +77,9 @@ def time_interleaved(cases: Mapping[str, Callable[[], Any]], reps: int, warmup: 
   for _ in range(warmup):
     for fn in list(cases.values()) + ([reference] if reference else []):
       jax.block_until_ready(fn())
-  t = Timings({n: [] for n in cases}, {n: [] for n in cases}, {n: [] for n in cases},
-              {n: [] for n in cases})
+  t = Timings(
+      {n: [] for n in cases}, {n: [] for n in cases}, {n: [] for n in cases}, {n: [] for n in cases}
+  )
   for _ in range(reps):
     before = _timed_call(reference) if reference else None
     for name, fn in cases.items():
@@ -106,11 +113,18 @@ def median(xs: list[float]) -> float:
 
 # ----------------------------------------------------------------------------- FLOPs
 
+
 def vit_dims(variant: str) -> dict[str, int]:
   v = decode_variant(variant)
   width = v["width"]
-  return dict(width=width, depth=v["depth"], heads=v["num_heads"], mlp=v.get("mlp_dim") or
-              4 * width, patch=v["patch_size"][0], head_dim=width // v["num_heads"])
+  return dict(
+      width=width,
+      depth=v["depth"],
+      heads=v["num_heads"],
+      mlp=v.get("mlp_dim") or 4 * width,
+      patch=v["patch_size"][0],
+      head_dim=width // v["num_heads"],
+  )
 
 
 def tokens_for(image_size: int, patch: int = 16, cls_token: bool = True) -> int:
@@ -131,13 +145,13 @@ def num_features(spec: attn_lib.AttentionSpec, head_dim: int) -> int:
 def attention_core_flops(spec: attn_lib.AttentionSpec, n: int, heads: int, head_dim: int) -> float:
   """Forward FLOPs of `attend(q, k, v)` (plus the feature maps) for one image of n tokens."""
   if spec.kind in ("softmax", "chunked_softmax"):
-    return 2 * 2.0 * n * n * heads * head_dim                 # q·kᵀ and weights·v
+    return 2 * 2.0 * n * n * heads * head_dim  # q·kᵀ and weights·v
   f = num_features(spec, head_dim)
   core = 2 * 2.0 * n * heads * f * head_dim + 2 * 2.0 * n * heads * f  # φ(k)ᵀv, φ(q)·kv; sums
   if spec.feature_map == "hedgehog":
-    core += 2 * 2.0 * n * heads * head_dim * (f // 2)         # q and k through W [Dh, F/2]
+    core += 2 * 2.0 * n * heads * head_dim * (f // 2)  # q and k through W [Dh, F/2]
   elif spec.feature_map == "favor":
-    core += 2 * 2.0 * n * heads * head_dim * f                # q and k through W [F, Dh]
+    core += 2 * 2.0 * n * heads * head_dim * f  # q and k through W [F, Dh]
   return core
 
 
@@ -146,25 +160,37 @@ def attention_layer_flops(spec: attn_lib.AttentionSpec, n: int, width: int, head
   return 4 * 2.0 * n * width * width + attention_core_flops(spec, n, heads, width // heads)
 
 
-def vit_flops(spec: attn_lib.AttentionSpec, image_size: int, variant: str = "S/16",
-              num_classes: int = 1000, cls_token: bool = True) -> float:
+def vit_flops(
+    spec: attn_lib.AttentionSpec,
+    image_size: int,
+    variant: str = "S/16",
+    num_classes: int = 1000,
+    cls_token: bool = True,
+) -> float:
   """Forward FLOPs of the whole ViT (patch embedding, blocks, head) for one image."""
   d = vit_dims(variant)
   n = tokens_for(image_size, d["patch"], cls_token)
   patches = tokens_for(image_size, d["patch"], cls_token=False)
   stem = 2.0 * patches * d["patch"] ** 2 * 3 * d["width"]
-  block = attention_layer_flops(spec, n, d["width"], d["heads"]) + 2 * 2.0 * n * d["width"] * d["mlp"]
+  block = (
+      attention_layer_flops(spec, n, d["width"], d["heads"]) + 2 * 2.0 * n * d["width"] * d["mlp"]
+  )
   return stem + d["depth"] * block + 2.0 * d["width"] * num_classes
 
 
 # ----------------------------------------------------------------------------- memory
 
+
 def memory_stats(compiled: Any) -> dict[str, float]:
   """XLA's own accounting for one call of a compiled executable (nothing runs): bytes of
   arguments, outputs, temporaries, and the peak of its buffer assignment."""
   stats = compiled.memory_analysis()
-  out = dict(argument=stats.argument_size_in_bytes, output=stats.output_size_in_bytes,
-             alias=stats.alias_size_in_bytes, temp=stats.temp_size_in_bytes)
+  out = dict(
+      argument=stats.argument_size_in_bytes,
+      output=stats.output_size_in_bytes,
+      alias=stats.alias_size_in_bytes,
+      temp=stats.temp_size_in_bytes,
+  )
   peak = getattr(stats, "peak_memory_in_bytes", 0) or 0
   out["peak"] = max(peak, out["argument"] + out["output"] + out["temp"] - out["alias"])
   return {k: float(v) for k, v in out.items()}
@@ -181,14 +207,21 @@ def run_probe(module: str, probe: Mapping[str, Any], timeout_s: float = 900) -> 
   env = dict(os.environ)
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
-  proc = subprocess.run([sys.executable, "-m", module, "--probe", json.dumps(dict(probe))],
-                        capture_output=True, text=True, timeout=timeout_s, env=env, cwd=repo)
+  proc = subprocess.run(
+      [sys.executable, "-m", module, "--probe", json.dumps(dict(probe))],
+      capture_output=True,
+      text=True,
+      timeout=timeout_s,
+      env=env,
+      cwd=repo,
+  )
   if proc.returncode != 0:
     return {"error": f"probe exited {proc.returncode}: {proc.stderr.strip()[-400:]}"}
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 # ----------------------------------------------------------------------------- formatting
+
 
 def fmt_bytes(b: float | None) -> str:
   if b is None or (isinstance(b, float) and np.isnan(b)):
@@ -206,6 +239,11 @@ def fmt(x: float | None, spec: str = ".2f") -> str:
 
 def machine_summary() -> dict[str, Any]:
   dev = jax.devices()[0]
-  return dict(backend=jax.default_backend(), device=getattr(dev, "device_kind", str(dev)),
-              num_devices=jax.device_count(), cpus=os.cpu_count(), jax=jax.__version__,
-              load_avg=os.getloadavg() if hasattr(os, "getloadavg") else None)
+  return dict(
+      backend=jax.default_backend(),
+      device=getattr(dev, "device_kind", str(dev)),
+      num_devices=jax.device_count(),
+      cpus=os.cpu_count(),
+      jax=jax.__version__,
+      load_avg=os.getloadavg() if hasattr(os, "getloadavg") else None,
+  )

@@ -24,8 +24,9 @@ from linvit_jax import run as run_lib
 
 
 def _config(seed: int, steps: int, sets: list[str], patch: int):
-  c = config_lib.fmnist_conversion(feature_map="hedgehog", patch=patch, distill_steps=steps,
-                                   finetune_steps=1)
+  c = config_lib.fmnist_conversion(
+      feature_map="hedgehog", patch=patch, distill_steps=steps, finetune_steps=1
+  )
   c.seed = seed
   c.surgery.policy = "copy_same"
   c.stages = ("distill_attention",)
@@ -64,22 +65,39 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
       r = run_lib.run(config, workdir)
     hist = r["histories"]["distill_attention"]
-    rows.append(dict(
-        seed=seed, top1_converted=r["student_top1_converted"],
-        top1_after_distill=r["student_top1_after_distill_attention"],
-        teacher_top1=r.get("teacher_top1"),
-        layer_cosine=[row["cosine"] for row in r["fidelity_after_distill_attention"]],
-        cls_cosine=r["end_to_end_after_distill_attention"].get("cls_cosine"),
-        loss=[(h["step"], h["loss"]) for h in hist if h.get("loss") is not None],
-        terms={k: [h.get(k) for h in hist] for k in hist[-1] if k.startswith(("attn", "routing",
-                                                                              "w_", "loss_"))},
-        grad_norm=[h.get("grad_norm") for h in hist], seconds=time.time() - t0))
-    print(f"seed {seed}: top-1 after distill {100 * rows[-1]['top1_after_distill']:.2f} %, "
-          f"layer cos {[round(x, 3) for x in rows[-1]['layer_cosine']]}, "
-          f"{rows[-1]['seconds']:.0f} s", flush=True)
+    rows.append(
+        dict(
+            seed=seed,
+            top1_converted=r["student_top1_converted"],
+            top1_after_distill=r["student_top1_after_distill_attention"],
+            teacher_top1=r.get("teacher_top1"),
+            layer_cosine=[row["cosine"] for row in r["fidelity_after_distill_attention"]],
+            cls_cosine=r["end_to_end_after_distill_attention"].get("cls_cosine"),
+            loss=[(h["step"], h["loss"]) for h in hist if h.get("loss") is not None],
+            terms={
+                k: [h.get(k) for h in hist]
+                for k in hist[-1]
+                if k.startswith(("attn", "routing", "w_", "loss_"))
+            },
+            grad_norm=[h.get("grad_norm") for h in hist],
+            seconds=time.time() - t0,
+        )
+    )
+    print(
+        f"seed {seed}: top-1 after distill {100 * rows[-1]['top1_after_distill']:.2f} %, "
+        f"layer cos {[round(x, 3) for x in rows[-1]['layer_cosine']]}, "
+        f"{rows[-1]['seconds']:.0f} s",
+        flush=True,
+    )
   top = [100 * r["top1_after_distill"] for r in rows]
-  summary = dict(sets=args.sets, steps=args.steps, patch=args.patch, rows=rows,
-                 spread_points=max(top) - min(top), mean=sum(top) / len(top))
+  summary = dict(
+      sets=args.sets,
+      steps=args.steps,
+      patch=args.patch,
+      rows=rows,
+      spread_points=max(top) - min(top),
+      mean=sum(top) / len(top),
+  )
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out + ".json", "w") as f:
     json.dump(summary, f, indent=1)
@@ -92,12 +110,13 @@ if __name__ == "__main__":
 
 def plot(runs: dict[str, str], out_png: str) -> None:
   """Loss curves and per-layer cosine of every seed, one colour per setting (label → OUT.json)."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib
+
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt
+
   fig, (ax_loss, ax_layer) = plt.subplots(1, 2, figsize=(11, 4))
-  for color, (label, path) in zip(("tab:red", "tab:blue", "tab:green", "tab:orange"),
-                                  runs.items()):
+  for color, (label, path) in zip(("tab:red", "tab:blue", "tab:green", "tab:orange"), runs.items()):
     with open(path) as f:
       rows = json.load(f)["rows"]
     for i, r in enumerate(rows):
@@ -106,10 +125,17 @@ def plot(runs: dict[str, str], out_png: str) -> None:
       kw = dict(color=color, ls=style, lw=1, label=label if i == 0 else None)
       ax_loss.plot(steps, loss, **kw)
       ax_layer.plot(range(len(r["layer_cosine"])), r["layer_cosine"], marker="o", **kw)
-  ax_loss.set(xlabel="distillation step", ylabel="distillation loss", yscale="log",
-              title="per seed (dashed: seed 0)")
-  ax_layer.set(xlabel="layer", ylabel="teacher-forced attention cosine after distillation",
-               title="per-layer fidelity, per seed")
+  ax_loss.set(
+      xlabel="distillation step",
+      ylabel="distillation loss",
+      yscale="log",
+      title="per seed (dashed: seed 0)",
+  )
+  ax_layer.set(
+      xlabel="layer",
+      ylabel="teacher-forced attention cosine after distillation",
+      title="per-layer fidelity, per seed",
+  )
   ax_loss.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(out_png, dpi=110)

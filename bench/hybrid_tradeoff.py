@@ -56,21 +56,31 @@ def main(argv=None) -> dict:
   shapes = jax.eval_shape(teacher_model.init, jax.random.PRNGKey(0), sample[:1])["params"]
   teacher_params = vit.load(shapes, config.teacher.init, run_lib.model_kwargs(config))
   student_params, step = _distilled_params(args.workdir, stage)
-  fid = evaluate.attention_fidelity(teacher_model, teacher_params, student_model, student_params,
-                                    sample)
+  fid = evaluate.attention_fidelity(
+      teacher_model, teacher_params, student_model, student_params, sample
+  )
   res0 = config.data.image_size
   patch = config.model.patch_size[0]
   rows = []
   for k in (int(x) for x in args.ks.split(",")):
     layers = run_lib.worst_layers(fid, k)
-    model, params = run_lib._to_softmax_layers(teacher_params, student_model, student_params,
-                                               layers)
-    row = {"k": k, "softmax_layers": layers,
-           **{key: v for key, v in evaluate.end_to_end_fidelity(
-               teacher_model, teacher_params, model, params, sample).items()
-              if isinstance(v, float)},
-           "min_layer_cosine": float(min(1.0 if l in layers else fid[l]["cosine"]
-                                         for l in range(len(fid))))}
+    model, params = run_lib._to_softmax_layers(
+        teacher_params, student_model, student_params, layers
+    )
+    row = {
+        "k": k,
+        "softmax_layers": layers,
+        **{
+            key: v
+            for key, v in evaluate.end_to_end_fidelity(
+                teacher_model, teacher_params, model, params, sample
+            ).items()
+            if isinstance(v, float)
+        },
+        "min_layer_cosine": float(
+            min(1.0 if l in layers else fid[l]["cosine"] for l in range(len(fid)))
+        ),
+    }
     for res in (int(r) for r in args.resolutions.split(",")):
       grid = (res // patch, res // patch)
       images = np.asarray(jax.image.resize(sample[:1], (1, res, res, 3), "bilinear"))
@@ -80,28 +90,43 @@ def main(argv=None) -> dict:
           row[f"{name}_{res}_images_per_s"] = rows[0][f"{name}_{res}_images_per_s"]
           row[f"{name}_{res}_peak_mb"] = rows[0][f"{name}_{res}_peak_mb"]
           continue
-        row[f"{name}_{res}_images_per_s"] = evaluate.images_per_second(m, p, images,
-                                                                       repeats=args.repeats)
+        row[f"{name}_{res}_images_per_s"] = evaluate.images_per_second(
+            m, p, images, repeats=args.repeats
+        )
         row[f"{name}_{res}_peak_mb"] = evaluate.forward_peak_bytes(m, p, images) / 2**20
     print(json.dumps(row), flush=True)
     rows.append(row)
-  out = {"workdir": args.workdir, "stage": stage, "step": int(step), "image_size": res0,
-         "teacher_forced_cosine": [r["cosine"] for r in fid], "rows": rows,
-         "load": os.getloadavg()}
+  out = {
+      "workdir": args.workdir,
+      "stage": stage,
+      "step": int(step),
+      "image_size": res0,
+      "teacher_forced_cosine": [r["cosine"] for r in fid],
+      "rows": rows,
+      "load": os.getloadavg(),
+  }
   os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
   with open(args.out + ".json", "w") as f:
     json.dump(out, f, indent=1)
   resolutions = [int(r) for r in args.resolutions.split(",")]
-  lines = [f"Student after `{stage}` (step {step}) of `{args.workdir}`, no further training; "
-           f"fidelity on {len(sample)} held-out views at {res0} px; speed: forward, batch 1.",
-           "", "| k | softmax layers | cls cos | patch cos | min layer cos | " +
-           " | ".join(f"{r} px student/teacher speed" for r in resolutions) + " |",
-           "|---|---|---|---|---|" + "---|" * len(resolutions)]
+  lines = [
+      f"Student after `{stage}` (step {step}) of `{args.workdir}`, no further training; "
+      f"fidelity on {len(sample)} held-out views at {res0} px; speed: forward, batch 1.",
+      "",
+      "| k | softmax layers | cls cos | patch cos | min layer cos | "
+      + " | ".join(f"{r} px student/teacher speed" for r in resolutions)
+      + " |",
+      "|---|---|---|---|---|" + "---|" * len(resolutions),
+  ]
   for r in rows:
-    speeds = " | ".join(f"{r[f'student_{x}_images_per_s'] / r[f'teacher_{x}_images_per_s']:.2f}×"
-                        for x in resolutions)
-    lines.append(f"| {r['k']} | {r['softmax_layers']} | {r.get('cls_cosine', float('nan')):.4f} "
-                 f"| {r['patch_cosine']:.4f} | {r['min_layer_cosine']:.3f} | {speeds} |")
+    speeds = " | ".join(
+        f"{r[f'student_{x}_images_per_s'] / r[f'teacher_{x}_images_per_s']:.2f}×"
+        for x in resolutions
+    )
+    lines.append(
+        f"| {r['k']} | {r['softmax_layers']} | {r.get('cls_cosine', float('nan')):.4f} "
+        f"| {r['patch_cosine']:.4f} | {r['min_layer_cosine']:.3f} | {speeds} |"
+    )
   with open(args.out + ".md", "w") as f:
     f.write("\n".join(lines) + "\n")
   fig = evaluate.new_figure(figsize=(9, 3.5))
@@ -113,8 +138,12 @@ def main(argv=None) -> dict:
   ax1.set_title("end-to-end fidelity (held-out)")
   ax1.legend(fontsize=8)
   for x in resolutions:
-    ax2.plot(ks, [r[f"student_{x}_images_per_s"] / r[f"teacher_{x}_images_per_s"] for r in rows],
-             "o-", label=f"{x} px")
+    ax2.plot(
+        ks,
+        [r[f"student_{x}_images_per_s"] / r[f"teacher_{x}_images_per_s"] for r in rows],
+        "o-",
+        label=f"{x} px",
+    )
   ax2.axhline(1.0, color="k", lw=0.8, ls="--")
   ax2.set_xlabel("softmax layers k")
   ax2.set_title("student / teacher images/s")

@@ -1,6 +1,6 @@
 """bench/results/*.json -> bench/RESULTS.md and bench/*.png (no measuring here).
 
-    python -m bench.report                 # after bench_speed / bench_steps (cpu and/or gpu)
+python -m bench.report                 # after bench_speed / bench_steps (cpu and/or gpu)
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from bench.common import GB, fmt, fmt_bytes
 HERE = os.path.dirname(os.path.abspath(__file__))
 LINEAR = ("elu1", "relu", "hedgehog", "favor")
 ORDER = ("softmax", "cudnn", "chunked_softmax") + LINEAR
-TARGET_LINEAR = "elu1"   # "linear" in the targets: the plain kernel map; the others are reported
+TARGET_LINEAR = "elu1"  # "linear" in the targets: the plain kernel map; the others are reported
 
 
 def _load(path: str) -> dict[str, Any] | None:
@@ -30,8 +30,9 @@ def _load(path: str) -> dict[str, Any] | None:
 
 def _rows(speed: dict, what: str, mode: str | None = None) -> list[dict]:
   rows = [r for r in speed["rows"] if r["what"] == what and (mode is None or r["mode"] == mode)]
-  return sorted(rows, key=lambda r: (r["size"], r["mode"], ORDER.index(r["op"])
-                                     if r["op"] in ORDER else 99))
+  return sorted(
+      rows, key=lambda r: (r["size"], r["mode"], ORDER.index(r["op"]) if r["op"] in ORDER else 99)
+  )
 
 
 def _find(speed: dict, what: str, mode: str, size: int, op: str) -> dict | None:
@@ -56,53 +57,74 @@ def _speedup(lin: dict, ref: dict) -> float:
 
 # ----------------------------------------------------------------------------- tables
 
+
 def speed_table(speed: dict, what: str) -> str:
-  head = ("| px | tokens | batch | mode | operator | ms / call | images/s | × softmax images/s | "
-          "GFLOP/s | % of matmul | (CPU-time %) | XLA peak | |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+  head = (
+      "| px | tokens | batch | mode | operator | ms / call | images/s | × softmax images/s | "
+      "GFLOP/s | % of matmul | (CPU-time %) | XLA peak | |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  )
   lines = [head]
   for r in _rows(speed, what):
     if _timed(r):
       ratio = r.get("speedup_vs_softmax")
-      cells = [fmt(r["ms"], ".1f"), fmt(r["images_per_s"], ".2f"),
-               fmt(ratio, ".2f") if ratio else "–", fmt(r["gflops"], ".1f"),
-               fmt(r["pct_matmul"], ".0f") + " %",
-               fmt(r.get("pct_matmul_cpu_time"), ".0f") + " %"]
+      cells = [
+          fmt(r["ms"], ".1f"),
+          fmt(r["images_per_s"], ".2f"),
+          fmt(ratio, ".2f") if ratio else "–",
+          fmt(r["gflops"], ".1f"),
+          fmt(r["pct_matmul"], ".0f") + " %",
+          fmt(r.get("pct_matmul_cpu_time"), ".0f") + " %",
+      ]
       note = ""
     else:
       cells = [r.get("status", "n/a").split(" (")[0]] + ["–"] * 5
       note = r.get("status", "")
-      note = note[note.find("(") + 1:-1] if "(" in note else note
+      note = note[note.find("(") + 1 : -1] if "(" in note else note
     mem = fmt_bytes(r["memory"]["peak"]) if "memory" in r else "–"
-    lines.append(f"| {r['size']} | {r['tokens']} | {r['batch']} | {r['mode']} | {r['op']} | "
-                 + " | ".join(cells) + f" | {mem} | {note} |")
+    lines.append(
+        f"| {r['size']} | {r['tokens']} | {r['batch']} | {r['mode']} | {r['op']} | "
+        + " | ".join(cells)
+        + f" | {mem} | {note} |"
+    )
   return "\n".join(lines)
 
 
 def probes_table(speed: dict) -> str:
-  lines = ["| what | operator | px | batch | mode | peak RSS | XLA peak |", "|---|---|---|---|---|---|---|"]
+  lines = [
+      "| what | operator | px | batch | mode | peak RSS | XLA peak |",
+      "|---|---|---|---|---|---|---|",
+  ]
   for p in speed.get("probes", []):
     if "error" in p:
       lines.append(f"| {p.get('label', '?')} | | | | | {p['error'][:80]} | |")
       continue
     label = p.get("label")
     what = label or p["what"]
-    lines.append(f"| {what} | {p['op']} | {p['size']} | {p['batch']} | {p['mode']} | "
-                 f"{fmt_bytes(p['peak_rss'])} | {fmt_bytes(p.get('xla_peak'))} |")
+    lines.append(
+        f"| {what} | {p['op']} | {p['size']} | {p['batch']} | {p['mode']} | "
+        f"{fmt_bytes(p['peak_rss'])} | {fmt_bytes(p.get('xla_peak'))} |"
+    )
   return "\n".join(lines)
 
 
 def steps_table(steps: dict) -> str:
-  lines = ["| step | ms | images/s | GFLOP/s | % of matmul | (CPU-time %) | × student fwd+bwd "
-           "| XLA peak |", "|---|---|---|---|---|---|---|---|"]
+  lines = [
+      "| step | ms | images/s | GFLOP/s | % of matmul | (CPU-time %) | × student fwd+bwd "
+      "| XLA peak |",
+      "|---|---|---|---|---|---|---|---|",
+  ]
   for r in steps["rows"]:
-    lines.append(f"| {r['name']} | {r['ms']:.0f} | {r['images_per_s']:.2f} | {r['gflops']:.1f} | "
-                 f"{r['pct_matmul']:.0f} % | {fmt(r.get('pct_matmul_cpu_time'), '.0f')} % | "
-                 f"{r['cost_vs_student_fwdbwd']:.2f} | {fmt_bytes(r['memory']['peak'])} |")
+    lines.append(
+        f"| {r['name']} | {r['ms']:.0f} | {r['images_per_s']:.2f} | {r['gflops']:.1f} | "
+        f"{r['pct_matmul']:.0f} % | {fmt(r.get('pct_matmul_cpu_time'), '.0f')} % | "
+        f"{r['cost_vs_student_fwdbwd']:.2f} | {fmt_bytes(r['memory']['peak'])} |"
+    )
   return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- targets
+
 
 def targets(speed: dict | None, steps: dict | None) -> list[tuple[str, str, str]]:
   """(target, measured, verdict) rows computed from the JSON, never typed by hand."""
@@ -113,9 +135,13 @@ def targets(speed: dict | None, steps: dict | None) -> list[tuple[str, str, str]
     got = [f"{s}px {r['pct_matmul']:.0f} %" if _timed(r) else f"{s}px n/a" for s, r in pcts]
     ok = all(_timed(r) and r["pct_matmul"] >= 60 for _, r in pcts)
     missing = any(not _timed(r) for _, r in pcts)
-    out.append(("linear ViT-S/16 fwd+bwd ≥ 60 % of matmul rate at every resolution",
-                ", ".join(got), "met" if ok else ("not met" + (" (some sizes not run)"
-                                                                if missing else ""))))
+    out.append(
+        (
+            "linear ViT-S/16 fwd+bwd ≥ 60 % of matmul rate at every resolution",
+            ", ".join(got),
+            "met" if ok else ("not met" + (" (some sizes not run)" if missing else "")),
+        )
+    )
     for other, factor, label in (("softmax", 5, "softmax"), ("chunked_softmax", 2, "chunked")):
       parts, verdicts = [], []
       for what in ("vit", "layer"):
@@ -125,8 +151,13 @@ def targets(speed: dict | None, steps: dict | None) -> list[tuple[str, str, str]
             x = _speedup(lin, ref)
             parts.append(f"{what} {mode} {x:.1f}×")
             verdicts.append(x >= factor)
-      out.append((f"linear ≥ {factor}× {label} images/s at 1024 px", ", ".join(parts) or "n/a",
-                  _verdict(verdicts)))
+      out.append(
+          (
+              f"linear ≥ {factor}× {label} images/s at 1024 px",
+              ", ".join(parts) or "n/a",
+              _verdict(verdicts),
+          )
+      )
     parts, verdicts = [], []
     for what in ("vit", "layer"):
       for mode in ("fwd", "fwdbwd"):
@@ -137,24 +168,40 @@ def targets(speed: dict | None, steps: dict | None) -> list[tuple[str, str, str]
             slower = 1 / _speedup(lin, ref) - 1
             parts.append(f"{what} {mode} {op} {100 * slower:+.0f} %")
             verdicts.append(slower <= 0.10)
-    out.append(("linear ≤ 10 % slower than softmax at 224 px (time vs softmax)",
-                ", ".join(parts) or "n/a", _verdict(verdicts)))
+    out.append(
+        (
+            "linear ≤ 10 % slower than softmax at 224 px (time vs softmax)",
+            ", ".join(parts) or "n/a",
+            _verdict(verdicts),
+        )
+    )
     parts, verdicts = [], []
     for what in ("vit", "layer"):
       for mode in ("fwdbwd", "fwd"):
         lin, ref = (_find(speed, what, mode, 1792, op) for op in (TARGET_LINEAR, "softmax"))
         if lin and ref and "memory" in lin and "memory" in ref:
           x = lin["memory"]["peak"] / ref["memory"]["peak"]
-          parts.append(f"{what} {mode} {100 * x:.1f} % ({fmt_bytes(lin['memory']['peak'])} vs "
-                       f"{fmt_bytes(ref['memory']['peak'])})")
+          parts.append(
+              f"{what} {mode} {100 * x:.1f} % ({fmt_bytes(lin['memory']['peak'])} vs "
+              f"{fmt_bytes(ref['memory']['peak'])})"
+          )
           verdicts.append(x <= 0.10)
-    out.append(("linear peak memory at 1792 px ≤ 10 % of softmax's (XLA memory_analysis)",
-                ", ".join(parts) or "n/a", _verdict(verdicts)))
+    out.append(
+        (
+            "linear peak memory at 1792 px ≤ 10 % of softmax's (XLA memory_analysis)",
+            ", ".join(parts) or "n/a",
+            _verdict(verdicts),
+        )
+    )
   if steps:
     d = next(r for r in steps["rows"] if r["name"] == "distill_step")
-    out.append(("distillation step ≤ 1.5× a plain student fwd+bwd",
-                f"{d['cost_vs_student_fwdbwd']:.2f}×",
-                "met" if d["cost_vs_student_fwdbwd"] <= 1.5 else "not met"))
+    out.append(
+        (
+            "distillation step ≤ 1.5× a plain student fwd+bwd",
+            f"{d['cost_vs_student_fwdbwd']:.2f}×",
+            "met" if d["cost_vs_student_fwdbwd"] <= 1.5 else "not met",
+        )
+    )
   return out
 
 
@@ -170,8 +217,10 @@ def _verdict(vs: list[bool]) -> str:
 
 # ----------------------------------------------------------------------------- plots
 
+
 def plot(speed: dict, path_speed: str, path_memory: str) -> None:
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
@@ -180,21 +229,28 @@ def plot(speed: dict, path_speed: str, path_memory: str) -> None:
     for j, mode in enumerate(("fwd", "fwdbwd")):
       ax = axes[i, j]
       for op in ORDER:
-        pts = [(r["tokens"], r["images_per_s"]) for r in _rows(speed, what, mode)
-               if r["op"] == op and _timed(r)]
+        pts = [
+            (r["tokens"], r["images_per_s"])
+            for r in _rows(speed, what, mode)
+            if r["op"] == op and _timed(r)
+        ]
         if pts:
           ax.plot(*zip(*pts), marker="o", label=op, ls="--" if op not in LINEAR else "-")
       ax.set_xscale("log")
       ax.set_yscale("log")
-      ax.set_title(f"{'one attention layer' if what == 'layer' else 'ViT-' + speed['variant']}, "
-                   f"{mode}")
+      ax.set_title(
+          f"{'one attention layer' if what == 'layer' else 'ViT-' + speed['variant']}, " f"{mode}"
+      )
       ax.set_ylabel("images/s")
       ax.grid(True, which="both", alpha=0.3)
       if i == 1:
         ax.set_xlabel("tokens")
   axes[0, 0].legend(fontsize=8)
-  fig.suptitle(f"{speed['machine']['backend']} ({speed['machine']['device']}), {speed['dtype']}: "
-               "images/s vs tokens (batch differs per size; see RESULTS.md)", fontsize=10)
+  fig.suptitle(
+      f"{speed['machine']['backend']} ({speed['machine']['device']}), {speed['dtype']}: "
+      "images/s vs tokens (batch differs per size; see RESULTS.md)",
+      fontsize=10,
+  )
   fig.tight_layout()
   fig.savefig(path_speed, dpi=110)
   plt.close(fig)
@@ -202,8 +258,11 @@ def plot(speed: dict, path_speed: str, path_memory: str) -> None:
   fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
   for ax, what in zip(axes, ("layer", "vit")):
     for op in ORDER:
-      pts = [(r["tokens"], r["memory"]["peak"] / r["batch"] / GB)
-             for r in _rows(speed, what, "fwdbwd") if r["op"] == op and "memory" in r]
+      pts = [
+          (r["tokens"], r["memory"]["peak"] / r["batch"] / GB)
+          for r in _rows(speed, what, "fwdbwd")
+          if r["op"] == op and "memory" in r
+      ]
       if pts:
         ax.plot(*zip(*pts), marker="o", label=op, ls="--" if op not in LINEAR else "-")
     ax.set_xscale("log")
@@ -220,17 +279,21 @@ def plot(speed: dict, path_speed: str, path_memory: str) -> None:
 
 # ----------------------------------------------------------------------------- document
 
+
 def _matmul_summary(speed: dict) -> str:
   rates = [r["matmul_gflops"] for r in speed["rows"] if "matmul_gflops" in r]
   if not rates:
     return "no timed groups"
-  return (f"{speed['reference']['n']}³ {speed['dtype']} matmul: median {np.median(rates):.0f} "
-          f"GFLOP/s over the timing groups (range {min(rates):.0f}–{max(rates):.0f}; "
-          f"{speed['reference']['gflops_at_start']:.0f} at start)")
+  return (
+      f"{speed['reference']['n']}³ {speed['dtype']} matmul: median {np.median(rates):.0f} "
+      f"GFLOP/s over the timing groups (range {min(rates):.0f}–{max(rates):.0f}; "
+      f"{speed['reference']['gflops_at_start']:.0f} at start)"
+  )
 
 
-def section(speed: dict | None, steps: dict | None, title: str, plot_prefix: str,
-            out_dir: str) -> str:
+def section(
+    speed: dict | None, steps: dict | None, title: str, plot_prefix: str, out_dir: str
+) -> str:
   parts = [f"## {title}\n"]
   if speed:
     m = speed["machine"]
@@ -239,22 +302,30 @@ def section(speed: dict | None, steps: dict | None, title: str, plot_prefix: str
         f"{m['cpus']} CPUs, jax {m['jax']}, {speed['dtype']}, load average at start "
         f"{', '.join(f'{x:.1f}' for x in m['load_avg'] or ())}; whole run "
         f"{speed['wall_s'] / 60:.0f} min{'' if speed.get('complete', True) else ' (INCOMPLETE)'}."
-        f"\nReference: {_matmul_summary(speed)}.\n")
+        f"\nReference: {_matmul_summary(speed)}.\n"
+    )
     v = speed.get("variant", "S/16")
-    for what, name in (("layer", f"One attention layer (ViT-{v} dims)"),
-                       ("vit", f"Whole ViT-{v} (cls token, 1000 classes)")):
+    for what, name in (
+        ("layer", f"One attention layer (ViT-{v} dims)"),
+        ("vit", f"Whole ViT-{v} (cls token, 1000 classes)"),
+    ):
       parts.append(f"### {name}\n\n{speed_table(speed, what)}\n")
     if speed.get("probes"):
-      parts.append("### Peak RSS, one fresh process per point (compile + 2 calls)\n\n"
-                   + probes_table(speed) + "\n")
+      parts.append(
+          "### Peak RSS, one fresh process per point (compile + 2 calls)\n\n"
+          + probes_table(speed)
+          + "\n"
+      )
     sp, mp = f"{plot_prefix}_speed.png", f"{plot_prefix}_memory.png"
     plot(speed, os.path.join(out_dir, sp), os.path.join(out_dir, mp))
     parts.append(f"![images/s vs tokens]({sp})\n\n![peak memory vs tokens]({mp})\n")
   if steps:
-    parts.append(f"### Training steps: ViT-S/16 at {steps['image_size']} px, batch "
-                 f"{steps['batch']}, student `{steps['feature_map']}`\n\n"
-                 f"Implementation measured: {steps['implementation']}. Reference matmul in the "
-                 f"same rounds: {steps['matmul_gflops']:.0f} GFLOP/s.\n\n{steps_table(steps)}\n")
+    parts.append(
+        f"### Training steps: ViT-S/16 at {steps['image_size']} px, batch "
+        f"{steps['batch']}, student `{steps['feature_map']}`\n\n"
+        f"Implementation measured: {steps['implementation']}. Reference matmul in the "
+        f"same rounds: {steps['matmul_gflops']:.0f} GFLOP/s.\n\n{steps_table(steps)}\n"
+    )
   return "\n".join(parts)
 
 
@@ -263,19 +334,21 @@ def write(results_dir: str, out_dir: str, notes_path: str | None = None) -> str:
   cpu_steps = _load(os.path.join(results_dir, "cpu_steps.json"))
   gpu_speed = _load(os.path.join(results_dir, "gpu_speed.json"))
   gpu_steps = _load(os.path.join(results_dir, "gpu_steps.json"))
-  doc = ["# Benchmarks: linear vs softmax attention\n",
-         "Generated by `python -m bench.report` from `bench/results/*.json` (written by "
-         "`bench/bench_speed.py` and `bench/bench_steps.py`; `bench/gpu.sh` on a CUDA machine). "
-         "Input-pipeline throughput: see [RESULTS_input.md](RESULTS_input.md).\n",
-         "How to read the numbers: every time is the median of ≥ 5 interleaved rounds (each round "
-         "runs the reference matmul, then each operator of its group followed by the reference "
-         "again), first call excluded; "
-         "ratios are medians over rounds of within-round ratios, and % of the matmul rate uses "
-         "the reference calls timed right before and after each case (CPU-time %: the same with "
-         "process CPU seconds, insensitive to time lost to other processes). FLOPs are "
-         "analytic (matmuls and attention contractions, ×3 for fwd+bwd). 'XLA peak' is the "
-         "compiled program's `memory_analysis()` (arguments + outputs + temporaries), known "
-         "without running it; cases above the memory or time budget show `n/a` with the reason.\n"]
+  doc = [
+      "# Benchmarks: linear vs softmax attention\n",
+      "Generated by `python -m bench.report` from `bench/results/*.json` (written by "
+      "`bench/bench_speed.py` and `bench/bench_steps.py`; `bench/gpu.sh` on a CUDA machine). "
+      "Input-pipeline throughput: see [RESULTS_input.md](RESULTS_input.md).\n",
+      "How to read the numbers: every time is the median of ≥ 5 interleaved rounds (each round "
+      "runs the reference matmul, then each operator of its group followed by the reference "
+      "again), first call excluded; "
+      "ratios are medians over rounds of within-round ratios, and % of the matmul rate uses "
+      "the reference calls timed right before and after each case (CPU-time %: the same with "
+      "process CPU seconds, insensitive to time lost to other processes). FLOPs are "
+      "analytic (matmuls and attention contractions, ×3 for fwd+bwd). 'XLA peak' is the "
+      "compiled program's `memory_analysis()` (arguments + outputs + temporaries), known "
+      "without running it; cases above the memory or time budget show `n/a` with the reason.\n",
+  ]
   if notes_path and os.path.exists(notes_path):
     with open(notes_path) as f:
       doc.append(f.read().strip() + "\n")
@@ -291,10 +364,12 @@ def write(results_dir: str, out_dir: str, notes_path: str | None = None) -> str:
   if gpu_speed or gpu_steps:
     doc.append(section(gpu_speed, gpu_steps, "GPU (bench/gpu.sh)", "gpu", out_dir))
   else:
-    doc.append("## GPU\n\nNot measured yet: no GPU was lent to this task. `bench/gpu.sh` runs the "
-               "same scripts with the issue's full grid (batch 8, 1 at 1792 px, every operator, "
-               "bf16) plus cuDNN flash attention (`jax.nn.dot_product_attention(implementation="
-               "\"cudnn\")`) as the softmax baseline, and regenerates this file.\n")
+    doc.append(
+        "## GPU\n\nNot measured yet: no GPU was lent to this task. `bench/gpu.sh` runs the "
+        "same scripts with the issue's full grid (batch 8, 1 at 1792 px, every operator, "
+        "bf16) plus cuDNN flash attention (`jax.nn.dot_product_attention(implementation="
+        '"cudnn")`) as the softmax baseline, and regenerates this file.\n'
+    )
   text = "\n".join(doc)
   path = os.path.join(out_dir, "RESULTS.md")
   with open(path, "w") as f:
@@ -306,8 +381,11 @@ def main(argv: Sequence[str] | None = None) -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--results", default=os.path.join(HERE, "results"))
   p.add_argument("--out", default=HERE)
-  p.add_argument("--notes", default=os.path.join(HERE, "results", "notes.md"),
-                 help="hand-written analysis inserted after the header (optional)")
+  p.add_argument(
+      "--notes",
+      default=os.path.join(HERE, "results", "notes.md"),
+      help="hand-written analysis inserted after the header (optional)",
+  )
   args = p.parse_args(argv)
   print("wrote", write(args.results, args.out, args.notes))
 

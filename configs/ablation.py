@@ -16,16 +16,34 @@ from linvit_jax.ablation import ARMS
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, feature_map="hedgehog", patch=4, seeds=3, finetune_steps=150,
-                             distill_steps=100, arms="+".join(ARMS), eval_every=50, tiny=False,
-                             report_only=False)
-  c = config_lib.fmnist_conversion(feature_map=arg.feature_map, patch=arg.patch,
-                                   distill_steps=arg.distill_steps,
-                                   finetune_steps=arg.finetune_steps, tiny=arg.tiny)
+  arg = config_lib.parse_arg(
+      arg,
+      feature_map="hedgehog",
+      patch=4,
+      seeds=3,
+      finetune_steps=150,
+      distill_steps=100,
+      arms="+".join(ARMS),
+      eval_every=50,
+      tiny=False,
+      report_only=False,
+  )
+  c = config_lib.fmnist_conversion(
+      feature_map=arg.feature_map,
+      patch=arg.patch,
+      distill_steps=arg.distill_steps,
+      finetune_steps=arg.finetune_steps,
+      tiny=arg.tiny,
+  )
   c.eval.curve_examples = min(c.eval.curve_examples, 1000)
-  c.ablation = dict(arms=tuple(arg.arms.split("+")), seeds=tuple(range(arg.seeds)),
-                    finetune_steps=arg.finetune_steps, distill_steps=arg.distill_steps,
-                    eval_every=arg.eval_every, report_only=arg.report_only)
+  c.ablation = dict(
+      arms=tuple(arg.arms.split("+")),
+      seeds=tuple(range(arg.seeds)),
+      finetune_steps=arg.finetune_steps,
+      distill_steps=arg.distill_steps,
+      eval_every=arg.eval_every,
+      report_only=arg.report_only,
+  )
   if arg.tiny:
     c.ablation.finetune_steps, c.ablation.distill_steps, c.ablation.eval_every = 4, 2, 2
   return c

@@ -46,10 +46,26 @@ NORMS = {"imagenet": "vgg_value_range", "minus_one_one": "value_range(-1,1)"}
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(
-      arg, init="", images="", res=224, gelu="exact", norm="imagenet", feature_map="hedgehog_exp",
-      max_images=10_000, distill_fraction=1.0, policy="copy_all", softmax_layers=0, pool="",
-      batch=8, lr_distill=1e-3, lr_align=1e-4, align_trainable="attention", holdout=0.2,
-      eval_images=32, tiny=False)
+      arg,
+      init="",
+      images="",
+      res=224,
+      gelu="exact",
+      norm="imagenet",
+      feature_map="hedgehog_exp",
+      max_images=10_000,
+      distill_fraction=1.0,
+      policy="copy_all",
+      softmax_layers=0,
+      pool="",
+      batch=8,
+      lr_distill=1e-3,
+      lr_align=1e-4,
+      align_trainable="attention",
+      holdout=0.2,
+      eval_images=32,
+      tiny=False,
+  )
   if not arg.init:
     raise ValueError("convert_folder needs init=<big_vision .npz checkpoint>")
   if not arg.images:
@@ -65,8 +81,10 @@ def get_config(arg=None):
   arch = vit_checkpoint.infer_vit_config(arg.init)
   if arg.pool:
     if arch["pool_type"] in ("tok", "map"):
-      raise ValueError(f"pool={arg.pool!r}: the checkpoint's pool type is {arch['pool_type']!r} "
-                       "(it has a cls token / MAP head)")
+      raise ValueError(
+          f"pool={arg.pool!r}: the checkpoint's pool type is {arch['pool_type']!r} "
+          "(it has a cls token / MAP head)"
+      )
     arch["pool_type"] = arg.pool
 
   c = config_lib.base_config()
@@ -74,16 +92,35 @@ def get_config(arg=None):
   norm = NORMS[arg.norm]
   split = f"@{arg.holdout}"
   c.data = dict(
-      dataset="image_folder", data_dir=arg.images, train_split="train" + split,
-      eval_split="holdout" + split, eval_dataset="", image_size=res, num_classes=0,
-      label_key="labels", shuffle_buffer=1000, eval_batch_size=8, eval_max_examples=0,
+      dataset="image_folder",
+      data_dir=arg.images,
+      train_split="train" + split,
+      eval_split="holdout" + split,
+      eval_dataset="",
+      image_size=res,
+      num_classes=0,
+      label_key="labels",
+      shuffle_buffer=1000,
+      eval_batch_size=8,
+      eval_max_examples=0,
       pp_train=f'decode|inception_crop({res})|flip_lr|{norm}|keep("image")',
-      pp_eval=f'decode|resize_small({res * 8 // 7})|central_crop({res})|{norm}|keep("image")')
-  c.model = dict(c.model.to_dict(), variant="", num_classes=arch["num_classes"],
-                 width=arch["width"], depth=arch["depth"], mlp_dim=arch["mlp_dim"],
-                 num_heads=arch["num_heads"], patch_size=arch["patch_size"],
-                 posemb=arch["posemb"], pool_type=arch["pool_type"], rep_size=arch["rep_size"],
-                 gelu_approximate=arg.gelu == "tanh", scan=False)
+      pp_eval=f'decode|resize_small({res * 8 // 7})|central_crop({res})|{norm}|keep("image")',
+  )
+  c.model = dict(
+      c.model.to_dict(),
+      variant="",
+      num_classes=arch["num_classes"],
+      width=arch["width"],
+      depth=arch["depth"],
+      mlp_dim=arch["mlp_dim"],
+      num_heads=arch["num_heads"],
+      patch_size=arch["patch_size"],
+      posemb=arch["posemb"],
+      pool_type=arch["pool_type"],
+      rep_size=arch["rep_size"],
+      gelu_approximate=arg.gelu == "tanh",
+      scan=False,
+  )
   c.teacher.init = arg.init
   c.student.attention = arg.feature_map
   c.student.softmax_layers = arg.softmax_layers
@@ -95,13 +132,26 @@ def get_config(arg=None):
   if arg.tiny:
     steps_a, steps_b = 2, 2
   c.distill_attention = config_lib.stage(
-      "distill_attention", steps=steps_a, batch_size=arg.batch, lr=arg.lr_distill,
-      warmup_steps=max(1, steps_a // 20), wd=0.0, grad_clip=1.0)
+      "distill_attention",
+      steps=steps_a,
+      batch_size=arg.batch,
+      lr=arg.lr_distill,
+      warmup_steps=max(1, steps_a // 20),
+      wd=0.0,
+      grad_clip=1.0,
+  )
   c.stages = ("distill_attention",)
   if steps_b:
-    c.align = config_lib.stage("align", steps=steps_b, batch_size=arg.batch, lr=arg.lr_align,
-                               warmup_steps=max(1, steps_b // 20), wd=0.0, grad_clip=1.0,
-                               trainable=arg.align_trainable)
+    c.align = config_lib.stage(
+        "align",
+        steps=steps_b,
+        batch_size=arg.batch,
+        lr=arg.lr_align,
+        warmup_steps=max(1, steps_b // 20),
+        wd=0.0,
+        grad_clip=1.0,
+        trainable=arg.align_trainable,
+    )
     c.stages = ("distill_attention", "align")
   for name in c.stages:
     steps = c[name].steps

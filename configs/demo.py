@@ -16,9 +16,19 @@ from linvit_jax import config_lib
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, feature_map="hedgehog", policy="copy_same", distill_steps=300,
-                             finetune_steps=200, tiny=False)
-  c = config_lib.fmnist_conversion(feature_map=arg.feature_map, distill_steps=arg.distill_steps,
-                                   finetune_steps=arg.finetune_steps, tiny=arg.tiny)
+  arg = config_lib.parse_arg(
+      arg,
+      feature_map="hedgehog",
+      policy="copy_same",
+      distill_steps=300,
+      finetune_steps=200,
+      tiny=False,
+  )
+  c = config_lib.fmnist_conversion(
+      feature_map=arg.feature_map,
+      distill_steps=arg.distill_steps,
+      finetune_steps=arg.finetune_steps,
+      tiny=arg.tiny,
+  )
   c.surgery.policy = arg.policy
   return c

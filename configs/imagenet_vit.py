@@ -33,33 +33,81 @@ from linvit_jax import config_lib
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(
-      arg, variant="S/16", feature_map="hedgehog", init="gs://big_vision/vit_s16_i1k_300ep.npz",
-      data_dir="", policy="copy_same", pool="gap", posemb="sincos2d", rep_size=True,
-      res=224, distill_steps=5000, finetune_steps=20000, batch=1024, fsdp=1,
-      eval_split="train[99%:]")
+      arg,
+      variant="S/16",
+      feature_map="hedgehog",
+      init="gs://big_vision/vit_s16_i1k_300ep.npz",
+      data_dir="",
+      policy="copy_same",
+      pool="gap",
+      posemb="sincos2d",
+      rep_size=True,
+      res=224,
+      distill_steps=5000,
+      finetune_steps=20000,
+      batch=1024,
+      fsdp=1,
+      eval_split="train[99%:]",
+  )
   c = config_lib.base_config()
   c.mesh = (("data", -1), ("fsdp", arg.fsdp))
   c.data = dict(
-      dataset="imagenet2012", data_dir=arg.data_dir, train_split="train[:99%]",
-      eval_split=arg.eval_split, eval_dataset="", image_size=arg.res, num_classes=1000, label_key="labels",
-      shuffle_buffer=250_000, eval_batch_size=1024, eval_max_examples=0,
-      pp_train=(f"decode_jpeg_and_inception_crop({arg.res})|flip_lr|value_range(-1,1)|"
-                'onehot(1000,key="label",key_result="labels")|keep("image","labels")'),
-      pp_eval=(f"decode|resize_small({arg.res * 8 // 7})|central_crop({arg.res})|value_range(-1,1)|"
-               'onehot(1000,key="label",key_result="labels")|keep("image","labels")'))
-  c.model = dict(c.model.to_dict(), variant=arg.variant, num_classes=1000, pool_type=arg.pool,
-                 posemb=arg.posemb, rep_size=arg.rep_size, scan=False)
+      dataset="imagenet2012",
+      data_dir=arg.data_dir,
+      train_split="train[:99%]",
+      eval_split=arg.eval_split,
+      eval_dataset="",
+      image_size=arg.res,
+      num_classes=1000,
+      label_key="labels",
+      shuffle_buffer=250_000,
+      eval_batch_size=1024,
+      eval_max_examples=0,
+      pp_train=(
+          f"decode_jpeg_and_inception_crop({arg.res})|flip_lr|value_range(-1,1)|"
+          'onehot(1000,key="label",key_result="labels")|keep("image","labels")'
+      ),
+      pp_eval=(
+          f"decode|resize_small({arg.res * 8 // 7})|central_crop({arg.res})|value_range(-1,1)|"
+          'onehot(1000,key="label",key_result="labels")|keep("image","labels")'
+      ),
+  )
+  c.model = dict(
+      c.model.to_dict(),
+      variant=arg.variant,
+      num_classes=1000,
+      pool_type=arg.pool,
+      posemb=arg.posemb,
+      rep_size=arg.rep_size,
+      scan=False,
+  )
   c.teacher.init = arg.init
   c.student.attention = arg.feature_map
   c.surgery.policy = arg.policy
   c.distill.routing_queries = 64
   c.distill_attention = config_lib.stage(
-      "distill_attention", steps=arg.distill_steps, batch_size=arg.batch, lr=1e-3,
-      warmup_steps=arg.distill_steps // 20, wd=0.0, b2=0.999, grad_clip=1.0)
+      "distill_attention",
+      steps=arg.distill_steps,
+      batch_size=arg.batch,
+      lr=1e-3,
+      warmup_steps=arg.distill_steps // 20,
+      wd=0.0,
+      b2=0.999,
+      grad_clip=1.0,
+  )
   c.finetune = config_lib.stage(
-      "finetune", steps=arg.finetune_steps, batch_size=arg.batch, lr=1e-4,
-      warmup_steps=arg.finetune_steps // 20, wd=1e-4, b2=0.999, grad_clip=1.0,
-      w_label=1.0, w_logit_kd=1.0, kd_temperature=1.0)
+      "finetune",
+      steps=arg.finetune_steps,
+      batch_size=arg.batch,
+      lr=1e-4,
+      warmup_steps=arg.finetune_steps // 20,
+      wd=1e-4,
+      b2=0.999,
+      grad_clip=1.0,
+      w_label=1.0,
+      w_logit_kd=1.0,
+      kd_temperature=1.0,
+  )
   for name in ("distill_attention", "finetune"):
     c[name].checkpoint_every = 1000
     c[name].log_every = 50

@@ -19,35 +19,81 @@ from linvit_jax import config_lib
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(
-      arg, variant="B/16", feature_map="hedgehog", init="", files="", eval_files="",
-      num_classes=18291, policy="copy_same", pool="gap", posemb="learn", rep_size=False,
-      res=224, distill_steps=10000, finetune_steps=50000, batch=4096, fsdp=1)
+      arg,
+      variant="B/16",
+      feature_map="hedgehog",
+      init="",
+      files="",
+      eval_files="",
+      num_classes=18291,
+      policy="copy_same",
+      pool="gap",
+      posemb="learn",
+      rep_size=False,
+      res=224,
+      distill_steps=10000,
+      finetune_steps=50000,
+      batch=4096,
+      fsdp=1,
+  )
   c = config_lib.base_config()
   c.mesh = (("data", -1), ("fsdp", arg.fsdp))
-  common = (f'multi_hot({arg.num_classes},key="labels",key_result="labels")|'
-            'keep("image","labels")')
+  common = (
+      f'multi_hot({arg.num_classes},key="labels",key_result="labels")|' 'keep("image","labels")'
+  )
   c.data = dict(
-      dataset=f"jft:{arg.files}", data_dir="", train_split="train", eval_split="train",
-      eval_dataset="", image_size=arg.res, num_classes=arg.num_classes, label_key="labels",
-      shuffle_buffer=250_000, eval_batch_size=1024, eval_max_examples=50_000,
+      dataset=f"jft:{arg.files}",
+      data_dir="",
+      train_split="train",
+      eval_split="train",
+      eval_dataset="",
+      image_size=arg.res,
+      num_classes=arg.num_classes,
+      label_key="labels",
+      shuffle_buffer=250_000,
+      eval_batch_size=1024,
+      eval_max_examples=50_000,
       pp_train=f"decode_jpeg_and_inception_crop({arg.res})|flip_lr|value_range(-1,1)|" + common,
-      pp_eval=(f"decode|resize_small({arg.res * 8 // 7})|central_crop({arg.res})|"
-               "value_range(-1,1)|" + common))
+      pp_eval=(
+          f"decode|resize_small({arg.res * 8 // 7})|central_crop({arg.res})|"
+          "value_range(-1,1)|" + common
+      ),
+  )
   if arg.eval_files:  # a held-out set of files; otherwise the first 50k training examples
     c.data.eval_dataset = f"jft:{arg.eval_files}"
-  c.model = dict(c.model.to_dict(), variant=arg.variant, num_classes=arg.num_classes,
-                 pool_type=arg.pool, posemb=arg.posemb, rep_size=arg.rep_size)
+  c.model = dict(
+      c.model.to_dict(),
+      variant=arg.variant,
+      num_classes=arg.num_classes,
+      pool_type=arg.pool,
+      posemb=arg.posemb,
+      rep_size=arg.rep_size,
+  )
   c.teacher.init = arg.init
   c.student.attention = arg.feature_map
   c.surgery.policy = arg.policy
   c.distill.routing_queries = 64
   c.distill_attention = config_lib.stage(
-      "distill_attention", steps=arg.distill_steps, batch_size=arg.batch, lr=1e-3,
-      warmup_steps=arg.distill_steps // 20, wd=0.0, grad_clip=1.0)
+      "distill_attention",
+      steps=arg.distill_steps,
+      batch_size=arg.batch,
+      lr=1e-3,
+      warmup_steps=arg.distill_steps // 20,
+      wd=0.0,
+      grad_clip=1.0,
+  )
   c.finetune = config_lib.stage(
-      "finetune", steps=arg.finetune_steps, batch_size=arg.batch, lr=1e-4,
-      warmup_steps=2000, wd=1e-4, grad_clip=1.0, label_loss="sigmoid_xent", w_label=1.0,
-      w_logit_kd=0.0)
+      "finetune",
+      steps=arg.finetune_steps,
+      batch_size=arg.batch,
+      lr=1e-4,
+      warmup_steps=2000,
+      wd=1e-4,
+      grad_clip=1.0,
+      label_loss="sigmoid_xent",
+      w_label=1.0,
+      w_logit_kd=0.0,
+  )
   for name in ("distill_attention", "finetune"):
     c[name].checkpoint_every = 1000
     c[name].log_every = 50

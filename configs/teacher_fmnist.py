@@ -27,8 +27,14 @@ def get_config(arg=None):
   c.stages = ("train",)
   # wd: big_vision's decoupled decay, the per-step decay of the optax.adamw(weight_decay=0.05) at
   # lr 2e-3 that trained the shipped teacher (which also decayed pos_embedding and cls).
-  c.train = config_lib.stage("train", steps=arg.epochs * STEPS_PER_EPOCH, batch_size=128,
-                             lr=2e-3, wd=1e-4, warmup_steps=STEPS_PER_EPOCH // 2)
+  c.train = config_lib.stage(
+      "train",
+      steps=arg.epochs * STEPS_PER_EPOCH,
+      batch_size=128,
+      lr=2e-3,
+      wd=1e-4,
+      warmup_steps=STEPS_PER_EPOCH // 2,
+  )
   c.eval.attention_map_images = 0
   c.eval.resolution_factors = (1,)
   return c

@@ -65,9 +65,16 @@ def xla_flags_with_device_count(existing: str, devices: int) -> str:
   return " ".join(kept + [f"{DEVICE_COUNT_FLAG}={devices}"])
 
 
-def process_env(base: dict[str, str], *, process_id: int, num_processes: int, port: int,
-                devices_per_process: int, platform: str,
-                init_timeout: int = INIT_TIMEOUT_S) -> dict[str, str]:
+def process_env(
+    base: dict[str, str],
+    *,
+    process_id: int,
+    num_processes: int,
+    port: int,
+    devices_per_process: int,
+    platform: str,
+    init_timeout: int = INIT_TIMEOUT_S,
+) -> dict[str, str]:
   """The environment of process `process_id`: `base` plus the multi-process contract."""
   env = dict(base)
   env["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{port}"
@@ -91,8 +98,9 @@ def _exit_code(returncode: int) -> int:
   return 128 - returncode if returncode < 0 else returncode
 
 
-def _pump(prefix: str, stream: IO[bytes], out: IO[str], log: IO[str] | None,
-          lock: threading.Lock) -> None:
+def _pump(
+    prefix: str, stream: IO[bytes], out: IO[str], log: IO[str] | None, lock: threading.Lock
+) -> None:
   for raw in iter(stream.readline, b""):
     line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
     with lock:
@@ -124,10 +132,19 @@ def _stop(procs: Sequence[subprocess.Popen]) -> None:
       p.wait()
 
 
-def launch(command: Sequence[str], *, num_processes: int, devices_per_process: int,
-           port: int | None = None, platform: str = "cpu", cwd: str = REPO_ROOT,
-           log_dir: str | None = None, timeout: float | None = None,
-           init_timeout: int = INIT_TIMEOUT_S, out: IO[str] | None = None) -> int:
+def launch(
+    command: Sequence[str],
+    *,
+    num_processes: int,
+    devices_per_process: int,
+    port: int | None = None,
+    platform: str = "cpu",
+    cwd: str = REPO_ROOT,
+    log_dir: str | None = None,
+    timeout: float | None = None,
+    init_timeout: int = INIT_TIMEOUT_S,
+    out: IO[str] | None = None,
+) -> int:
   """Runs `command` as N cooperating processes; returns 0 or the first failing process's code.
 
   A timeout stops every process and returns 124 (like coreutils `timeout`); `init_timeout` is
@@ -141,18 +158,32 @@ def launch(command: Sequence[str], *, num_processes: int, devices_per_process: i
   logs: list[IO[str]] = []
   if log_dir:
     os.makedirs(log_dir, exist_ok=True)
-  out.write(f"local_multihost: {num_processes} processes × {devices_per_process} devices, "
-            f"coordinator 127.0.0.1:{port}: {shlex.join(command)}\n")
+  out.write(
+      f"local_multihost: {num_processes} processes × {devices_per_process} devices, "
+      f"coordinator 127.0.0.1:{port}: {shlex.join(command)}\n"
+  )
   out.flush()
   first_failure: tuple[int, int] | None = None  # (process id, exit code)
   try:
     for i in range(num_processes):
-      env = process_env(dict(os.environ), process_id=i, num_processes=num_processes, port=port,
-                        devices_per_process=devices_per_process, platform=platform,
-                        init_timeout=init_timeout)
-      p = subprocess.Popen(list(command), cwd=cwd, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                           start_new_session=True)
+      env = process_env(
+          dict(os.environ),
+          process_id=i,
+          num_processes=num_processes,
+          port=port,
+          devices_per_process=devices_per_process,
+          platform=platform,
+          init_timeout=init_timeout,
+      )
+      p = subprocess.Popen(
+          list(command),
+          cwd=cwd,
+          env=env,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.STDOUT,
+          stdin=subprocess.DEVNULL,
+          start_new_session=True,
+      )
       procs.append(p)
       log = open(os.path.join(log_dir, f"process{i}.log"), "w") if log_dir else None
       if log is not None:
@@ -175,12 +206,15 @@ def launch(command: Sequence[str], *, num_processes: int, devices_per_process: i
         break
       time.sleep(0.1)
     if first_failure is None:  # all ended; the first non-zero one in process order
-      first_failure = next(((i, _exit_code(p.returncode)) for i, p in enumerate(procs)
-                            if p.returncode != 0), None)
+      first_failure = next(
+          ((i, _exit_code(p.returncode)) for i, p in enumerate(procs) if p.returncode != 0), None
+      )
     elif first_failure[0] >= 0:
       with lock:
-        out.write(f"local_multihost: process {first_failure[0]} exited with code "
-                  f"{first_failure[1]}; stopping the others\n")
+        out.write(
+            f"local_multihost: process {first_failure[0]} exited with code "
+            f"{first_failure[1]}; stopping the others\n"
+        )
   except KeyboardInterrupt:
     first_failure = (-1, 130)
   finally:
@@ -190,8 +224,10 @@ def launch(command: Sequence[str], *, num_processes: int, devices_per_process: i
     for log in logs:
       log.close()
   code = 0 if first_failure is None else first_failure[1]
-  out.write(f"local_multihost: exit code {code} (per process: "
-            f"{[_exit_code(p.returncode) for p in procs]})\n")
+  out.write(
+      f"local_multihost: exit code {code} (per process: "
+      f"{[_exit_code(p.returncode) for p in procs]})\n"
+  )
   out.flush()
   return code
 
@@ -201,27 +237,40 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
   rest: list[str] = []
   if "--" in argv:
     k = argv.index("--")
-    argv, rest = argv[:k], argv[k + 1:]
+    argv, rest = argv[:k], argv[k + 1 :]
   p = argparse.ArgumentParser(
       description="Run N cooperating JAX processes on this machine (loopback coordinator).",
       epilog="Arguments after '--' are the command to run, or with --config extra "
-             "'--config.x=y' overrides for linvit_jax.main.")
+      "'--config.x=y' overrides for linvit_jax.main.",
+  )
   p.add_argument("-n", "--num_processes", type=int, default=2)
-  p.add_argument("-d", "--devices_per_process", type=int, default=1,
-                 help="simulated CPU devices per process (XLA host platform device count)")
+  p.add_argument(
+      "-d",
+      "--devices_per_process",
+      type=int,
+      default=1,
+      help="simulated CPU devices per process (XLA host platform device count)",
+  )
   p.add_argument("--config", help="config for linvit_jax.main, e.g. configs/demo.py:tiny=True")
   p.add_argument("--workdir", help="workdir for linvit_jax.main (shared by all processes)")
-  p.add_argument("--python", default=VENV_PYTHON if os.path.exists(VENV_PYTHON) else sys.executable,
-                 help="interpreter for linvit_jax.main (default: the repository's .venv if there "
-                      "is one, else this one)")
+  p.add_argument(
+      "--python",
+      default=VENV_PYTHON if os.path.exists(VENV_PYTHON) else sys.executable,
+      help="interpreter for linvit_jax.main (default: the repository's .venv if there "
+      "is one, else this one)",
+  )
   p.add_argument("--port", type=int, default=0, help="coordinator port (default: a free one)")
-  p.add_argument("--platform", default="cpu",
-                 help="JAX_PLATFORMS for the children ('' leaves it as it is)")
+  p.add_argument(
+      "--platform", default="cpu", help="JAX_PLATFORMS for the children ('' leaves it as it is)"
+  )
   p.add_argument("--log_dir", help="also write process<i>.log files here")
   p.add_argument("--timeout", type=float, default=0, help="seconds; 0 = none (exit 124 on expiry)")
-  p.add_argument("--init_timeout", type=int, default=INIT_TIMEOUT_S,
-                 help="seconds each process waits for the others at start-up "
-                      "(JAX_INITIALIZATION_TIMEOUT)")
+  p.add_argument(
+      "--init_timeout",
+      type=int,
+      default=INIT_TIMEOUT_S,
+      help="seconds each process waits for the others at start-up " "(JAX_INITIALIZATION_TIMEOUT)",
+  )
   p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
   args = p.parse_args(argv)
   if args.num_processes < 1:
@@ -243,24 +292,37 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
   args, rest = parse_args(sys.argv[1:] if argv is None else argv)
-  command = (main_command(args.python, args.config, args.workdir, rest) if args.config
-             else rest)
+  command = main_command(args.python, args.config, args.workdir, rest) if args.config else rest
   if args.dry_run:
     port = args.port or free_port()
-    print(f"# local_multihost: {args.num_processes} processes × {args.devices_per_process} "
-          f"devices, coordinator 127.0.0.1:{port}, cwd {REPO_ROOT}")
+    print(
+        f"# local_multihost: {args.num_processes} processes × {args.devices_per_process} "
+        f"devices, coordinator 127.0.0.1:{port}, cwd {REPO_ROOT}"
+    )
     for i in range(args.num_processes):
-      env = process_env({}, process_id=i, num_processes=args.num_processes, port=port,
-                        devices_per_process=args.devices_per_process, platform=args.platform,
-                        init_timeout=args.init_timeout)
+      env = process_env(
+          {},
+          process_id=i,
+          num_processes=args.num_processes,
+          port=port,
+          devices_per_process=args.devices_per_process,
+          platform=args.platform,
+          init_timeout=args.init_timeout,
+      )
       assigns = [f"{k}={shlex.quote(v)}" for k, v in env.items()]
       print("env " + " ".join(assigns) + " " + shlex.join(command) + " &")
     print("wait")
     return 0
-  return launch(command, num_processes=args.num_processes,
-                devices_per_process=args.devices_per_process, port=args.port,
-                platform=args.platform, log_dir=args.log_dir, timeout=args.timeout or None,
-                init_timeout=args.init_timeout)
+  return launch(
+      command,
+      num_processes=args.num_processes,
+      devices_per_process=args.devices_per_process,
+      port=args.port,
+      platform=args.platform,
+      log_dir=args.log_dir,
+      timeout=args.timeout or None,
+      init_timeout=args.init_timeout,
+  )
 
 
 if __name__ == "__main__":

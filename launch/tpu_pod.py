@@ -53,8 +53,17 @@ JAX_COORDINATOR_PORT = 8476  # what jax.distributed uses on Cloud TPU by default
 QUEUED_POLL_S = 30
 METADATA_URL = "http://metadata.google.internal/computeMetadata/v1/instance/attributes"
 # Everything a worker does not need from the checkout (and what could be large or private).
-TAR_EXCLUDES = ("./.git", "./.venv", "./workdirs", "./tmp", "./build", "__pycache__",
-                "*.egg-info", ".pytest_cache", ".ipynb_checkpoints")
+TAR_EXCLUDES = (
+    "./.git",
+    "./.venv",
+    "./workdirs",
+    "./tmp",
+    "./build",
+    "__pycache__",
+    "*.egg-info",
+    ".pytest_cache",
+    ".ipynb_checkpoints",
+)
 DEFAULT_ENV = ("TF_CPP_MIN_LOG_LEVEL=1",)  # TensorFlow (tf.data, gfile) C++ INFO spam off
 
 
@@ -64,6 +73,7 @@ class LaunchError(Exception):
 
 # ------------------------------------------------------------------------------------------------
 # Accelerator types.
+
 
 @dataclasses.dataclass(frozen=True)
 class Family:
@@ -97,9 +107,11 @@ class SliceInfo:
 
   def describe(self) -> str:
     per_host = self.chips // self.hosts
-    return (f"{self.accelerator_type} = {self.chips} chips, {self.hosts} host"
-            f"{'s' if self.hosts > 1 else ''} × {per_host} chips, {self.devices} JAX devices "
-            f"({self.devices // self.hosts} per process)")
+    return (
+        f"{self.accelerator_type} = {self.chips} chips, {self.hosts} host"
+        f"{'s' if self.hosts > 1 else ''} × {per_host} chips, {self.devices} JAX devices "
+        f"({self.devices // self.hosts} per process)"
+    )
 
 
 def slice_info(accelerator_type: str, hosts_override: int = 0) -> SliceInfo:
@@ -108,20 +120,25 @@ def slice_info(accelerator_type: str, hosts_override: int = 0) -> SliceInfo:
   if not m or m.group(1) not in HOSTS_TABLE:
     raise LaunchError(
         f"--accelerator_type={accelerator_type!r}: expected <family>-<N> with family one of "
-        f"{sorted(HOSTS_TABLE)} (e.g. v4-32, v5litepod-16)")
+        f"{sorted(HOSTS_TABLE)} (e.g. v4-32, v5litepod-16)"
+    )
   fam, n = HOSTS_TABLE[m.group(1)], int(m.group(2))
   chips = n // fam.cores_per_chip if fam.counts == "cores" else n
   if chips < 1 or (fam.counts == "cores" and n % fam.cores_per_chip):
-    raise LaunchError(f"--accelerator_type={accelerator_type!r}: {n} TensorCores is not a whole "
-                      f"number of {fam.cores_per_chip}-core chips")
+    raise LaunchError(
+        f"--accelerator_type={accelerator_type!r}: {n} TensorCores is not a whole "
+        f"number of {fam.cores_per_chip}-core chips"
+    )
   if hosts_override:
     hosts = hosts_override
   elif chips <= fam.max_single_host_chips:
     hosts = 1
   elif chips % fam.multi_host_chip_multiple:
-    raise LaunchError(f"--accelerator_type={accelerator_type!r}: multi-host {m.group(1)} slices "
-                      f"have a multiple of {fam.multi_host_chip_multiple} chips, not {chips}; "
-                      "pass --hosts if this type really exists")
+    raise LaunchError(
+        f"--accelerator_type={accelerator_type!r}: multi-host {m.group(1)} slices "
+        f"have a multiple of {fam.multi_host_chip_multiple} chips, not {chips}; "
+        "pass --hosts if this type really exists"
+    )
   else:
     hosts = chips // fam.chips_per_host
   return SliceInfo(accelerator_type, chips, hosts, chips * fam.devices_per_chip, fam.runtime)
@@ -130,10 +147,13 @@ def slice_info(accelerator_type: str, hosts_override: int = 0) -> SliceInfo:
 # ------------------------------------------------------------------------------------------------
 # Checks on the arguments.
 
+
 def check_name(name: str) -> None:
   if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name or ""):
-    raise LaunchError(f"--name={name!r}: a TPU name is 1-63 lowercase letters, digits or '-', "
-                      "starting with a letter and not ending with '-'")
+    raise LaunchError(
+        f"--name={name!r}: a TPU name is 1-63 lowercase letters, digits or '-', "
+        "starting with a letter and not ending with '-'"
+    )
 
 
 def check_workdir(workdir: str | None, info: SliceInfo) -> None:
@@ -144,7 +164,8 @@ def check_workdir(workdir: str | None, info: SliceInfo) -> None:
         f"--workdir={workdir!r} is a local path, but {info.accelerator_type} has {info.hosts} "
         f"hosts: each worker would write its own disk, so checkpoints, resume and the exports "
         f"would be split across machines (and lost with the VM). Use a GCS bucket in the same "
-        f"region as the TPU, e.g. --workdir gs://BUCKET/linvit/run1")
+        f"region as the TPU, e.g. --workdir gs://BUCKET/linvit/run1"
+    )
 
 
 def check_config(config: str | None, repo_root: str | None = None) -> None:
@@ -156,9 +177,11 @@ def check_config(config: str | None, repo_root: str | None = None) -> None:
   if "/" not in stem and os.path.isfile(os.path.join(repo_root, "configs", stem + ".py")):
     return  # a shipped config's name ('imagenet_vit'): main.py resolves it on every worker
   if os.path.isabs(path) or not os.path.isfile(os.path.join(repo_root, path)):
-    raise LaunchError(f"--config={config!r}: {path!r} is not a file of this checkout "
-                      f"({repo_root}); configs travel with the repository, so give a path "
-                      "relative to its root such as configs/imagenet_vit.py")
+    raise LaunchError(
+        f"--config={config!r}: {path!r} is not a file of this checkout "
+        f"({repo_root}); configs travel with the repository, so give a path "
+        "relative to its root such as configs/imagenet_vit.py"
+    )
 
 
 def normalize_overrides(items: Sequence[str]) -> list[str]:
@@ -168,9 +191,11 @@ def normalize_overrides(items: Sequence[str]) -> list[str]:
     if item.startswith("--config."):
       out.append(item)
     elif item.startswith("-"):  # e.g. a launcher flag put after '--' by mistake
-      raise LaunchError(f"{item!r} after '--' (or in --extra) is not a config override; "
-                        "overrides look like --config.finetune.steps=100 or finetune.steps=100, "
-                        "and launcher flags go before '--'")
+      raise LaunchError(
+          f"{item!r} after '--' (or in --extra) is not a config override; "
+          "overrides look like --config.finetune.steps=100 or finetune.steps=100, "
+          "and launcher flags go before '--'"
+      )
     elif "=" not in item:
       raise LaunchError(f"--extra {item!r}: expected key=value (a config override) or a --flag")
     elif item.startswith("config."):
@@ -194,6 +219,7 @@ def jax_tpu_requirement(repo_root: str | None = None) -> str:
 # ------------------------------------------------------------------------------------------------
 # Commands. Each builder returns an argument list; nothing here runs anything.
 
+
 @dataclasses.dataclass
 class Target:
   name: str
@@ -204,38 +230,91 @@ class Target:
     return [f"--zone={self.zone}"] + ([f"--project={self.project}"] if self.project else [])
 
 
-def create_cmds(t: Target, accelerator_type: str, runtime: str, *, queued: bool, spot: bool,
-                preemptible: bool) -> list[list[str]]:
+def create_cmds(
+    t: Target, accelerator_type: str, runtime: str, *, queued: bool, spot: bool, preemptible: bool
+) -> list[list[str]]:
   if queued:
     if preemptible:
       raise LaunchError("--preemptible does not exist for queued resources; use --spot")
-    return [["gcloud", "compute", "tpus", "queued-resources", "create", t.name,
-             f"--node-id={t.name}", *t.flags(), f"--accelerator-type={accelerator_type}",
-             f"--runtime-version={runtime}", *(["--spot"] if spot else [])]]
+    return [
+        [
+            "gcloud",
+            "compute",
+            "tpus",
+            "queued-resources",
+            "create",
+            t.name,
+            f"--node-id={t.name}",
+            *t.flags(),
+            f"--accelerator-type={accelerator_type}",
+            f"--runtime-version={runtime}",
+            *(["--spot"] if spot else []),
+        ]
+    ]
   if spot and preemptible:
     raise LaunchError("--spot and --preemptible exclude each other (spot is the newer kind)")
-  return [["gcloud", "compute", "tpus", "tpu-vm", "create", t.name, *t.flags(),
-           f"--accelerator-type={accelerator_type}", f"--version={runtime}",
-           *(["--spot"] if spot else []), *(["--preemptible"] if preemptible else [])]]
+  return [
+      [
+          "gcloud",
+          "compute",
+          "tpus",
+          "tpu-vm",
+          "create",
+          t.name,
+          *t.flags(),
+          f"--accelerator-type={accelerator_type}",
+          f"--version={runtime}",
+          *(["--spot"] if spot else []),
+          *(["--preemptible"] if preemptible else []),
+      ]
+  ]
 
 
 def queued_state_cmd(t: Target) -> list[str]:
-  return ["gcloud", "compute", "tpus", "queued-resources", "describe", t.name, *t.flags(),
-          "--format=value(state.state)"]
+  return [
+      "gcloud",
+      "compute",
+      "tpus",
+      "queued-resources",
+      "describe",
+      t.name,
+      *t.flags(),
+      "--format=value(state.state)",
+  ]
 
 
 def delete_cmds(t: Target, *, queued: bool) -> list[list[str]]:
   if queued:  # --force also deletes the TPU VM the queued resource made
-    return [["gcloud", "compute", "tpus", "queued-resources", "delete", t.name, *t.flags(),
-             "--force", "--quiet"]]
+    return [
+        [
+            "gcloud",
+            "compute",
+            "tpus",
+            "queued-resources",
+            "delete",
+            t.name,
+            *t.flags(),
+            "--force",
+            "--quiet",
+        ]
+    ]
   return [["gcloud", "compute", "tpus", "tpu-vm", "delete", t.name, *t.flags(), "--quiet"]]
 
 
 def ssh_cmd(t: Target, remote: str | Sequence[str], worker: str = "all") -> list[str]:
   """`remote`: a command line for the worker's login shell, or script lines for bash_c."""
   command = remote if isinstance(remote, str) else bash_c(remote)
-  return ["gcloud", "compute", "tpus", "tpu-vm", "ssh", t.name, *t.flags(),
-          f"--worker={worker}", f"--command={command}"]
+  return [
+      "gcloud",
+      "compute",
+      "tpus",
+      "tpu-vm",
+      "ssh",
+      t.name,
+      *t.flags(),
+      f"--worker={worker}",
+      f"--command={command}",
+  ]
 
 
 def bash_c(lines: Sequence[str]) -> str:
@@ -252,7 +331,7 @@ def _worker_id_lines(hosts: int) -> list[str]:
   """Sets W (this worker's index) and, on a pod, the JAX multi-process contract from metadata."""
   lines = [
       f'md() {{ curl -sf -H Metadata-Flavor:Google "{METADATA_URL}/$1"; }}',
-      'W=$(md agent-worker-number) || W=0',
+      "W=$(md agent-worker-number) || W=0",
   ]
   if hosts > 1:
     # The same rule as jax's GceTpuCluster: workers in process order, each 'host' or 'name:id:ip';
@@ -274,9 +353,18 @@ def main_command(python: str, config: str, workdir: str, overrides: Sequence[str
   return [python, "-m", "linvit_jax.main", "--config", config, "--workdir", workdir, *overrides]
 
 
-def run_script(*, remote_dir: str, python: str, config: str, workdir: str,
-               overrides: Sequence[str], env: Sequence[str], hosts: int, stamp: str,
-               detach: bool) -> list[str]:
+def run_script(
+    *,
+    remote_dir: str,
+    python: str,
+    config: str,
+    workdir: str,
+    overrides: Sequence[str],
+    env: Sequence[str],
+    hosts: int,
+    stamp: str,
+    detach: bool,
+) -> list[str]:
   """The bash lines each worker runs for `run`."""
   for kv in env:
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", kv, flags=re.S):
@@ -294,15 +382,18 @@ def run_script(*, remote_dir: str, python: str, config: str, workdir: str,
       *(f"export {shlex.quote(kv)}" for kv in env),
   ]
   if detach:  # survives the ssh session; follow with `tpu_pod.py logs --follow`
-    lines += [f'setsid nohup {main} > "$LOG" 2>&1 < /dev/null &',
-              'echo "[w$W] started pid $! on $(hostname), log $LOG"']
+    lines += [
+        f'setsid nohup {main} > "$LOG" 2>&1 < /dev/null &',
+        'echo "[w$W] started pid $! on $(hostname), log $LOG"',
+    ]
   else:
     lines += [f'{main} 2>&1 | tee "$LOG" | sed -u "s/^/[w$W] /"']
   return lines
 
 
-def setup_script(*, remote_dir: str, tarball_name: str, python_version: str,
-                 requirement: str) -> list[str]:
+def setup_script(
+    *, remote_dir: str, tarball_name: str, python_version: str, requirement: str
+) -> list[str]:
   """What every worker runs for `setup`: unpack, a uv venv with the package and TPU jax."""
   if not re.fullmatch(r"[A-Za-z0-9_.\[\],<>=!~]+", requirement):
     raise LaunchError(f"unexpected characters in the jax requirement {requirement!r}")
@@ -337,12 +428,22 @@ def tar_cmd(tarball: str, repo_root: str | None = None) -> list[str]:
 
 
 def scp_cmd(t: Target, local: str, remote: str) -> list[str]:
-  return ["gcloud", "compute", "tpus", "tpu-vm", "scp", local, f"{t.name}:{remote}", *t.flags(),
-          "--worker=all"]
+  return [
+      "gcloud",
+      "compute",
+      "tpus",
+      "tpu-vm",
+      "scp",
+      local,
+      f"{t.name}:{remote}",
+      *t.flags(),
+      "--worker=all",
+  ]
 
 
 # ------------------------------------------------------------------------------------------------
 # Running (or printing) the commands.
+
 
 class Runner:
   """Runs argument lists, echoing each as a shell-quoted line; with dry_run only prints them."""
@@ -385,8 +486,9 @@ class Runner:
     self.echo(cmd)
     if self.dry_run:
       return 0
-    p = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         stdin=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+    )
     assert p.stdout is not None
     for raw in iter(p.stdout.readline, b""):
       on_line(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
@@ -394,6 +496,7 @@ class Runner:
 
 
 class CommandFailed(Exception):
+
   def __init__(self, cmd: Sequence[str], code: int):
     super().__init__(f"command failed with exit code {code}: {shlex.join(cmd)}")
     self.code = code
@@ -426,10 +529,17 @@ class WorkerLogs:
 # ------------------------------------------------------------------------------------------------
 # Subcommands.
 
+
 def do_create(args, r: Runner, t: Target, info: SliceInfo) -> None:
   runtime = args.version or info.default_runtime
-  for cmd in create_cmds(t, args.accelerator_type, runtime, queued=args.queued, spot=args.spot,
-                         preemptible=args.preemptible):
+  for cmd in create_cmds(
+      t,
+      args.accelerator_type,
+      runtime,
+      queued=args.queued,
+      spot=args.spot,
+      preemptible=args.preemptible,
+  ):
     r.run(cmd)
   if args.queued:
     r.say(f"waiting for the queued resource to be ACTIVE (polled every {QUEUED_POLL_S} s):")
@@ -438,8 +548,10 @@ def do_create(args, r: Runner, t: Target, info: SliceInfo) -> None:
       if r.dry_run or state == "ACTIVE":
         break
       if state in ("FAILED", "SUSPENDED"):
-        raise LaunchError(f"queued resource {t.name!r} is {state}; see `gcloud compute tpus "
-                          f"queued-resources describe {t.name} --zone={t.zone}`")
+        raise LaunchError(
+            f"queued resource {t.name!r} is {state}; see `gcloud compute tpus "
+            f"queued-resources describe {t.name} --zone={t.zone}`"
+        )
       r.say(f"{datetime.datetime.now():%H:%M:%S} {t.name}: {state or 'unknown'}")
       time.sleep(QUEUED_POLL_S)
 
@@ -450,8 +562,12 @@ def do_setup(args, r: Runner, t: Target, info: SliceInfo) -> None:
   r.say(f"copy this checkout ({REPO_ROOT}) to ~/{args.remote_dir} on all {info.hosts} workers")
   r.run(tar_cmd(local_tar))
   r.run(scp_cmd(t, local_tar, tarball_name))
-  script = setup_script(remote_dir=args.remote_dir, tarball_name=tarball_name,
-                        python_version=args.python_version, requirement=jax_tpu_requirement())
+  script = setup_script(
+      remote_dir=args.remote_dir,
+      tarball_name=tarball_name,
+      python_version=args.python_version,
+      requirement=jax_tpu_requirement(),
+  )
   r.show_script(script)
   r.run(ssh_cmd(t, script))
   if not r.dry_run:
@@ -462,19 +578,30 @@ def _run_script(args, info: SliceInfo, stamp: str) -> list[str]:
   check_config(args.config)
   check_workdir(args.workdir, info)
   overrides = normalize_overrides(list(args.extra) + list(args.rest))
-  return run_script(remote_dir=args.remote_dir, python=".venv/bin/python", config=args.config,
-                    workdir=args.workdir, overrides=overrides,
-                    env=list(DEFAULT_ENV) + list(args.env), hosts=info.hosts, stamp=stamp,
-                    detach=args.detach)
+  return run_script(
+      remote_dir=args.remote_dir,
+      python=".venv/bin/python",
+      config=args.config,
+      workdir=args.workdir,
+      overrides=overrides,
+      env=list(DEFAULT_ENV) + list(args.env),
+      hosts=info.hosts,
+      stamp=stamp,
+      detach=args.detach,
+  )
 
 
 def do_run(args, r: Runner, t: Target, info: SliceInfo, remote: list[str], stamp: str) -> int:
   log_dir = args.log_dir or os.path.join(REPO_ROOT, "workdirs", "launch_logs", t.name)
-  r.say(f"every worker logs to ~/{REMOTE_LOG_DIR}/{stamp}.worker<i>.log; streamed here and "
-        f"split into {log_dir}/{stamp}.worker<i>.log")
+  r.say(
+      f"every worker logs to ~/{REMOTE_LOG_DIR}/{stamp}.worker<i>.log; streamed here and "
+      f"split into {log_dir}/{stamp}.worker<i>.log"
+  )
   if not args.workdir.startswith("gs://"):
-    r.say(f"--workdir {args.workdir} is on the TPU VM's own disk: copy what you need before the "
-          "VM is deleted")
+    r.say(
+        f"--workdir {args.workdir} is on the TPU VM's own disk: copy what you need before the "
+        "VM is deleted"
+    )
   r.show_script(remote)
   if r.dry_run:
     r.echo(ssh_cmd(t, remote))
@@ -497,8 +624,9 @@ def do_delete(args, r: Runner, t: Target, check: bool = True) -> None:
 def dispatch(args, r: Runner) -> int:
   check_name(args.name)
   if os.path.isabs(args.remote_dir) or ".." in args.remote_dir.split("/"):
-    raise LaunchError(f"--remote_dir={args.remote_dir!r} must be a path under $HOME, like "
-                      "linvit_jax")
+    raise LaunchError(
+        f"--remote_dir={args.remote_dir!r} must be a path under $HOME, like " "linvit_jax"
+    )
   t = Target(args.name, args.zone, args.project)
   info = slice_info(args.accelerator_type, args.hosts) if args.accelerator_type else None
   needs_type = args.cmd in ("create", "setup", "run", "all")
@@ -535,8 +663,10 @@ def dispatch(args, r: Runner) -> int:
       code = do_run(args, r, t, info, remote, stamp)
     finally:
       if args.keep:
-        r.say(f"--keep: {t.name} stays up; delete it with: python launch/tpu_pod.py delete "
-              f"--name={t.name} --zone={t.zone}" + (" --queued" if args.queued else ""))
+        r.say(
+            f"--keep: {t.name} stays up; delete it with: python launch/tpu_pod.py delete "
+            f"--name={t.name} --zone={t.zone}" + (" --queued" if args.queued else "")
+        )
       else:  # unchecked: after a failed create there may be nothing to delete
         do_delete(args, r, t, check=False)
     return code
@@ -550,41 +680,62 @@ def build_parser() -> argparse.ArgumentParser:
   g.add_argument("--zone", required=True, help="e.g. us-central2-b (v4), us-east5-a (v5p)")
   g.add_argument("--project", default="", help="GCP project (default: gcloud's configured one)")
   g.add_argument("--accelerator_type", default="", help="e.g. v4-32, v5litepod-16, v5p-64")
-  g.add_argument("--hosts", type=int, default=0,
-                 help="override the host count derived from --accelerator_type")
-  g.add_argument("--version", default="",
-                 help="TPU VM runtime (default per family: v4 tpu-ubuntu2204-base, v5e "
-                      "v2-alpha-tpuv5-lite, v5p v2-alpha-tpuv5, v6e v2-alpha-tpuv6e)")
-  g.add_argument("--queued", action="store_true",
-                 help="create/delete through `gcloud compute tpus queued-resources`")
+  g.add_argument(
+      "--hosts", type=int, default=0, help="override the host count derived from --accelerator_type"
+  )
+  g.add_argument(
+      "--version",
+      default="",
+      help="TPU VM runtime (default per family: v4 tpu-ubuntu2204-base, v5e "
+      "v2-alpha-tpuv5-lite, v5p v2-alpha-tpuv5, v6e v2-alpha-tpuv6e)",
+  )
+  g.add_argument(
+      "--queued",
+      action="store_true",
+      help="create/delete through `gcloud compute tpus queued-resources`",
+  )
   g.add_argument("--spot", action="store_true", help="Spot VMs (preemptible at any time)")
   g.add_argument("--preemptible", action="store_true", help="legacy preemptible TPUs")
   g.add_argument("--dry_run", action="store_true", help="print every command, run nothing")
   r = common.add_argument_group("run")
   r.add_argument("--config", help="config path relative to the repository root, with ':arg'")
   r.add_argument("--workdir", help="gs://BUCKET/... (required on multi-host slices)")
-  r.add_argument("--extra", action="append", default=[],
-                 help="config override, repeatable: 'finetune.steps=100' (or after --)")
+  r.add_argument(
+      "--extra",
+      action="append",
+      default=[],
+      help="config override, repeatable: 'finetune.steps=100' (or after --)",
+  )
   r.add_argument("--env", action="append", default=[], help="NAME=value on every worker")
-  r.add_argument("--detach", action="store_true",
-                 help="start the job under nohup and return (follow with `logs --follow`)")
+  r.add_argument(
+      "--detach",
+      action="store_true",
+      help="start the job under nohup and return (follow with `logs --follow`)",
+  )
   r.add_argument("--keep", action="store_true", help="'all': do not delete the TPU at the end")
   r.add_argument("--remote_dir", default="linvit_jax", help="checkout dir under $HOME on workers")
   r.add_argument("--python_version", default="3.11", help="Python of the workers' venv (uv)")
-  r.add_argument("--log_dir", default="",
-                 help="local per-worker logs (default workdirs/launch_logs/<name>)")
+  r.add_argument(
+      "--log_dir", default="", help="local per-worker logs (default workdirs/launch_logs/<name>)"
+  )
   r.add_argument("--worker", default="all", help="'logs'/'ssh': all, 0, '1,3', '0-2'")
   r.add_argument("--lines", type=int, default=100, help="'logs': lines per worker")
   r.add_argument("--follow", action="store_true", help="'logs': keep following (tail -F)")
 
   p = argparse.ArgumentParser(
       description="Run linvit_jax configs on Cloud TPU VMs (pod slices included) with gcloud.",
-      epilog="Arguments after '--' are config overrides for run/all, or the command for ssh.")
+      epilog="Arguments after '--' are config overrides for run/all, or the command for ssh.",
+  )
   sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-  for name, text in (("create", "create the TPU VM"), ("setup", "copy + install on all workers"),
-                     ("run", "run the config on all workers"), ("logs", "tail the workers' logs"),
-                     ("ssh", "run a shell command on workers"), ("delete", "delete the TPU VM"),
-                     ("all", "create, setup, run, delete")):
+  for name, text in (
+      ("create", "create the TPU VM"),
+      ("setup", "copy + install on all workers"),
+      ("run", "run the config on all workers"),
+      ("logs", "tail the workers' logs"),
+      ("ssh", "run a shell command on workers"),
+      ("delete", "delete the TPU VM"),
+      ("all", "create, setup, run, delete"),
+  ):
     sub.add_parser(name, parents=[common], help=text)
   return p
 
@@ -594,7 +745,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   rest: list[str] = []
   if "--" in argv:
     k = argv.index("--")
-    argv, rest = argv[:k], argv[k + 1:]
+    argv, rest = argv[:k], argv[k + 1 :]
   args = build_parser().parse_args(argv)
   args.rest = rest
   return args
@@ -615,8 +766,11 @@ def main(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> int:
     print("tpu_pod: interrupted", file=sys.stderr)
     return 130
   except subprocess.CalledProcessError as e:
-    print(f"tpu_pod: command failed with exit code {e.returncode}: {shlex.join(e.cmd)}\n"
-          f"{(e.stderr or '').strip()}", file=sys.stderr)
+    print(
+        f"tpu_pod: command failed with exit code {e.returncode}: {shlex.join(e.cmd)}\n"
+        f"{(e.stderr or '').strip()}",
+        file=sys.stderr,
+    )
     return e.returncode or 1
 
 

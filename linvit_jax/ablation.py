@@ -41,8 +41,14 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 
 
-def arm_config(base: mlc.ConfigDict, arm: str, seed: int, finetune_steps: int,
-               distill_steps: int, eval_every: int) -> mlc.ConfigDict:
+def arm_config(
+    base: mlc.ConfigDict,
+    arm: str,
+    seed: int,
+    finetune_steps: int,
+    distill_steps: int,
+    eval_every: int,
+) -> mlc.ConfigDict:
   """The run config of one (arm, seed): the base conversion config with the arm's choices."""
   if arm not in ARMS:
     raise ValueError(f"unknown ablation arm {arm!r}; known: {sorted(ARMS)}")
@@ -84,24 +90,28 @@ def _mean_std(values: list[float]) -> str:
 
 def summarize(results: Mapping[str, list[dict]], teacher_top1: float | None) -> str:
   """The markdown table of ablation.md."""
-  lines = ["| arm | top-1 before fine-tune (%) | top-1 after fine-tune (%) | Δ vs teacher "
-           "(points) | last-layer cosine after | seeds |",
-           "|---|---|---|---|---|---|"]
+  lines = [
+      "| arm | top-1 before fine-tune (%) | top-1 after fine-tune (%) | Δ vs teacher "
+      "(points) | last-layer cosine after | seeds |",
+      "|---|---|---|---|---|---|",
+  ]
   for arm, runs in results.items():
     before = [r.get("student_top1_before_finetune", float("nan")) for r in runs]
     after = [r["student_top1"] for r in runs]
-    delta = (f"{100 * (np.mean(after) - teacher_top1):+.2f}" if teacher_top1 is not None
-             else "n/a")
-    fid_key = next((k for k in ("fidelity_after_finetune", "fidelity_converted") if k in runs[0]),
-                   None)
-    cos = (f"{np.mean([r[fid_key][-1]['cosine'] for r in runs]):.3f}" if fid_key else "n/a")
-    lines.append(f"| {arm} | {_mean_std(before)} | {_mean_std(after)} | {delta} | {cos} | "
-                 f"{len(runs)} |")
+    delta = f"{100 * (np.mean(after) - teacher_top1):+.2f}" if teacher_top1 is not None else "n/a"
+    fid_key = next(
+        (k for k in ("fidelity_after_finetune", "fidelity_converted") if k in runs[0]), None
+    )
+    cos = f"{np.mean([r[fid_key][-1]['cosine'] for r in runs]):.3f}" if fid_key else "n/a"
+    lines.append(
+        f"| {arm} | {_mean_std(before)} | {_mean_std(after)} | {delta} | {cos} | " f"{len(runs)} |"
+    )
   return "\n".join(lines)
 
 
 def plot_curves(results: Mapping[str, list[dict]], path: str, teacher_top1: float | None) -> None:
   from linvit_jax.evaluate import new_figure
+
   fig = new_figure(figsize=(7, 4.2))
   ax = fig.subplots()
   for arm, runs in results.items():
@@ -112,7 +122,7 @@ def plot_curves(results: Mapping[str, list[dict]], path: str, teacher_top1: floa
     if not curves or not curves[0]:
       continue
     steps = [s for s, _ in curves[0]]
-    acc = np.array([[a for _, a in c][:len(steps)] for c in curves if len(c) >= len(steps)])
+    acc = np.array([[a for _, a in c][: len(steps)] for c in curves if len(c) >= len(steps)])
     mean, std = 100 * acc.mean(0), 100 * acc.std(0)
     ax.plot(steps, mean, marker="o", ms=3, label=arm)
     ax.fill_between(steps, mean - std, mean + std, alpha=0.15)
@@ -131,9 +141,12 @@ def plot_curves(results: Mapping[str, list[dict]], path: str, teacher_top1: floa
 def run_ablation(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs every (arm, seed) in its own sub-workdir (each resumable) and writes the report."""
   if "ablation" not in config:
-    raise UserError("the config has no `ablation` block (arms, seeds, finetune_steps, ...): "
-                    "see configs/ablation.py")
+    raise UserError(
+        "the config has no `ablation` block (arms, seeds, finetune_steps, ...): "
+        "see configs/ablation.py"
+    )
   from linvit_jax import run as run_lib  # the single-run path, shared with main.py
+
   a = config.ablation
   results: dict[str, list[dict]] = {}
   teacher_top1 = None
@@ -160,15 +173,18 @@ def run_ablation(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
     raise ValueError(f"no finished ablation runs under {workdir!r}")
   table = summarize(results, teacher_top1)
   with gfile.open(os.path.join(workdir, "ablation.md"), "w") as f:
-    f.write(f"# Ablation\n\nteacher top-1 (softmax, before any fine-tuning): "
-            f"{100 * teacher_top1:.2f} %\n\nfine-tune budget: {a.finetune_steps} steps × batch "
-            f"{config.finetune.batch_size}; distillation: {a.distill_steps} steps; seeds "
-            f"{list(a.seeds)}\n\n{table}\n")
+    f.write(
+        f"# Ablation\n\nteacher top-1 (softmax, before any fine-tuning): "
+        f"{100 * teacher_top1:.2f} %\n\nfine-tune budget: {a.finetune_steps} steps × batch "
+        f"{config.finetune.batch_size}; distillation: {a.distill_steps} steps; seeds "
+        f"{list(a.seeds)}\n\n{table}\n"
+    )
   plot_curves(results, os.path.join(workdir, "ablation.png"), teacher_top1)
   print(table)
   return {"table": table, "teacher_top1": teacher_top1}
 
 
 if __name__ == "__main__":
-  from linvit_jax import main as main_lib  # pylint: disable=g-import-not-at-top
+  from linvit_jax import main as main_lib
+
   main_lib.cli(run_ablation)

@@ -46,8 +46,11 @@ def list_configs() -> list[str]:
   directory = config_dir()
   if directory is None:
     return []
-  return sorted(name[:-len(".py")] for name in os.listdir(directory)
-                if name.endswith(".py") and not name.startswith("_"))
+  return sorted(
+      name[: -len(".py")]
+      for name in os.listdir(directory)
+      if name.endswith(".py") and not name.startswith("_")
+  )
 
 
 def find_config(name: str) -> str | None:
@@ -57,8 +60,8 @@ def find_config(name: str) -> str | None:
   spelling, run outside the checkout). Anything else (another directory, a `:arg`) is not a name.
   """
   stem = name[2:] if name.startswith("./") else name
-  stem = stem[len("configs/"):] if stem.startswith("configs/") else stem
-  stem = stem[:-len(".py")] if stem.endswith(".py") else stem
+  stem = stem[len("configs/") :] if stem.startswith("configs/") else stem
+  stem = stem[: -len(".py")] if stem.endswith(".py") else stem
   if not stem or "/" in stem or os.sep in stem or stem not in list_configs():
     return None
   return os.path.join(config_dir(), stem + ".py")

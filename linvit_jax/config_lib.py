@@ -50,26 +50,34 @@ def parse_arg(arg: str | None, **defaults: Any) -> mlc.ConfigDict:
 # stage block spells out the commonly tuned ones (`optimizer()`); the runner fills the fields a
 # block omits from here, so a hand-written block means what a config block means.
 OPTIMIZER_DEFAULTS = dict(
-    name="adamw",             # "adamw" and "adam" are the same (decoupled) chain; or "sgd"
-    lr=1e-3,                  # the peak of the schedule
+    name="adamw",  # "adamw" and "adam" are the same (decoupled) chain; or "sgd"
+    lr=1e-3,  # the peak of the schedule
     # big_vision's decoupled weight decay: `wd · param` is added after the update is scaled by
     # the peak lr, and follows the schedule's shape only (update = -s(t)·(lr·adam + wd·param),
     # s(t) = schedule(t)/lr ∈ [0, 1]); NOT optax.adamw's lr·wd (1e-4 there is ~1e4× weaker).
-    wd=1e-4,                  # big_vision's i1k ViT value
+    wd=1e-4,  # big_vision's i1k ViT value
     wd_pattern=r".*/kernel",  # the decayed leaves (big_vision's wd_mults default); None: ndim >= 2
     b1=0.9,
     b2=0.999,
     eps=1e-8,
-    momentum=0.9,             # sgd only
-    grad_clip=1.0,            # global-norm clip over the trained params; 0 = off
+    momentum=0.9,  # sgd only
+    grad_clip=1.0,  # global-norm clip over the trained params; 0 = off
     warmup_steps=0,
-    schedule="cosine",        # after a linear warmup from 0: cosine | linear | constant
-    end_lr_ratio=0.0,         # final lr = lr · end_lr_ratio (cosine, linear)
-    accum_steps=1,            # micro-batches per step (gradient accumulation)
+    schedule="cosine",  # after a linear warmup from 0: cosine | linear | constant
+    end_lr_ratio=0.0,  # final lr = lr · end_lr_ratio (cosine, linear)
+    accum_steps=1,  # micro-batches per step (gradient accumulation)
 )
 # The fields every config stage block spells out (a locked config takes overrides of these only).
-_OPTIMIZER_BLOCK = ("name", "lr", "wd", "b2", "grad_clip", "warmup_steps", "schedule",
-                    "accum_steps")
+_OPTIMIZER_BLOCK = (
+    "name",
+    "lr",
+    "wd",
+    "b2",
+    "grad_clip",
+    "warmup_steps",
+    "schedule",
+    "accum_steps",
+)
 
 
 def optimizer(lr: float, **kw: Any) -> dict:
@@ -86,12 +94,14 @@ def optimizer(lr: float, **kw: Any) -> dict:
 def stage_bookkeeping(steps: int) -> dict:
   """The runner's fields of a stage block (train.run_stage), scaled to the stage's length; the
   runner fills the ones a block omits from here."""
-  return dict(checkpoint_every=max(1, steps // 4),  # save every N steps (and at the end); 0: end
-              max_to_keep=2,
-              log_every=max(1, steps // 20),  # a metrics row every N steps (and first and last)
-              eval_every=0,                   # evaluate every N steps (and at the end); 0: end
-              max_nonfinite_in_a_row=10,      # skipped non-finite updates before the stage stops
-              progress=True)                  # tqdm bar on process 0
+  return dict(
+      checkpoint_every=max(1, steps // 4),  # save every N steps (and at the end); 0: end
+      max_to_keep=2,
+      log_every=max(1, steps // 20),  # a metrics row every N steps (and first and last)
+      eval_every=0,  # evaluate every N steps (and at the end); 0: end
+      max_nonfinite_in_a_row=10,  # skipped non-finite updates before the stage stops
+      progress=True,
+  )  # tqdm bar on process 0
 
 
 def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> dict:
@@ -103,12 +113,22 @@ def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> di
   if kind not in STAGE_KINDS:
     raise ValueError(f"unknown stage kind {kind!r}; known: {STAGE_KINDS}")
   opt_kw = {k: kw.pop(k) for k in OPTIMIZER_DEFAULTS if k in kw and k not in ("name", "lr")}
-  block = dict(kind=kind, steps=steps, batch_size=batch_size, optimizer=optimizer(lr, **opt_kw),
-               **stage_bookkeeping(steps),
-               # losses (which ones apply depends on kind; unused weights are ignored)
-               w_label=1.0, w_logit_kd=0.0, kd_temperature=1.0, w_feature=0.0,
-               w_blocks=0.0, w_attn_tf=0.0, label_loss="softmax_xent",
-               trainable="")  # "": the kind's default (align: "all")
+  block = dict(
+      kind=kind,
+      steps=steps,
+      batch_size=batch_size,
+      optimizer=optimizer(lr, **opt_kw),
+      **stage_bookkeeping(steps),
+      # losses (which ones apply depends on kind; unused weights are ignored)
+      w_label=1.0,
+      w_logit_kd=0.0,
+      kd_temperature=1.0,
+      w_feature=0.0,
+      w_blocks=0.0,
+      w_attn_tf=0.0,
+      label_loss="softmax_xent",
+      trainable="",
+  )  # "": the kind's default (align: "all")
   if kind == "align":
     block.update(w_label=0.0, w_feature=1.0, w_blocks=1.0, w_attn_tf=1.0)
   block.update(kw)
@@ -118,17 +138,18 @@ def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> di
 def distill() -> dict:
   """The `distill` block: the distill_attention stage's loss weights (distill.make_distill_loss)."""
   return dict(
-      metric="nmse",              # attention-output metric in the loss: "nmse" | "cosine"
+      metric="nmse",  # attention-output metric in the loss: "nmse" | "cosine"
       w_attn=1.0,
       w_routing=0.1,
-      routing_temperature=1.0,    # τ of the teacher's softmax(QKᵀ/(τ√d)); >1 softens targets
-      routing_queries=32,         # s sampled query tokens per step (0: all queries)
-      routing_kind="xent",        # "xent" | "kl" (same gradient; kl is 0 at the optimum)
-      lookahead=0,                # k: teacher sublayers the attention error is pushed through
+      routing_temperature=1.0,  # τ of the teacher's softmax(QKᵀ/(τ√d)); >1 softens targets
+      routing_queries=32,  # s sampled query tokens per step (0: all queries)
+      routing_kind="xent",  # "xent" | "kl" (same gradient; kl is 0 at the optimum)
+      lookahead=0,  # k: teacher sublayers the attention error is pushed through
       w_lookahead=0.0,
-      w_feature=0.0,              # end-to-end alignment of the student's own stream
+      w_feature=0.0,  # end-to-end alignment of the student's own stream
       w_logit_kd=0.0,
-      kd_temperature=1.0)
+      kd_temperature=1.0,
+  )
 
 
 def base_config() -> mlc.ConfigDict:
@@ -143,16 +164,41 @@ def base_config() -> mlc.ConfigDict:
   # lists not at all. tests/test_main.py checks that no config file leaves a list behind.
   c.param_rules = ()  # ((path regex (fullmatch), "fsdp" | "replicate"), ...), first match wins
 
-  c.data = dict(dataset="fashion_mnist_local", data_dir="", train_split="train",
-                eval_split="test", eval_dataset="", pp_train="", pp_eval="", image_size=28, num_classes=10,
-                label_key="labels", shuffle_buffer=10_000, eval_batch_size=512,
-                eval_max_examples=0)  # 0: the whole split
+  c.data = dict(
+      dataset="fashion_mnist_local",
+      data_dir="",
+      train_split="train",
+      eval_split="test",
+      eval_dataset="",
+      pp_train="",
+      pp_eval="",
+      image_size=28,
+      num_classes=10,
+      label_key="labels",
+      shuffle_buffer=10_000,
+      eval_batch_size=512,
+      eval_max_examples=0,
+  )  # 0: the whole split
 
   # The teacher's architecture (big_vision ViT fields); the student is the same with `attention`.
-  c.model = dict(variant="", num_classes=10, width=128, depth=4, mlp_dim=256, num_heads=4,
-                 patch_size=(4, 4), posemb="learn", pool_type="tok", rep_size=False,
-                 dropout=0.0, head_zeroinit=True, scan=False, remat_policy="nothing_saveable",
-                 dtype_mm="float32", gelu_approximate=True)
+  c.model = dict(
+      variant="",
+      num_classes=10,
+      width=128,
+      depth=4,
+      mlp_dim=256,
+      num_heads=4,
+      patch_size=(4, 4),
+      posemb="learn",
+      pool_type="tok",
+      rep_size=False,
+      dropout=0.0,
+      head_zeroinit=True,
+      scan=False,
+      remat_policy="nothing_saveable",
+      dtype_mm="float32",
+      gelu_approximate=True,
+  )
 
   # init: big_vision npz (a path, gs://, or a big_vision short name such as "i1k-s16-300ep");
   # "" → no teacher (train a model). dont_load: regexes (re.fullmatch on "a/b/kernel" paths) of
@@ -170,16 +216,27 @@ def base_config() -> mlc.ConfigDict:
   c.distill = distill()
 
   c.stages = ("distill_attention", "finetune")  # () = convert (or evaluate student.init) only
-  c.distill_attention = stage("distill_attention", steps=500, batch_size=64, lr=3e-3,
-                              warmup_steps=25)
+  c.distill_attention = stage(
+      "distill_attention", steps=500, batch_size=64, lr=3e-3, warmup_steps=25
+  )
   c.finetune = stage("finetune", steps=500, batch_size=64, lr=3e-4, warmup_steps=25)
   c.train = stage("train", steps=0, batch_size=64, lr=1e-3)
 
   # sample_pp: "" → the fidelity sample is the first eval images (pp_eval); a pp string → random
   # views of the eval split drawn with it under a fixed seed (few held-out files, many crops).
-  c.eval = dict(teacher=True, curve_examples=2000, curve_images=16, fidelity_images=128,
-                attention_map_images=4, throughput_batch=64, resolution_factors=(1, 2),
-                resolution_examples=2000, resolution_fidelity_images=16, plots=True, sample_pp="")
+  c.eval = dict(
+      teacher=True,
+      curve_examples=2000,
+      curve_images=16,
+      fidelity_images=128,
+      attention_map_images=4,
+      throughput_batch=64,
+      resolution_factors=(1, 2),
+      resolution_examples=2000,
+      resolution_fidelity_images=16,
+      plots=True,
+      sample_pp="",
+  )
   c.export = dict(npz=True)
   return c
 
@@ -187,14 +244,19 @@ def base_config() -> mlc.ConfigDict:
 # ------------------------------------------------------------------------------ embedded data
 
 ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
-FMNIST_PP_TRAIN = ('decode(1)|flip_lr|value_range(-1,1)|'
-                   'onehot(10,key="label",key_result="labels")|keep("image","labels")')
-FMNIST_PP_EVAL = ('decode(1)|value_range(-1,1)|'
-                  'onehot(10,key="label",key_result="labels")|keep("image","labels")')
+FMNIST_PP_TRAIN = (
+    "decode(1)|flip_lr|value_range(-1,1)|"
+    'onehot(10,key="label",key_result="labels")|keep("image","labels")'
+)
+FMNIST_PP_EVAL = (
+    "decode(1)|value_range(-1,1)|"
+    'onehot(10,key="label",key_result="labels")|keep("image","labels")'
+)
 
 
-def fmnist_conversion(*, feature_map: str, patch: int = 4, distill_steps: int,
-                      finetune_steps: int, tiny: bool = False) -> mlc.ConfigDict:
+def fmnist_conversion(
+    *, feature_map: str, patch: int = 4, distill_steps: int, finetune_steps: int, tiny: bool = False
+) -> mlc.ConfigDict:
   """The conversion recipe on the embedded Fashion-MNIST with a shipped teacher (demo, ablation).
 
   Distillation: only attention trains, lr 3e-2; fine-tuning: everything, lr 2e-4, labels plus the
@@ -210,10 +272,20 @@ def fmnist_conversion(*, feature_map: str, patch: int = 4, distill_steps: int,
   # lr 3e-2: fresh (copy_same) attention learns from random init; at 3e-3 every seed but the one
   # that shared the teacher's init key stalled near 0.81 attention cosine after 100 steps
   # (docs/distill_stability.md: 50-60 % before fine-tuning, vs 84.1-84.4 % at 3e-2).
-  c.distill_attention = stage("distill_attention", steps=distill_steps, batch_size=64, lr=3e-2,
-                              warmup_steps=30, wd=0.0)
-  c.finetune = stage("finetune", steps=finetune_steps, batch_size=64, lr=2e-4, warmup_steps=20,
-                     wd=2e-6, w_label=1.0, w_logit_kd=1.0, kd_temperature=2.0)
+  c.distill_attention = stage(
+      "distill_attention", steps=distill_steps, batch_size=64, lr=3e-2, warmup_steps=30, wd=0.0
+  )
+  c.finetune = stage(
+      "finetune",
+      steps=finetune_steps,
+      batch_size=64,
+      lr=2e-4,
+      warmup_steps=20,
+      wd=2e-6,
+      w_label=1.0,
+      w_logit_kd=1.0,
+      kd_temperature=2.0,
+  )
   if tiny:
     c.distill_attention.steps = c.finetune.steps = 3
     c.distill_attention.batch_size = c.finetune.batch_size = 16

@@ -67,8 +67,8 @@ Array = jax.Array
 Params = Mapping[str, Any]
 ModelLike = Union[nn.Module, Mapping[str, Any]]
 
-EPS = 1e-12      # guards variances and norms in denominators (absolute: outputs can be tiny)
-LOG_EPS = 1e-9   # guards log() of attention weights that a feature map can make exactly zero
+EPS = 1e-12  # guards variances and norms in denominators (absolute: outputs can be tiny)
+LOG_EPS = 1e-9  # guards log() of attention weights that a feature map can make exactly zero
 ATTN = "MultiHeadDotProductAttention_0"
 
 # The student's own features that w_feature matches (`feature_keys`: a loss option that the
@@ -80,6 +80,7 @@ _DEFAULTS = {**config_lib.distill(), "feature_keys": FEATURE_KEYS}
 
 # ------------------------------------------------------------------------------------------------
 # Models, layers and param subtrees.
+
 
 def as_model(model: ModelLike) -> nn.Module:
   """A vit model instance, or one built from its config dict / ConfigDict."""
@@ -115,6 +116,7 @@ def _f32(x: Array) -> Array:
 # ------------------------------------------------------------------------------------------------
 # The teacher's targets and the teacher-forced student.
 
+
 def teacher_targets(teacher_model: ModelLike, teacher_params: Params, images: Array) -> dict:
   """One teacher forward (eval mode, stop_gradient): every layer's input and targets.
 
@@ -122,22 +124,31 @@ def teacher_targets(teacher_model: ModelLike, teacher_params: Params, images: Ar
   encoded, pre_logits, logits (when the model has a head); see the module docstring for shapes.
   """
   model = as_model(teacher_model)
-  (logits, out), state = model.apply({"params": teacher_params}, images, train=False,
-                                     mutable=["intermediates"])
+  (logits, out), state = model.apply(
+      {"params": teacher_params}, images, train=False, mutable=["intermediates"]
+  )
   enc = [out["encoder"][f"block{l:02d}"] for l in range(model.depth)]
-  targets = {**vit.sown_per_layer(state["intermediates"]),  # attn_input, q, k
-             "sa": jnp.stack([e["sa"] for e in enc]),
-             "+sa": jnp.stack([e["+sa"] for e in enc]),
-             "+mlp": jnp.stack([e["+mlp"] for e in enc]),
-             "encoded": out["encoded"], "pre_logits": out["pre_logits"]}
+  targets = {
+      **vit.sown_per_layer(state["intermediates"]),  # attn_input, q, k
+      "sa": jnp.stack([e["sa"] for e in enc]),
+      "+sa": jnp.stack([e["+sa"] for e in enc]),
+      "+mlp": jnp.stack([e["+mlp"] for e in enc]),
+      "encoded": out["encoded"],
+      "pre_logits": out["pre_logits"],
+  }
   if model.num_classes:
     targets["logits"] = logits
   return jax.tree.map(jax.lax.stop_gradient, targets)
 
 
-def student_attention_outputs(student_model: ModelLike, student_params: Params,
-                              attn_inputs: Array, *, rng: Array | None = None,
-                              with_qk: bool = False):
+def student_attention_outputs(
+    student_model: ModelLike,
+    student_params: Params,
+    attn_inputs: Array,
+    *,
+    rng: Array | None = None,
+    with_qk: bool = False,
+):
   """Teacher-forced student attention: layer l's attention applied to `attn_inputs[l]`.
 
   Args:
@@ -158,8 +169,9 @@ def student_attention_outputs(student_model: ModelLike, student_params: Params,
 
   def apply_one(spec, p, x, key):
     rngs = {"favor": key} if (spec.favor_redraw and key is not None) else None
-    y, state = _attention_module(model, spec).apply({"params": p}, x, rngs=rngs,
-                                                    mutable=["intermediates"])
+    y, state = _attention_module(model, spec).apply(
+        {"params": p}, x, rngs=rngs, mutable=["intermediates"]
+    )
     return y, state["intermediates"]["q"][0], state["intermediates"]["k"][0]
 
   keys = None if rng is None else jax.random.split(rng, depth)
@@ -172,8 +184,15 @@ def student_attention_outputs(student_model: ModelLike, student_params: Params,
     else:
       ys, qs, ks = jax.vmap(functools.partial(apply_one, specs[0]))(stacked, attn_inputs, keys)
   else:
-    outs = [apply_one(specs[l], block_params(student_params, l)[ATTN], attn_inputs[l],
-                      None if keys is None else keys[l]) for l in range(depth)]
+    outs = [
+        apply_one(
+            specs[l],
+            block_params(student_params, l)[ATTN],
+            attn_inputs[l],
+            None if keys is None else keys[l],
+        )
+        for l in range(depth)
+    ]
     ys, qs, ks = (jnp.stack(t) for t in zip(*outs))
   return (ys, qs, ks) if with_qk else ys
 
@@ -181,12 +200,12 @@ def student_attention_outputs(student_model: ModelLike, student_params: Params,
 # ------------------------------------------------------------------------------------------------
 # Attention-output matching.
 
-def output_metrics(student_out: Array, teacher_out: Array, eps: float = EPS
-                   ) -> dict[str, Array]:
+
+def output_metrics(student_out: Array, teacher_out: Array, eps: float = EPS) -> dict[str, Array]:
   """Per-layer nmse and cosine of [L, ..., D] outputs (float32).
 
-    nmse_l   = mean((s_l - t_l)²) / (Var(t_l) + eps)       (Var over all of layer l's elements)
-    cosine_l = mean over tokens of ⟨s, t⟩ / max(|s|·|t|, eps)
+  nmse_l   = mean((s_l - t_l)²) / (Var(t_l) + eps)       (Var over all of layer l's elements)
+  cosine_l = mean over tokens of ⟨s, t⟩ / max(|s|·|t|, eps)
   """
   s, t = _f32(student_out), _f32(teacher_out)
   axes = tuple(range(1, s.ndim))
@@ -198,9 +217,12 @@ def output_metrics(student_out: Array, teacher_out: Array, eps: float = EPS
   return {"nmse": nmse, "cosine": cos}
 
 
-def attention_output_loss(student_out: Array | Sequence[Array],
-                          teacher_out: Array | Sequence[Array], metric: str = "nmse",
-                          eps: float = EPS) -> tuple[Array, Array]:
+def attention_output_loss(
+    student_out: Array | Sequence[Array],
+    teacher_out: Array | Sequence[Array],
+    metric: str = "nmse",
+    eps: float = EPS,
+) -> tuple[Array, Array]:
   """Teacher-forced attention-output matching, averaged over layers.
 
     metric="nmse":   loss_l = mean((s_l - t_l)²) / (Var(t_l) + eps)
@@ -211,16 +233,18 @@ def attention_output_loss(student_out: Array | Sequence[Array],
   """
   if metric not in ("nmse", "cosine"):
     raise ValueError(f"unknown attention-output metric {metric!r}; known: nmse, cosine")
-  m = output_metrics(jnp.stack(student_out) if isinstance(student_out, (list, tuple)) else
-                     student_out,
-                     jnp.stack(teacher_out) if isinstance(teacher_out, (list, tuple)) else
-                     teacher_out, eps)
+  m = output_metrics(
+      jnp.stack(student_out) if isinstance(student_out, (list, tuple)) else student_out,
+      jnp.stack(teacher_out) if isinstance(teacher_out, (list, tuple)) else teacher_out,
+      eps,
+  )
   per_layer = m["nmse"] if metric == "nmse" else 1.0 - m["cosine"]
   return jnp.mean(per_layer), per_layer
 
 
 # ------------------------------------------------------------------------------------------------
 # Routing: the attention weights themselves.
+
 
 def _sample_queries(n: int, num_queries: int, rng: Array | None) -> Array | None:
   if not num_queries or num_queries >= n:
@@ -232,10 +256,18 @@ def _sample_queries(n: int, num_queries: int, rng: Array | None) -> Array | None
   return jax.lax.top_k(jax.random.uniform(rng, (n,)), num_queries)[1]
 
 
-def routing_loss(teacher_q: Array, teacher_k: Array, student_q: Array, student_k: Array,
-                 spec: attn_lib.AttentionSpec, fmap_params: Params | None = None,
-                 num_queries: int = _DEFAULTS["routing_queries"], rng: Array | None = None,
-                 temperature: float = 1.0, kind: str = "xent") -> Array:
+def routing_loss(
+    teacher_q: Array,
+    teacher_k: Array,
+    student_q: Array,
+    student_k: Array,
+    spec: attn_lib.AttentionSpec,
+    fmap_params: Params | None = None,
+    num_queries: int = _DEFAULTS["routing_queries"],
+    rng: Array | None = None,
+    temperature: float = 1.0,
+    kind: str = "xent",
+) -> Array:
   """Cross-entropy / KL from the teacher's attention probabilities to the student's weights.
 
     P = softmax(q_t k_tᵀ / (τ √d))                           teacher, [B,H,s,N]
@@ -250,8 +282,9 @@ def routing_loss(teacher_q: Array, teacher_k: Array, student_q: Array, student_k
   """
   if kind not in ("xent", "kl"):
     raise ValueError(f"unknown routing loss kind {kind!r}; known: xent, kl")
-  teacher_q, teacher_k, student_q, student_k = map(jnp.asarray, (teacher_q, teacher_k, student_q,
-                                                              student_k))
+  teacher_q, teacher_k, student_q, student_k = map(
+      jnp.asarray, (teacher_q, teacher_k, student_q, student_k)
+  )
   idx = _sample_queries(teacher_q.shape[1], num_queries, rng)
   if idx is not None:
     teacher_q, student_q = teacher_q[:, idx], student_q[:, idx]
@@ -267,38 +300,67 @@ def routing_loss(teacher_q: Array, teacher_k: Array, student_q: Array, student_k
   return jnp.mean(xent)
 
 
-def routing_losses(targets: Mapping[str, Array], student_q: Array, student_k: Array,
-                   student_model: ModelLike, student_params: Params, rng: Array | None, *,
-                   num_queries: int = _DEFAULTS["routing_queries"], temperature: float = 1.0,
-                   kind: str = "xent") -> tuple[Array, Array]:
+def routing_losses(
+    targets: Mapping[str, Array],
+    student_q: Array,
+    student_k: Array,
+    student_model: ModelLike,
+    student_params: Params,
+    rng: Array | None,
+    *,
+    num_queries: int = _DEFAULTS["routing_queries"],
+    temperature: float = 1.0,
+    kind: str = "xent",
+) -> tuple[Array, Array]:
   """`routing_loss` for every layer (one query sample per layer). Returns (mean, per-layer [L])."""
   specs = vit.layer_specs(as_model(student_model))
   keys = [None] * len(specs) if rng is None else list(jax.random.split(rng, len(specs)))
-  per_layer = jnp.stack([
-      routing_loss(targets["q"][l], targets["k"][l], student_q[l], student_k[l], spec,
-                   block_params(student_params, l)[ATTN], num_queries, keys[l], temperature, kind)
-      for l, spec in enumerate(specs)])
+  per_layer = jnp.stack(
+      [
+          routing_loss(
+              targets["q"][l],
+              targets["k"][l],
+              student_q[l],
+              student_k[l],
+              spec,
+              block_params(student_params, l)[ATTN],
+              num_queries,
+              keys[l],
+              temperature,
+              kind,
+          )
+          for l, spec in enumerate(specs)
+      ]
+  )
   return jnp.mean(per_layer), per_layer
 
 
 # ------------------------------------------------------------------------------------------------
 # Lookahead: how the attention error grows through the next frozen teacher sublayers.
 
-def _teacher_sublayer(model: nn.Module, spec: attn_lib.AttentionSpec, bp: Params, kind: str,
-                      h: Array) -> Array:
+
+def _teacher_sublayer(
+    model: nn.Module, spec: attn_lib.AttentionSpec, bp: Params, kind: str, h: Array
+) -> Array:
   """h + sublayer(LayerNorm(h)) for one pre-LN sublayer of a block (eval mode)."""
   if kind == "mlp":
     y = nn.LayerNorm().apply({"params": bp["LayerNorm_1"]}, h)
-    return h + vit.MlpBlock(mlp_dim=model.mlp_dim, dtype_mm=model.dtype_mm,
-                            gelu_approximate=model.gelu_approximate).apply(
-                                {"params": bp["MlpBlock_0"]}, y, True)
+    return h + vit.MlpBlock(
+        mlp_dim=model.mlp_dim, dtype_mm=model.dtype_mm, gelu_approximate=model.gelu_approximate
+    ).apply({"params": bp["MlpBlock_0"]}, y, True)
   y = nn.LayerNorm().apply({"params": bp["LayerNorm_0"]}, h)
   return h + _attention_module(model, spec).apply({"params": bp[ATTN]}, y)
 
 
-def lookahead_loss(teacher_model: ModelLike, teacher_params: Params,
-                   targets: Mapping[str, Array], student_out: Array, k: int,
-                   metric: str = "nmse", eps: float = EPS) -> tuple[Array, Array]:
+def lookahead_loss(
+    teacher_model: ModelLike,
+    teacher_params: Params,
+    targets: Mapping[str, Array],
+    student_out: Array,
+    k: int,
+    metric: str = "nmse",
+    eps: float = EPS,
+) -> tuple[Array, Array]:
   """The student's attention output at layer l, pushed through the next k teacher sublayers.
 
   With x_l the teacher's block input and T_{l,k} the next k frozen teacher sublayers after
@@ -350,11 +412,16 @@ def lookahead_loss(teacher_model: ModelLike, teacher_params: Params,
 # ------------------------------------------------------------------------------------------------
 # End-to-end alignment, logits, labels.
 
-def feature_alignment_loss(student_out: Array | Mapping[str, Array],
-                           teacher_out: Array | Mapping[str, Array], *,
-                           keys: Sequence[str] = FEATURE_KEYS, w_nmse: float = 1.0,
-                           w_cosine: float = 1.0, eps: float = EPS
-                           ) -> tuple[Array, dict[str, Array]]:
+
+def feature_alignment_loss(
+    student_out: Array | Mapping[str, Array],
+    teacher_out: Array | Mapping[str, Array],
+    *,
+    keys: Sequence[str] = FEATURE_KEYS,
+    w_nmse: float = 1.0,
+    w_cosine: float = 1.0,
+    eps: float = EPS,
+) -> tuple[Array, dict[str, Array]]:
   """Match the student's own (not teacher-forced) features to the frozen teacher's.
 
     loss = w_nmse · mean((s − t)²)/(Var(t) + eps) + w_cosine · (1 − mean cos(s, t))
@@ -372,10 +439,13 @@ def feature_alignment_loss(student_out: Array | Mapping[str, Array],
     losses, metrics = [], {}
     for key in keys:
       if key not in student_out or key not in teacher_out:
-        raise ValueError(f"feature alignment on {key!r}: not an output of both models (student "
-                         f"has {sorted(student_out)}, teacher {sorted(teacher_out)})")
-      loss, m = feature_alignment_loss(student_out[key], teacher_out[key], w_nmse=w_nmse,
-                                       w_cosine=w_cosine, eps=eps)
+        raise ValueError(
+            f"feature alignment on {key!r}: not an output of both models (student "
+            f"has {sorted(student_out)}, teacher {sorted(teacher_out)})"
+        )
+      loss, m = feature_alignment_loss(
+          student_out[key], teacher_out[key], w_nmse=w_nmse, w_cosine=w_cosine, eps=eps
+      )
       metrics[f"nmse/{key}"], metrics[f"cosine/{key}"] = m["nmse"], m["cosine"]
       losses.append(loss)
     return jnp.mean(jnp.stack(losses)), metrics
@@ -384,9 +454,14 @@ def feature_alignment_loss(student_out: Array | Mapping[str, Array],
   return w_nmse * nmse + w_cosine * (1.0 - cos), {"nmse": nmse, "cosine": cos}
 
 
-def block_alignment_loss(student_out: Mapping[str, Any], targets: Mapping[str, Array], *,
-                          w_nmse: float = 1.0, w_cosine: float = 1.0, eps: float = EPS
-                          ) -> tuple[Array, dict[str, Array]]:
+def block_alignment_loss(
+    student_out: Mapping[str, Any],
+    targets: Mapping[str, Array],
+    *,
+    w_nmse: float = 1.0,
+    w_cosine: float = 1.0,
+    eps: float = EPS,
+) -> tuple[Array, dict[str, Array]]:
   """Match the student's own residual stream after every block to the teacher's.
 
     loss = mean_l [w_nmse · nmse_l + w_cosine · (1 − mean_tokens cos_l)]
@@ -406,23 +481,24 @@ def block_alignment_loss(student_out: Mapping[str, Any], targets: Mapping[str, A
   return jnp.mean(per_layer), metrics
 
 
-def logit_kd_loss(student_logits: Array, teacher_logits: Array,
-                  temperature: float = 1.0) -> Array:
+def logit_kd_loss(student_logits: Array, teacher_logits: Array, temperature: float = 1.0) -> Array:
   """Hinton KD: T² · mean_batch KL(softmax(t/T) ‖ softmax(s/T)); 0 iff the logits agree up to a
   per-example shift. The T² keeps gradient magnitudes comparable across temperatures."""
   t = _f32(teacher_logits) / temperature
   s = _f32(student_logits) / temperature
   p = jax.nn.softmax(t, axis=-1)
   kl = jnp.sum(p * (jax.nn.log_softmax(t, axis=-1) - jax.nn.log_softmax(s, axis=-1)), axis=-1)
-  return temperature ** 2 * jnp.mean(kl)
+  return temperature**2 * jnp.mean(kl)
 
 
 def _dense_labels(logits: Array, labels: Array) -> Array:
   if labels.ndim == logits.ndim - 1 and jnp.issubdtype(labels.dtype, jnp.integer):
     return jax.nn.one_hot(labels, logits.shape[-1], dtype=jnp.float32)
   if labels.shape != logits.shape:
-    raise ValueError(f"labels {labels.shape} do not fit logits {logits.shape}: expected one-hot/"
-                     "multi-hot of the same shape or integer class ids")
+    raise ValueError(
+        f"labels {labels.shape} do not fit logits {logits.shape}: expected one-hot/"
+        "multi-hot of the same shape or integer class ids"
+    )
   return _f32(labels)
 
 
@@ -444,19 +520,32 @@ LABEL_LOSSES = {"softmax_xent": softmax_xent, "sigmoid_xent": sigmoid_xent}
 # ------------------------------------------------------------------------------------------------
 # Data-dependent init of a fresh student attention.
 
-def out_projection_scales(targets: Mapping[str, Array], student_model: ModelLike,
-                          student_params: Params, *, rng: Array | None = None,
-                          eps: float = EPS) -> Array:
+
+def out_projection_scales(
+    targets: Mapping[str, Array],
+    student_model: ModelLike,
+    student_params: Params,
+    *,
+    rng: Array | None = None,
+    eps: float = EPS,
+) -> Array:
   """α_l = sqrt((Var(teacher sa_l) + eps) / (Var(student teacher-forced sa_l) + eps)), [L]."""
   ys = student_attention_outputs(student_model, student_params, targets["attn_input"], rng=rng)
   axes = tuple(range(1, ys.ndim))
-  return jnp.sqrt((jnp.var(_f32(targets["sa"]), axis=axes) + eps) /
-                  (jnp.var(_f32(ys), axis=axes) + eps))
+  return jnp.sqrt(
+      (jnp.var(_f32(targets["sa"]), axis=axes) + eps) / (jnp.var(_f32(ys), axis=axes) + eps)
+  )
 
 
-def calibrate_out_projection(targets: Mapping[str, Array], student_model: ModelLike,
-                             student_params: Params, *, layers: Sequence[int] | None = None,
-                             rng: Array | None = None, eps: float = EPS) -> Params:
+def calibrate_out_projection(
+    targets: Mapping[str, Array],
+    student_model: ModelLike,
+    student_params: Params,
+    *,
+    layers: Sequence[int] | None = None,
+    rng: Array | None = None,
+    eps: float = EPS,
+) -> Params:
   """Rescale each layer's out/kernel and out/bias by α_l so the student's teacher-forced output
   variance equals the teacher's on this batch (`targets` = `teacher_targets(...)` of one batch).
 
@@ -480,8 +569,10 @@ def calibrate_out_projection(targets: Mapping[str, Array], student_model: ModelL
     blk = dict(params["Transformer"]["encoderblock"])
     att = dict(blk[ATTN])
     out = att["out"]
-    att["out"] = {"kernel": scale(out["kernel"], alpha[:, None, None, None]),
-                  "bias": scale(out["bias"], alpha[:, None])}
+    att["out"] = {
+        "kernel": scale(out["kernel"], alpha[:, None, None, None]),
+        "bias": scale(out["bias"], alpha[:, None]),
+    }
     blk[ATTN] = att
     params["Transformer"]["encoderblock"] = blk
   else:
@@ -500,11 +591,13 @@ def calibrate_out_projection(targets: Mapping[str, Array], student_model: ModelL
 # ------------------------------------------------------------------------------------------------
 # Stage losses.
 
+
 def distill_config(cfg: Any = None, **overrides: Any) -> ml_collections.ConfigDict:
   """The `cfg.distill` block with every field (`cfg`: a whole config, the block itself, a dict or
   None; then `overrides`), checked: an unknown field, metric or routing_kind is an error."""
-  if cfg is not None and (hasattr(cfg, "distill") or (isinstance(cfg, Mapping) and
-                                                       "distill" in cfg)):
+  if cfg is not None and (
+      hasattr(cfg, "distill") or (isinstance(cfg, Mapping) and "distill" in cfg)
+  ):
     cfg = cfg["distill"] if isinstance(cfg, Mapping) else cfg.distill
   given = {**dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg or {}), **overrides}
   unknown = sorted(set(given) - set(_DEFAULTS))
@@ -523,16 +616,27 @@ def _layer_metrics(metrics: dict, name: str, per_layer: Array) -> None:
     metrics[f"{name}/layer_{l:02d}"] = per_layer[l]
 
 
-def _feature_terms(student_out: Mapping[str, Array], targets: Mapping[str, Array],
-                   keys: Sequence[str], metrics: dict) -> Array:
+def _feature_terms(
+    student_out: Mapping[str, Array],
+    targets: Mapping[str, Array],
+    keys: Sequence[str],
+    metrics: dict,
+) -> Array:
   loss, m = feature_alignment_loss(student_out, targets, keys=tuple(keys))
   metrics.update({f"feature_{k}": v for k, v in m.items()})
   return loss
 
 
-def distill_loss(student_params: Params, teacher_params: Params, batch: Mapping[str, Array],
-                 rng: Array | None, *, student_model: ModelLike, teacher_model: ModelLike,
-                 cfg: ml_collections.ConfigDict) -> tuple[Array, dict[str, Array]]:
+def distill_loss(
+    student_params: Params,
+    teacher_params: Params,
+    batch: Mapping[str, Array],
+    rng: Array | None,
+    *,
+    student_model: ModelLike,
+    teacher_model: ModelLike,
+    cfg: ml_collections.ConfigDict,
+) -> tuple[Array, dict[str, Array]]:
   """The attention-distillation stage's loss (`cfg`: a `distill_config` block, as
   `make_distill_loss` binds it; zero weights cost nothing):
 
@@ -548,27 +652,37 @@ def distill_loss(student_params: Params, teacher_params: Params, batch: Mapping[
   images = batch["image"]
   rng_route, rng_fmap = (None, None) if rng is None else tuple(jax.random.split(rng))
   targets = teacher_targets(teacher, teacher_params, images)
-  sa, q, k = student_attention_outputs(student, student_params, targets["attn_input"],
-                                       rng=rng_fmap, with_qk=True)
+  sa, q, k = student_attention_outputs(
+      student, student_params, targets["attn_input"], rng=rng_fmap, with_qk=True
+  )
 
   m = output_metrics(sa, targets["sa"])
-  metrics: dict[str, Array] = {"attn_nmse": jnp.mean(m["nmse"]),
-                               "attn_cosine": jnp.mean(m["cosine"])}
+  metrics: dict[str, Array] = {
+      "attn_nmse": jnp.mean(m["nmse"]),
+      "attn_cosine": jnp.mean(m["cosine"]),
+  }
   _layer_metrics(metrics, "attn_nmse", m["nmse"])
   _layer_metrics(metrics, "attn_cosine", m["cosine"])
   attn, _ = attention_output_loss(sa, targets["sa"], c.metric)
   loss = c.w_attn * attn
 
   if c.w_routing:
-    route, route_layers = routing_losses(targets, q, k, student, student_params, rng_route,
-                                         num_queries=c.routing_queries,
-                                         temperature=c.routing_temperature, kind=c.routing_kind)
+    route, route_layers = routing_losses(
+        targets,
+        q,
+        k,
+        student,
+        student_params,
+        rng_route,
+        num_queries=c.routing_queries,
+        temperature=c.routing_temperature,
+        kind=c.routing_kind,
+    )
     metrics["routing"] = route
     _layer_metrics(metrics, "routing", route_layers)
     loss += c.w_routing * route
   if c.w_lookahead:
-    look, look_layers = lookahead_loss(teacher, teacher_params, targets, sa, c.lookahead,
-                                       c.metric)
+    look, look_layers = lookahead_loss(teacher, teacher_params, targets, sa, c.lookahead, c.metric)
     metrics["lookahead"] = look
     _layer_metrics(metrics, "lookahead", look_layers)
     loss += c.w_lookahead * look
@@ -589,5 +703,9 @@ def make_distill_loss(teacher_model: ModelLike, student_model: ModelLike, cfg: A
   """`loss_fn(student_params, teacher_params, batch, rng) -> (loss, metrics)`: `distill_loss`
   with the models and the `cfg.distill` block (`distill_config(cfg)`) bound: validated now, not
   at the first step."""
-  return functools.partial(distill_loss, student_model=as_model(student_model),
-                           teacher_model=as_model(teacher_model), cfg=distill_config(cfg))
+  return functools.partial(
+      distill_loss,
+      student_model=as_model(student_model),
+      teacher_model=as_model(teacher_model),
+      cfg=distill_config(cfg),
+  )

@@ -28,6 +28,7 @@ Batch = Mapping[str, Any]
 
 # ----------------------------------------------------------------------------- masked means
 
+
 @functools.lru_cache(maxsize=32)
 def _jitted_eval(eval_fn: Callable, mesh: jax.sharding.Mesh) -> Callable:
   def sums(params, batch):
@@ -36,15 +37,21 @@ def _jitted_eval(eval_fn: Callable, mesh: jax.sharding.Mesh) -> Callable:
     out = {}
     for k, v in values.items():
       if v.ndim != 1 or v.shape[0] != mask.shape[0]:
-        raise ValueError(f"eval_fn output {k!r} must be per-example [{mask.shape[0]}], got shape "
-                         f"{v.shape}")
+        raise ValueError(
+            f"eval_fn output {k!r} must be per-example [{mask.shape[0]}], got shape " f"{v.shape}"
+        )
       out[k] = jnp.sum(v.astype(jnp.float32) * mask)
     return out, jnp.sum(mask)
+
   return jax.jit(sums, out_shardings=sharding_lib.replicated(mesh))
 
 
-def evaluate(params: Any, eval_fn: Callable[[Any, Batch], Mapping[str, jax.Array]],
-             eval_iter: Iterable[Batch], mesh: jax.sharding.Mesh) -> dict[str, float]:
+def evaluate(
+    params: Any,
+    eval_fn: Callable[[Any, Batch], Mapping[str, jax.Array]],
+    eval_iter: Iterable[Batch],
+    mesh: jax.sharding.Mesh,
+) -> dict[str, float]:
   """Means over the real examples of `eval_fn`'s per-example values, over the whole iterator.
 
   `eval_fn(params, batch) -> {name: [B] values}` (e.g. correct = argmax == label). Padding rows
@@ -72,6 +79,7 @@ def evaluate(params: Any, eval_fn: Callable[[Any, Batch], Mapping[str, jax.Array
 
 # ----------------------------------------------------------------------------- accuracy
 
+
 def top1_hits(logits: jax.Array, labels: jax.Array) -> jax.Array:
   """Per-example top-1 hits as float32 [B]: one-hot or multi-hot labels [B, C] count a hit when
   the top-scoring class is positive, integer labels [B] when it is equal."""
@@ -88,19 +96,27 @@ def make_predict_fn(model: nn.Module) -> Callable[[Any, jax.Array], jax.Array]:
   def predict(params, images):
     logits, _ = model.apply({"params": params}, images, train=False)
     return logits
+
   return predict
 
 
 def correct_fn(model: nn.Module, label_key: str = "labels") -> Callable[[Any, Mapping], dict]:
   """`eval_fn` for `evaluate`: the model's per-example top-1 hits (`top1_hits`) as "top1"."""
+
   def fn(params, batch):
     logits, _ = model.apply({"params": params}, batch["image"], train=False)
     return {"top1": top1_hits(logits, batch[label_key])}
+
   return fn
 
 
-def top1(model: nn.Module, params: Any, batches: Iterable[Mapping[str, np.ndarray]],
-         mesh: jax.sharding.Mesh | None = None, label_key: str = "labels") -> float:
+def top1(
+    model: nn.Module,
+    params: Any,
+    batches: Iterable[Mapping[str, np.ndarray]],
+    mesh: jax.sharding.Mesh | None = None,
+    label_key: str = "labels",
+) -> float:
   """Top-1 accuracy over padded eval batches (rows with `_mask` False are ignored), summed over
   every process's batches on the mesh."""
   mesh = mesh or sharding_lib.make_mesh([("data", -1)])
@@ -108,6 +124,7 @@ def top1(model: nn.Module, params: Any, batches: Iterable[Mapping[str, np.ndarra
 
 
 # ----------------------------------------------------------------------------- internals of a model
+
 
 def block_names(params: Mapping[str, Any]) -> list[str]:
   """Per-block names of a params tree: encoderblock_0..L-1 (scanned trees are unstacked first)."""
@@ -129,8 +146,10 @@ def intermediates(model: nn.Module, params: Any, images: jax.Array) -> tuple[Any
   """(logits, out, per-block {attn_input, q, k}) of one forward pass."""
   (logits, out), state = model.apply({"params": params}, images, mutable=["intermediates"])
   sown = vit.sown_per_layer(state["intermediates"])
-  blocks = {f"encoderblock_{i}": {k: v[i] for k, v in sown.items()}
-            for i in range(sown["attn_input"].shape[0])}
+  blocks = {
+      f"encoderblock_{i}": {k: v[i] for k, v in sown.items()}
+      for i in range(sown["attn_input"].shape[0])
+  }
   return logits, out, blocks
 
 
@@ -141,19 +160,28 @@ def _attention_fidelity(teacher, teacher_params, student, student_params, images
   return distill.output_metrics(outputs, targets["sa"])
 
 
-def attention_fidelity(teacher: nn.Module, teacher_params: Any, student: nn.Module,
-                       student_params: Any, images: jax.Array) -> list[dict[str, float]]:
+def attention_fidelity(
+    teacher: nn.Module,
+    teacher_params: Any,
+    student: nn.Module,
+    student_params: Any,
+    images: jax.Array,
+) -> list[dict[str, float]]:
   """Per layer: normalised MSE (MSE / Var(teacher)) and mean token cosine, teacher-forced."""
-  m = jax.device_get(_attention_fidelity(teacher, teacher_params, student, student_params,
-                                         jnp.asarray(images)))
-  return [{"layer": i, "nmse": float(m["nmse"][i]), "cosine": float(m["cosine"][i])}
-          for i in range(len(m["nmse"]))]
+  m = jax.device_get(
+      _attention_fidelity(teacher, teacher_params, student, student_params, jnp.asarray(images))
+  )
+  return [
+      {"layer": i, "nmse": float(m["nmse"][i]), "cosine": float(m["cosine"][i])}
+      for i in range(len(m["nmse"]))
+  ]
 
 
 def _cosine(a: jax.Array, b: jax.Array) -> jax.Array:
   a, b = a.astype(jnp.float32), b.astype(jnp.float32)
-  return jnp.sum(a * b, -1) / jnp.maximum(jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1),
-                                          1e-12)
+  return jnp.sum(a * b, -1) / jnp.maximum(
+      jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1), 1e-12
+  )
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2))
@@ -163,11 +191,17 @@ def _end_to_end(teacher, teacher_params, student, student_params, images):
   t_enc, s_enc = t_out["encoded"], s_out["encoded"]
   has_cls = teacher.pool_type == "tok"
   tokens = _cosine(s_enc[:, 1:] if has_cls else s_enc, t_enc[:, 1:] if has_cls else t_enc)
-  m = {"patch_cosine": jnp.mean(tokens),
-       "patch_cosine_min_image": jnp.min(jnp.mean(tokens, axis=1)),
-       "block_cosine": jnp.stack([jnp.mean(_cosine(s_out["encoder"][k]["+mlp"],
-                                                   t_out["encoder"][k]["+mlp"]))
-                                  for k in sorted(t_out["encoder"]) if k.startswith("block")])}
+  m = {
+      "patch_cosine": jnp.mean(tokens),
+      "patch_cosine_min_image": jnp.min(jnp.mean(tokens, axis=1)),
+      "block_cosine": jnp.stack(
+          [
+              jnp.mean(_cosine(s_out["encoder"][k]["+mlp"], t_out["encoder"][k]["+mlp"]))
+              for k in sorted(t_out["encoder"])
+              if k.startswith("block")
+          ]
+      ),
+  }
   if has_cls:
     cls = _cosine(s_enc[:, 0], t_enc[:, 0])
     m["cls_cosine"], m["cls_cosine_min_image"] = jnp.mean(cls), jnp.min(cls)
@@ -178,9 +212,14 @@ def _end_to_end(teacher, teacher_params, student, student_params, images):
   return m
 
 
-def end_to_end_fidelity(teacher: nn.Module, teacher_params: Any, student: nn.Module,
-                        student_params: Any, images: jax.Array, batch_size: int = 32
-                        ) -> dict[str, Any]:
+def end_to_end_fidelity(
+    teacher: nn.Module,
+    teacher_params: Any,
+    student: nn.Module,
+    student_params: Any,
+    images: jax.Array,
+    batch_size: int = 32,
+) -> dict[str, Any]:
   """How close the student's own forward pass (not teacher-forced) is to the teacher's.
 
   cls_cosine (pool 'tok'): mean cosine of the final cls token (after encoder_norm);
@@ -191,9 +230,15 @@ def end_to_end_fidelity(teacher: nn.Module, teacher_params: Any, student: nn.Mod
   images = np.asarray(images)
   parts = []
   for i in range(0, len(images), batch_size):
-    chunk = images[i:i + batch_size]
-    parts.append((len(chunk), jax.device_get(_end_to_end(teacher, teacher_params, student,
-                                                          student_params, jnp.asarray(chunk)))))
+    chunk = images[i : i + batch_size]
+    parts.append(
+        (
+            len(chunk),
+            jax.device_get(
+                _end_to_end(teacher, teacher_params, student, student_params, jnp.asarray(chunk))
+            ),
+        )
+    )
   total = sum(n for n, _ in parts)
   out: dict[str, Any] = {}
   for key in parts[0][1]:
@@ -222,12 +267,13 @@ def cls_attention_maps(model: nn.Module, params: Any, images: jax.Array) -> np.n
       weights = attn_lib.linear_weights(phi_q, phi_k, spec.eps)
     else:
       weights = attn_lib.softmax_weights(q, k)
-    weights = weights[:, :, 0, -h * w:]  # drop the cls→cls entry when there is a cls token
+    weights = weights[:, :, 0, -h * w :]  # drop the cls→cls entry when there is a cls token
     maps.append(np.asarray(weights).reshape(weights.shape[0], weights.shape[1], h, w))
   return np.stack(maps)
 
 
 # ----------------------------------------------------------------------------- speed & resolution
+
 
 def images_per_second(model: nn.Module, params: Any, images: np.ndarray, repeats: int = 5) -> float:
   """Median forward throughput of a jitted apply (compile excluded)."""
@@ -247,8 +293,12 @@ def forward_peak_bytes(model: nn.Module, params: Any, images: np.ndarray) -> flo
   stats = fn.lower(params, images).compile().memory_analysis()
   if stats is None:
     return float("nan")
-  total = (stats.argument_size_in_bytes + stats.output_size_in_bytes
-           + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
+  total = (
+      stats.argument_size_in_bytes
+      + stats.output_size_in_bytes
+      + stats.temp_size_in_bytes
+      - stats.alias_size_in_bytes
+  )
   return float(max(getattr(stats, "peak_memory_in_bytes", 0) or 0, total))
 
 
@@ -264,9 +314,11 @@ def resample_for_resolution(params: Mapping[str, Any], new_grid: tuple[int, int]
 
 # ----------------------------------------------------------------------------- pictures
 
+
 def new_figure(**kw):
   """A figure outside pyplot: no global backend switch, so notebooks keep inline plotting."""
   from matplotlib.figure import Figure
+
   return Figure(**kw)
 
 
@@ -292,8 +344,13 @@ def plot_fidelity(rows_by_name: Mapping[str, list[dict[str, float]]], path: str)
   fig.savefig(path, dpi=110)
 
 
-def plot_attention_maps(images: np.ndarray, teacher_maps: np.ndarray, student_maps: np.ndarray,
-                        path: str, layer: int = -1) -> None:
+def plot_attention_maps(
+    images: np.ndarray,
+    teacher_maps: np.ndarray,
+    student_maps: np.ndarray,
+    path: str,
+    layer: int = -1,
+) -> None:
   """Grid: one row per image; the image, then the teacher's and the student's cls maps per head."""
   n_img, heads = teacher_maps.shape[1], teacher_maps.shape[2]
   cols = 1 + 2 * heads
@@ -317,9 +374,11 @@ def plot_attention_maps(images: np.ndarray, teacher_maps: np.ndarray, student_ma
   fig.savefig(path, dpi=110)
 
 
-def plot_fidelity_curves(histories: Mapping[str, list[dict[str, Any]]], path: str,
-                         keys: tuple[str, ...] = ("cls_cosine", "patch_cosine",
-                                                  "block_cosine_min")) -> bool:
+def plot_fidelity_curves(
+    histories: Mapping[str, list[dict[str, Any]]],
+    path: str,
+    keys: tuple[str, ...] = ("cls_cosine", "patch_cosine", "block_cosine_min"),
+) -> bool:
   """End-to-end fidelity on held-out images vs images seen, across the run's stages (the
   `eval/...` rows of each stage's metrics); returns False when no stage logged any."""
   fig = new_figure(figsize=(7, 3.8))
@@ -342,8 +401,16 @@ def plot_fidelity_curves(histories: Mapping[str, list[dict[str, Any]]], path: st
     if rows:
       edges = max(r.get("images_seen", 0) for r in rows)
       ax.axvline(edges, color="0.8", lw=0.8)
-      ax.text(edges, ax.get_ylim()[0], f" {name}", fontsize=7, rotation=90, va="bottom",
-              ha="right", color="0.4")
+      ax.text(
+          edges,
+          ax.get_ylim()[0],
+          f" {name}",
+          fontsize=7,
+          rotation=90,
+          va="bottom",
+          ha="right",
+          color="0.4",
+      )
   ax.set_xlabel("images seen")
   ax.set_ylabel("cosine to the teacher (held-out)")
   ax.grid(alpha=0.3)

@@ -21,15 +21,16 @@ def is_remote(path: str) -> bool:
 
 def tf_gfile() -> Any:
   """The `tf.io.gfile` module, imported now (callers with a deadline import it before it)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  import tensorflow as tf
+
   return tf.io.gfile
 
 
-def open(path: str, mode: str = "r") -> IO[Any]:  # pylint: disable=redefined-builtin
+def open(path: str, mode: str = "r") -> IO[Any]:
   """A file object for `path`, local or remote; use it as a context manager."""
   if is_remote(path):
     return tf_gfile().GFile(path, mode)
-  return builtins.open(path, mode)  # pylint: disable=consider-using-with  (closed by the caller)
+  return builtins.open(path, mode)  # (closed by the caller)
 
 
 def exists(path: str) -> bool:

@@ -25,17 +25,21 @@ from typing import Any
 # before anything imports TensorFlow. An explicit TF_CPP_MIN_LOG_LEVEL wins.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
-from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
 
-from linvit_jax import config_files  # pylint: disable=g-import-not-at-top
-from linvit_jax.errors import UserError  # pylint: disable=g-import-not-at-top
+from linvit_jax import config_files
+from linvit_jax.errors import UserError
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Config file (a path, or a shipped config's name "
-                                "such as 'demo'), optionally with ':arg'.", lock_config=True)
+config_flags.DEFINE_config_file(
+    "config",
+    None,
+    "Config file (a path, or a shipped config's name " "such as 'demo'), optionally with ':arg'.",
+    lock_config=True,
+)
 flags.DEFINE_string("workdir", None, "Where checkpoints, metrics and exports go (local or gs://).")
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -56,9 +60,12 @@ Command = Callable[[Any, str], Any]
 def convert(config: Any, workdir: str) -> None:
   """One conversion run (run.py) and its summary table: what `python -m linvit_jax.main` does."""
   if "ablation" in config:  # its arms are runs of their own: a plain run would be another thing
-    raise UserError("this is an ablation config (it has an `ablation` block): run it with "
-                    "`python -m linvit_jax.ablation --config ... --workdir ...`")
+    raise UserError(
+        "this is an ablation config (it has an `ablation` block): run it with "
+        "`python -m linvit_jax.ablation --config ... --workdir ...`"
+    )
   from linvit_jax import run as run_lib  # heavy imports after flag parsing: fast --help
+
   results = run_lib.run(config, workdir)
   print(run_lib.format_summary(results))
 
@@ -75,8 +82,10 @@ def main(argv: list[str], command: Command = convert) -> None:
 
 
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
-_INTERRUPTED = ("interrupted outside a training stage; finished stages are checkpointed, rerun "
-                "the same command to resume")
+_INTERRUPTED = (
+    "interrupted outside a training stage; finished stages are checkpointed, rerun "
+    "the same command to resume"
+)
 
 
 def _user_error_message(e: BaseException) -> str | None:
@@ -97,15 +106,22 @@ def _check_config_file(argv: list[str]) -> None:
   """A --config file that does not exist is named before ml_collections tries to load it (its
   error is a 40-line traceback)."""
   for i, a in enumerate(argv):
-    value = (argv[i + 1] if a in ("--config", "-config") and i + 1 < len(argv)
-             else a.split("=", 1)[1] if a.startswith(("--config=", "-config=")) else None)
+    value = (
+        argv[i + 1]
+        if a in ("--config", "-config") and i + 1 < len(argv)
+        else a.split("=", 1)[1]
+        if a.startswith(("--config=", "-config="))
+        else None
+    )
     if value is None:
       continue
     path = value.split(":", 1)[0]
     if "://" not in value and not os.path.isfile(path):
       names = ", ".join(config_files.list_configs())
-      _fail(f"--config: no config file {path!r} (a path to a config .py file, or one of the "
-            f"shipped configs: {names})")
+      _fail(
+          f"--config: no config file {path!r} (a path to a config .py file, or one of the "
+          f"shipped configs: {names})"
+      )
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -141,7 +157,7 @@ def cli(command: Command = convert) -> None:
   except KeyboardInterrupt as e:  # train.StageInterrupted says which step it saved
     print(f"error: {str(e) or _INTERRUPTED}", file=sys.stderr)
     sys.exit(128 + int(getattr(e, "signum", 2)))  # 130 after Ctrl-C, 143 after SIGTERM
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     message = _user_error_message(e)
     if message is None:
       raise

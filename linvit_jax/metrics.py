@@ -51,8 +51,9 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
 class MetricWriter:
   """Writes `{"step": s, **scalars}` rows to `<logdir>/metrics.jsonl` and TensorBoard events."""
 
-  def __init__(self, logdir: str, *, enabled: bool = True, tensorboard: bool = True,
-               resume_step: int = 0):
+  def __init__(
+      self, logdir: str, *, enabled: bool = True, tensorboard: bool = True, resume_step: int = 0
+  ):
     """`resume_step`: keep only rows up to this step (a killed run logged past its checkpoint)."""
     self.path = os.path.join(logdir, METRICS_FILE)
     self.enabled = enabled
@@ -67,7 +68,7 @@ class MetricWriter:
     if tensorboard:
       try:
         self._tb = _SummaryWriter(logdir)
-      except Exception as e:  # pylint: disable=broad-except  (TensorBoard is optional)
+      except Exception as e:  # (TensorBoard is optional)
         logging.warning("TensorBoard events disabled for %s: %s", logdir, e)
 
   def write(self, step: int, scalars: Mapping[str, Any]) -> dict[str, Any]:
@@ -104,7 +105,8 @@ class _SummaryWriter:
   directory, written through tf.io.gfile (local, gs://, and every other registered scheme)."""
 
   def __init__(self, logdir: str):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top  (only when events are wanted)
+    import tensorflow as tf  # (only when events are wanted)
+
     self._tf = tf
     self._writer = tf.summary.create_file_writer(logdir, flush_millis=30_000)
     # tf.summary.scalar lives in the `tensorboard` package (not installed with tensorflow-cpu);
@@ -116,8 +118,9 @@ class _SummaryWriter:
   def scalars(self, step: int, values: Mapping[str, float]) -> None:
     with self._writer.as_default(step=step):
       for k, v in values.items():
-        self._tf.summary.write(k, self._tf.constant(v, self._tf.float32), step=step,
-                               metadata=self._metadata)
+        self._tf.summary.write(
+            k, self._tf.constant(v, self._tf.float32), step=step, metadata=self._metadata
+        )
 
   def flush(self) -> None:
     self._writer.flush()

@@ -42,6 +42,7 @@ STAGE_TRAINABLE = {
 # ------------------------------------------------------------------------------------------------
 # Which parameters train.
 
+
 def trainable_mask(params: Params, spec: Any = None) -> Any:
   """A pytree of Python bools like `params`: True where the stage trains the leaf.
 
@@ -58,8 +59,9 @@ def trainable_mask(params: Params, spec: Any = None) -> Any:
     out = spec
   expected, got = jax.tree.structure(params), jax.tree.structure(out)
   if got != expected:
-    raise ValueError(f"trainable_mask does not match the params tree:\n  params: {expected}\n"
-                     f"  mask:   {got}")
+    raise ValueError(
+        f"trainable_mask does not match the params tree:\n  params: {expected}\n" f"  mask:   {got}"
+    )
   out = jax.tree.map(bool, out)
   if not any(jax.tree.leaves(out)):
     what = f" {spec!r}" if isinstance(spec, str) else ""
@@ -67,8 +69,7 @@ def trainable_mask(params: Params, spec: Any = None) -> Any:
   return out
 
 
-def masked_optimizer(tx: optax.GradientTransformation, mask: Any
-                     ) -> optax.GradientTransformation:
+def masked_optimizer(tx: optax.GradientTransformation, mask: Any) -> optax.GradientTransformation:
   """`tx` on the leaves where `mask` is True; exactly zero updates and no state elsewhere."""
   labels = jax.tree.map(lambda m: "trained" if m else "frozen", mask)
   return optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()}, labels)
@@ -76,6 +77,7 @@ def masked_optimizer(tx: optax.GradientTransformation, mask: Any
 
 # ------------------------------------------------------------------------------------------------
 # Schedule and optimizer.
+
 
 def optimizer_settings(opt_cfg: Any) -> dict[str, Any]:
   """An optimizer block (dict, ConfigDict or None) with every field: those it omits or leaves
@@ -98,8 +100,11 @@ def make_schedule(opt: Mapping[str, Any], total_steps: int) -> optax.Schedule:
   if kind == "cosine":
     return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(total_steps, warmup + 1), end)
   if kind in ("linear", "constant"):
-    decay = (optax.linear_schedule(lr, end, max(total_steps - warmup, 1)) if kind == "linear"
-             else optax.constant_schedule(lr))
+    decay = (
+        optax.linear_schedule(lr, end, max(total_steps - warmup, 1))
+        if kind == "linear"
+        else optax.constant_schedule(lr)
+    )
     if warmup == 0:
       return decay
     return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), decay], [warmup])
@@ -114,8 +119,9 @@ def _decay_mask(pattern: str | None) -> Callable[[Params], Any]:
   return lambda p: tree_lib.regex_mask(p, pattern)
 
 
-def make_optimizer(opt: Mapping[str, Any], total_steps: int,
-                   trainable_mask: Any) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(
+    opt: Mapping[str, Any], total_steps: int, trainable_mask: Any
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """big_vision's optimizer chain (its optax.make) for the trained leaves: clip → scale_by_adam
   (or sgd momentum) → scale(lr) → add_decayed_weights(wd, wd_pattern) → schedule shape → descent.
   "adamw" and "adam" are the same chain (decay is always decoupled, as in big_vision); frozen
@@ -130,7 +136,7 @@ def make_optimizer(opt: Mapping[str, Any], total_steps: int,
   if name in ("adamw", "adam"):
     direction = optax.scale_by_adam(b1=opt["b1"], b2=opt["b2"], eps=opt["eps"])
   elif name == "sgd":
-    direction = (optax.trace(decay=opt["momentum"]) if opt["momentum"] else optax.identity())
+    direction = optax.trace(decay=opt["momentum"]) if opt["momentum"] else optax.identity()
   else:
     raise ValueError(f"optimizer.name={name!r}: expected 'adamw', 'adam' or 'sgd'")
   parts = []

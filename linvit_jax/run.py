@@ -33,7 +33,6 @@ from linvit_jax.data import input_pipeline
 from linvit_jax.models import attention as attn_lib
 from linvit_jax.models import vit
 
-
 # Folded into the seed's key for a converted student's init (see `run`).
 STUDENT_INIT_SALT = 0x5EED
 
@@ -81,16 +80,22 @@ def _exported_student_config(config: mlc.ConfigDict) -> dict[str, Any] | None:
     return None
   exported = json.loads(text)
   ours = json.loads(json.dumps(model_kwargs(config)))  # tuples → lists, as in the json
-  differ = [f"{k}: {exported[k]!r} there, {ours[k]!r} in config.model" for k in ours
-            if k in exported and exported[k] != ours[k]]
+  differ = [
+      f"{k}: {exported[k]!r} there, {ours[k]!r} in config.model"
+      for k in ours
+      if k in exported and exported[k] != ours[k]
+  ]
   if differ:
-    raise ConfigError(f"student.init {config.student.init!r} was exported for another model "
-                      f"({'; '.join(differ[:4])}): set config.model to match")
+    raise ConfigError(
+        f"student.init {config.student.init!r} was exported for another model "
+        f"({'; '.join(differ[:4])}): set config.model to match"
+    )
   return exported
 
 
 def validate(config: mlc.ConfigDict) -> None:
   """Everything that can be checked before compute, each with a message naming the field."""
+
   def check(field: str, fn, *args) -> Any:
     try:
       return fn(*args)
@@ -108,19 +113,31 @@ def validate(config: mlc.ConfigDict) -> None:
     if kind in ("distill_attention", "align") and not config.teacher.init:
       raise ConfigError(f"stage {name!r} ({kind}) needs a teacher but config.teacher.init is empty")
     settings = check(name, train.stage_settings, {**config[name].to_dict(), "name": name})
-    check(f"{name}.optimizer", train.make_optimizer, settings["optimizer"], settings["steps"],
-          {"w": True})
+    check(
+        f"{name}.optimizer",
+        train.make_optimizer,
+        settings["optimizer"],
+        settings["steps"],
+        {"w": True},
+    )
     if kind == "align" and config[name].w_label:
-      raise ConfigError(f"config.{name}.w_label={config[name].w_label}: an align stage is "
-                        "label-free (use a finetune stage for labels)")
+      raise ConfigError(
+          f"config.{name}.w_label={config[name].w_label}: an align stage is "
+          "label-free (use a finetune stage for labels)"
+      )
     if kind in ("train", "finetune") and config[name].w_label and not config.model.num_classes:
-      raise ConfigError(f"config.{name}.w_label={config[name].w_label} but the model has no "
-                        "head (model.num_classes is None): set w_label=0 (label-free)")
+      raise ConfigError(
+          f"config.{name}.w_label={config[name].w_label} but the model has no "
+          "head (model.num_classes is None): set w_label=0 (label-free)"
+      )
     if kind != "distill_attention" and config[name].label_loss not in distill.LABEL_LOSSES:
-      raise ConfigError(f"config.{name}.label_loss={config[name].label_loss!r}: unknown; known: "
-                        f"{sorted(distill.LABEL_LOSSES)}")
+      raise ConfigError(
+          f"config.{name}.label_loss={config[name].label_loss!r}: unknown; known: "
+          f"{sorted(distill.LABEL_LOSSES)}"
+      )
   depth = check("model.variant", vit.decode_variant, config.model.variant or None).get(
-      "depth", config.model.depth)
+      "depth", config.model.depth
+  )
   check("student.attention", attn_lib.parse_layer_specs, _attention(config), depth or 1)
   teacher_model, student_model = check("model", build_models, config)
   check("surgery.policy", surgery.get_policy, config.surgery.policy)
@@ -135,17 +152,27 @@ def validate(config: mlc.ConfigDict) -> None:
 def _train_iter_fn(config, batch_size: int, seed: int):
   def make(start_step: int) -> Iterator[dict]:
     return input_pipeline.make_train_iterator(
-        dataset=config.data.dataset, split=config.data.train_split, pp=config.data.pp_train,
-        global_batch_size=batch_size, seed=seed, data_dir=config.data.data_dir or None,
-        shuffle_buffer=config.data.shuffle_buffer, start_step=start_step)
+        dataset=config.data.dataset,
+        split=config.data.train_split,
+        pp=config.data.pp_train,
+        global_batch_size=batch_size,
+        seed=seed,
+        data_dir=config.data.data_dir or None,
+        shuffle_buffer=config.data.shuffle_buffer,
+        start_step=start_step,
+    )
+
   return make
 
 
 def _eval_batches(config, pp: str | None = None, max_examples: int = 0) -> Iterator[dict]:
   it = input_pipeline.make_eval_iterator(
-      dataset=config.data.eval_dataset or config.data.dataset, split=config.data.eval_split,
+      dataset=config.data.eval_dataset or config.data.dataset,
+      split=config.data.eval_split,
       pp=pp or config.data.pp_eval,
-      global_batch_size=config.data.eval_batch_size, data_dir=config.data.data_dir or None)
+      global_batch_size=config.data.eval_batch_size,
+      data_dir=config.data.data_dir or None,
+  )
   seen = 0
   limit = min(filter(None, (max_examples, config.data.eval_max_examples)), default=0)
   for batch in it:
@@ -161,14 +188,26 @@ def _sample_images(config, n: int) -> np.ndarray:
   dataset = config.data.eval_dataset or config.data.dataset
   if config.eval.get("sample_pp"):
     it = input_pipeline.make_train_iterator(
-        dataset=dataset, split=config.data.eval_split, pp=config.eval.sample_pp,
-        global_batch_size=n, seed=12345, data_dir=config.data.data_dir or None,
-        shuffle_buffer=0, process_index=0, process_count=1)
+        dataset=dataset,
+        split=config.data.eval_split,
+        pp=config.eval.sample_pp,
+        global_batch_size=n,
+        seed=12345,
+        data_dir=config.data.data_dir or None,
+        shuffle_buffer=0,
+        process_index=0,
+        process_count=1,
+    )
     return np.asarray(next(iter(it))["image"])
   it = input_pipeline.make_eval_iterator(
-      dataset=dataset, split=config.data.eval_split, pp=config.data.pp_eval,
-      global_batch_size=max(n, 8), data_dir=config.data.data_dir or None,
-      process_index=0, process_count=1)
+      dataset=dataset,
+      split=config.data.eval_split,
+      pp=config.data.pp_eval,
+      global_batch_size=max(n, 8),
+      data_dir=config.data.data_dir or None,
+      process_index=0,
+      process_count=1,
+  )
   out = []
   for batch in it:
     out.append(batch["image"][np.asarray(batch["_mask"])])
@@ -184,9 +223,11 @@ def _read_sample(config: mlc.ConfigDict) -> np.ndarray:
     return _sample_images(config, max(8, config.eval.fidelity_images))
   except (FileNotFoundError, ValueError, AssertionError, OSError) as e:
     reason = " ".join(str(e).split())
-    raise ConfigError(f"config.data: cannot read {config.data.eval_dataset or config.data.dataset}"
-                      f" split {config.data.eval_split!r} (data_dir "
-                      f"{config.data.data_dir or 'default'!r}): {reason[:600]}") from e
+    raise ConfigError(
+        f"config.data: cannot read {config.data.eval_dataset or config.data.dataset}"
+        f" split {config.data.eval_split!r} (data_dir "
+        f"{config.data.data_dir or 'default'!r}): {reason[:600]}"
+    ) from e
 
 
 def keep_fresh(params: Any, fresh: Any, patterns: Sequence[str]) -> tuple[Any, list[str]]:
@@ -195,8 +236,10 @@ def keep_fresh(params: Any, fresh: Any, patterns: Sequence[str]) -> tuple[Any, l
   flat, flat_fresh = checkpoints.flatten(params), checkpoints.flatten(fresh)
   kept = sorted(k for k in flat if any(r.fullmatch(k) for r in regexes))
   if not kept:
-    raise ConfigError(f"student.dont_load={tuple(patterns)!r} matches no student parameter; "
-                      f"names look like {sorted(flat)[:3]}")
+    raise ConfigError(
+        f"student.dont_load={tuple(patterns)!r} matches no student parameter; "
+        f"names look like {sorted(flat)[:3]}"
+    )
   return checkpoints.unflatten({**flat, **{k: flat_fresh[k] for k in kept}}), kept
 
 
@@ -206,10 +249,26 @@ def _write_json(path: str, obj: Any) -> None:
 
 # What decides the contents of a workdir's checkpoints (plus every listed stage's block); a rerun
 # that differs here would resume or skip stages trained for another config.
-_RUN_IDENTITY = ("seed", "model", "student", "surgery", "distill", "stages", "data.dataset",
-                 "data.train_split", "data.pp_train", "teacher.dont_load")
-_STAGE_BOOKKEEPING = ("checkpoint_every", "max_to_keep", "log_every", "eval_every", "progress",
-                      "max_nonfinite_in_a_row")
+_RUN_IDENTITY = (
+    "seed",
+    "model",
+    "student",
+    "surgery",
+    "distill",
+    "stages",
+    "data.dataset",
+    "data.train_split",
+    "data.pp_train",
+    "teacher.dont_load",
+)
+_STAGE_BOOKKEEPING = (
+    "checkpoint_every",
+    "max_to_keep",
+    "log_every",
+    "eval_every",
+    "progress",
+    "max_nonfinite_in_a_row",
+)
 
 
 def _check_same_run(workdir: str, config: mlc.ConfigDict) -> None:
@@ -248,7 +307,8 @@ def _check_same_run(workdir: str, config: mlc.ConfigDict) -> None:
     more = f" (+{len(diffs) - 4} more)" if len(diffs) > 4 else ""
     raise ConfigError(
         f"workdir {workdir!r} holds a run of another config ({'; '.join(diffs[:4])}{more}); "
-        "resuming it would mix the two. Pass a new --workdir, or delete that one to start over.")
+        "resuming it would mix the two. Pass a new --workdir, or delete that one to start over."
+    )
 
 
 def _prepare_workdir(workdir: str) -> None:
@@ -275,10 +335,13 @@ def _attention_json(model: Any) -> Any:
 
   def one(spec):
     if spec.kind != "linear":
-      return spec.kind if spec == attn_lib.AttentionSpec(kind=spec.kind) else dataclasses.asdict(spec)
+      return (
+          spec.kind if spec == attn_lib.AttentionSpec(kind=spec.kind) else dataclasses.asdict(spec)
+      )
     fields = {k: v for k, v in dataclasses.asdict(spec).items() if v != getattr(default, k)}
     fields["kind"] = "linear"
     return fields if len(fields) > 2 else spec.feature_map
+
   if len(set(specs)) == 1:
     return one(specs[0])
   return [one(s) for s in specs]
@@ -316,9 +379,12 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   try:  # before any compute: a mesh the devices cannot form or a batch it cannot split
     mesh = sharding.make_mesh(config.mesh)
     for name in config.stages:
-      sharding.check_batch_size(config[name].batch_size, mesh,
-                                accum_steps=config[name].optimizer.accum_steps,
-                                what=f"config.{name}.batch_size")
+      sharding.check_batch_size(
+          config[name].batch_size,
+          mesh,
+          accum_steps=config[name].optimizer.accum_steps,
+          what=f"config.{name}.batch_size",
+      )
   except ValueError as e:
     raise ConfigError(f"config.mesh / batch_size on {jax.device_count()} devices: {e}") from e
   _check_same_run(workdir, config)
@@ -329,22 +395,27 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   teacher_model, student_model = build_models(config)
   rng = jax.random.PRNGKey(config.seed)
   sample = _read_sample(config)
-  fid_images = sample[:config.eval.fidelity_images]
-  curve_images = sample[:max(1, min(len(sample), config.eval.get("curve_images", 16)))]
+  fid_images = sample[: config.eval.fidelity_images]
+  curve_images = sample[: max(1, min(len(sample), config.eval.get("curve_images", 16)))]
   labelled = _labelled(config)
   results: dict[str, Any] = {"config": config.to_dict(), "timing_s": {}, "labelled": labelled}
   t_start = time.time()
 
   def top1(model, params, batches=None):
-    return evaluate.top1(model, params, batches or _eval_batches(config), mesh) if labelled \
-        else None
+    return (
+        evaluate.top1(model, params, batches or _eval_batches(config), mesh) if labelled else None
+    )
 
   # --- teacher and surgery ------------------------------------------------------------------
   teacher_params = None
   if config.teacher.init:  # read and checked before any compute: a bad checkpoint fails fast
     teacher_shapes = jax.eval_shape(teacher_model.init, rng, sample[:1])["params"]
-    teacher_params = vit.load(teacher_shapes, config.teacher.init, model_kwargs(config),
-                              dont_load=tuple(config.teacher.dont_load))
+    teacher_params = vit.load(
+        teacher_shapes,
+        config.teacher.init,
+        model_kwargs(config),
+        dont_load=tuple(config.teacher.dont_load),
+    )
   # A converted student's fresh params must not come from the key that initialised its teacher:
   # a teacher trained from scratch by this code with the same seed started from PRNGKey(seed),
   # and its trained attention kernels keep ~0.9 cosine to that init, so "fresh" attention would
@@ -353,8 +424,12 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   fresh_student = jax.jit(student_model.init)(init_rng, sample[:1])["params"]
   student_params = fresh_student
   if config.student.init:  # an exported student: evaluate it, or train it further
-    student_params = vit.load(fresh_student, config.student.init, model_kwargs(config),
-                              dont_load=tuple(config.student.dont_load))
+    student_params = vit.load(
+        fresh_student,
+        config.student.init,
+        model_kwargs(config),
+        dont_load=tuple(config.student.dont_load),
+    )
   # The run's identity is written only now that its inputs load: a first start that failed on a
   # bad checkpoint or dataset leaves nothing that would refuse the corrected rerun.
   if is_main:
@@ -362,13 +437,16 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
 
   def fidelity(tag: str) -> None:
     results[f"fidelity_{tag}"] = evaluate.attention_fidelity(
-        teacher_model, teacher_params, student_model, student_params, fid_images)
+        teacher_model, teacher_params, student_model, student_params, fid_images
+    )
     results[f"end_to_end_{tag}"] = evaluate.end_to_end_fidelity(
-        teacher_model, teacher_params, student_model, student_params, fid_images)
+        teacher_model, teacher_params, student_model, student_params, fid_images
+    )
 
   if teacher_params is not None and not config.student.init:
-    student_params, report = surgery.transplant(teacher_params, student_params,
-                                                config.surgery.policy)
+    student_params, report = surgery.transplant(
+        teacher_params, student_params, config.surgery.policy
+    )
     if config.student.dont_load:
       student_params, kept = keep_fresh(student_params, fresh_student, config.student.dont_load)
       results["student_kept_fresh"] = kept
@@ -377,8 +455,9 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
       print(report.table(max_rows=40) if hasattr(report, "table") else report)
     copied_attention = report.copied_attention() if hasattr(report, "copied_attention") else False
     if config.surgery.calibrate and not copied_attention:
-      student_params = stages.calibrate(teacher_model, teacher_params, student_model,
-                                        student_params, sample[:64])
+      student_params = stages.calibrate(
+          teacher_model, teacher_params, student_model, student_params, sample[:64]
+      )
   if teacher_params is not None:
     if config.eval.teacher:  # the ablation evaluates its shared teacher once, not per arm
       results["teacher_top1"] = top1(teacher_model, teacher_params)
@@ -402,11 +481,13 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
         batches = _eval_batches(config, max_examples=config.eval.curve_examples)
         scores["top1"] = evaluate.evaluate(params, correct, batches, mesh)["top1"]
       if teacher_params is not None:
-        e2e = evaluate.end_to_end_fidelity(teacher_model, teacher_params, model, params,
-                                           curve_images)
+        e2e = evaluate.end_to_end_fidelity(
+            teacher_model, teacher_params, model, params, curve_images
+        )
         scores.update({k: v for k, v in e2e.items() if isinstance(v, float)})
         scores["block_cosine_min"] = float(min(e2e["block_cosine"]))
       return scores
+
     return eval_fn
 
   images_seen = 0
@@ -415,14 +496,23 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
     t0 = time.time()
     if stage_cfg.kind in ("finetune", "align") and last_top1 is not None:
       results["student_top1_before_finetune"] = last_top1
-    loss_fn, mask = stages.build(stage_cfg.kind, stage_cfg, config, teacher_model, student_model,
-                                 student_params)
+    loss_fn, mask = stages.build(
+        stage_cfg.kind, stage_cfg, config, teacher_model, student_model, student_params
+    )
     student_params, history = train.run_stage(
-        stage_cfg=stage_cfg, name=name, loss_fn=loss_fn, init_params=student_params,
-        trainable_mask=mask, frozen=teacher_params, workdir=workdir, mesh=mesh,
+        stage_cfg=stage_cfg,
+        name=name,
+        loss_fn=loss_fn,
+        init_params=student_params,
+        trainable_mask=mask,
+        frozen=teacher_params,
+        workdir=workdir,
+        mesh=mesh,
         batch_iter_fn=_train_iter_fn(config, stage_cfg.batch_size, config.seed + 1000 * (i + 1)),
-        param_rules=[tuple(r) for r in config.param_rules], seed=config.seed + i,
-        eval_fn=make_eval_fn(student_model) if stage_cfg.eval_every else None)
+        param_rules=[tuple(r) for r in config.param_rules],
+        seed=config.seed + i,
+        eval_fn=make_eval_fn(student_model) if stage_cfg.eval_every else None,
+    )
     for row in history:  # images seen over the whole run, for curves across stages
       row["images_seen"] = images_seen + row.get("step", 0) * stage_cfg.batch_size
     images_seen += stage_cfg.steps * stage_cfg.batch_size
@@ -436,36 +526,51 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
         # go back to softmax with the teacher's weights; later stages train around them.
         cos = [row["cosine"] for row in results[f"fidelity_after_{name}"]]
         layers = worst_layers(results[f"fidelity_after_{name}"], softmax_k)
-        student_model, student_params = _to_softmax_layers(teacher_params, student_model,
-                                                           student_params, layers)
+        student_model, student_params = _to_softmax_layers(
+            teacher_params, student_model, student_params, layers
+        )
         results["softmax_layers"] = layers
         hybrid_done = True
-        logging.info("hybrid: layers %s (teacher-forced cosine %s) keep softmax attention",
-                     layers, [round(cos[l], 3) for l in layers])
+        logging.info(
+            "hybrid: layers %s (teacher-forced cosine %s) keep softmax attention",
+            layers,
+            [round(cos[l], 3) for l in layers],
+        )
         fidelity(f"hybrid_after_{name}")
-  results["student_top1"] = last_top1 if last_top1 is not None else top1(student_model,
-                                                                         student_params)
+  results["student_top1"] = (
+      last_top1 if last_top1 is not None else top1(student_model, student_params)
+  )
   results["histories"] = histories
   results["images_seen"] = images_seen
   results["student_attention"] = _attention_json(student_model)
 
   # --- speed and pictures ----------------------------------------------------------------------
-  tb = sample[:config.eval.throughput_batch]
+  tb = sample[: config.eval.throughput_batch]
   if len(tb) < config.eval.throughput_batch:
     tb = np.resize(tb, (config.eval.throughput_batch,) + tb.shape[1:])
   results["student_images_per_s"] = evaluate.images_per_second(student_model, student_params, tb)
   if teacher_params is not None:
     results["teacher_images_per_s"] = evaluate.images_per_second(teacher_model, teacher_params, tb)
-    results["resolution"] = _resolution_scaling(config, mesh, teacher_model, teacher_params,
-                                                student_model, student_params, labelled, sample)
+    results["resolution"] = _resolution_scaling(
+        config, mesh, teacher_model, teacher_params, student_model, student_params, labelled, sample
+    )
     if is_main and config.eval.plots:
-      _plots(config, workdir, results, teacher_model, teacher_params, student_model,
-             student_params, sample)
+      _plots(
+          config,
+          workdir,
+          results,
+          teacher_model,
+          teacher_params,
+          student_model,
+          student_params,
+          sample,
+      )
   results["timing_s"]["total"] = time.time() - t_start
   # A fingerprint of the exported model: its output on 4 fixed images (logits, or the pooled
   # representation of a headless backbone).
   results["student_logits_sample"] = np.asarray(
-      evaluate.make_predict_fn(student_model)(student_params, sample[:4])).tolist()
+      evaluate.make_predict_fn(student_model)(student_params, sample[:4])
+  ).tolist()
 
   # --- export ------------------------------------------------------------------------------------
   if is_main:
@@ -484,8 +589,16 @@ def _with_resize(pp: str, size: int) -> str:
   return "|".join(ops[:at] + [f"resize({size})"] + ops[at:])
 
 
-def _resolution_scaling(config, mesh, teacher_model, teacher_params, student_model,
-                        student_params, labelled: bool, sample: np.ndarray):
+def _resolution_scaling(
+    config,
+    mesh,
+    teacher_model,
+    teacher_params,
+    student_model,
+    student_params,
+    labelled: bool,
+    sample: np.ndarray,
+):
   """Teacher and student at each factor × the training resolution (position embeddings
   resampled): top-1 when labelled, the student's end-to-end fidelity to the teacher at the same
   resolution, forward images/s and the compiled forward's peak memory (XLA's estimate)."""
@@ -495,15 +608,21 @@ def _resolution_scaling(config, mesh, teacher_model, teacher_params, student_mod
   for factor in config.eval.resolution_factors:
     new = int(size * factor)
     grid = (new // config.model.patch_size[0], new // config.model.patch_size[1])
-    row = {"factor": factor, "image_size": new,
-           "tokens": grid[0] * grid[1] + (1 if config.model.pool_type == "tok" else 0)}
+    row = {
+        "factor": factor,
+        "image_size": new,
+        "tokens": grid[0] * grid[1] + (1 if config.model.pool_type == "tok" else 0),
+    }
     # The normalised sample, resized (resizing commutes with the affine normalisation).
-    images = np.asarray(jax.image.resize(
-        jnp.asarray(sample), (len(sample), new, new, sample.shape[-1]), "bilinear"))
+    images = np.asarray(
+        jax.image.resize(jnp.asarray(sample), (len(sample), new, new, sample.shape[-1]), "bilinear")
+    )
     tb = np.resize(images, (config.eval.throughput_batch,) + images.shape[1:])
     params = {}
-    for name, model, p in (("teacher", teacher_model, teacher_params),
-                           ("student", student_model, student_params)):
+    for name, model, p in (
+        ("teacher", teacher_model, teacher_params),
+        ("student", student_model, student_params),
+    ):
       params[name] = evaluate.resample_for_resolution(p, grid)
       if labelled:
         pp = config.data.pp_eval if factor == 1 else _with_resize(config.data.pp_eval, new)
@@ -511,28 +630,32 @@ def _resolution_scaling(config, mesh, teacher_model, teacher_params, student_mod
         row[f"{name}_top1"] = evaluate.top1(model, params[name], batches, mesh)
       row[f"{name}_images_per_s"] = evaluate.images_per_second(model, params[name], tb)
       row[f"{name}_peak_bytes"] = evaluate.forward_peak_bytes(model, params[name], tb)
-    e2e = evaluate.end_to_end_fidelity(teacher_model, params["teacher"], student_model,
-                                       params["student"], images[:n_fid])
+    e2e = evaluate.end_to_end_fidelity(
+        teacher_model, params["teacher"], student_model, params["student"], images[:n_fid]
+    )
     row.update({k: v for k, v in e2e.items() if isinstance(v, float)})
     rows.append(row)
   return rows
 
 
-def _plots(config, workdir, results, teacher_model, teacher_params, student_model,
-           student_params, sample) -> None:
+def _plots(
+    config, workdir, results, teacher_model, teacher_params, student_model, student_params, sample
+) -> None:
   import tempfile
   # matplotlib writes local files; a gs:// workdir gets a copy of each.
   local = tempfile.mkdtemp() if gfile.is_remote(workdir) else workdir
   fid = {k.replace("fidelity_", ""): v for k, v in results.items() if k.startswith("fidelity_")}
   evaluate.plot_fidelity(fid, os.path.join(local, "fidelity.png"))
-  evaluate.plot_fidelity_curves(results.get("histories", {}),
-                                os.path.join(local, "fidelity_curves.png"))
+  evaluate.plot_fidelity_curves(
+      results.get("histories", {}), os.path.join(local, "fidelity_curves.png")
+  )
   n = config.eval.attention_map_images
   if n:
     tmaps = evaluate.cls_attention_maps(teacher_model, teacher_params, sample[:n])
     smaps = evaluate.cls_attention_maps(student_model, student_params, sample[:n])
-    evaluate.plot_attention_maps(sample[:n], tmaps, smaps,
-                                 os.path.join(local, "attention_maps.png"))
+    evaluate.plot_attention_maps(
+        sample[:n], tmaps, smaps, os.path.join(local, "attention_maps.png")
+    )
   if local != workdir:
     for name in os.listdir(local):
       gfile.copy(os.path.join(local, name), os.path.join(workdir, name))
@@ -541,12 +664,17 @@ def _plots(config, workdir, results, teacher_model, teacher_params, student_mode
 def format_summary(results: Mapping[str, Any]) -> str:
   """The table main.py prints: accuracy (when labelled), fidelity to the teacher, speed."""
   lines = ["", "== linvit_jax results " + "=" * 50]
+
   def pct(x):
     return f"{100 * x:6.2f} %" if isinstance(x, float) else "   n/a"
+
   if results.get("teacher_top1") is not None:
     lines.append(f"teacher (softmax) top-1          {pct(results['teacher_top1'])}")
-    what = ("student as loaded top-1        " if results["config"]["student"].get("init")
-            else "student after surgery top-1    ")
+    what = (
+        "student as loaded top-1        "
+        if results["config"]["student"].get("init")
+        else "student after surgery top-1    "
+    )
     lines.append(f"{what}  {pct(results['student_top1_converted'])}")
   for k, v in results.items():
     if k.startswith("student_top1_after_") and v is not None:
@@ -574,17 +702,24 @@ def format_summary(results: Mapping[str, Any]) -> str:
       lines.append(f"{i:>5d}  {cells}")
   if "teacher_images_per_s" in results:
     lines.append("")
-    lines.append(f"images/s (forward, batch {results['config']['eval']['throughput_batch']}): "
-                 f"teacher {results['teacher_images_per_s']:.1f}, "
-                 f"student {results['student_images_per_s']:.1f}")
+    lines.append(
+        f"images/s (forward, batch {results['config']['eval']['throughput_batch']}): "
+        f"teacher {results['teacher_images_per_s']:.1f}, "
+        f"student {results['student_images_per_s']:.1f}"
+    )
   for row in results.get("resolution", []):
-    acc = (f"top-1 teacher {pct(row['teacher_top1'])}, student {pct(row['student_top1'])}; "
-           if "teacher_top1" in row else "")
+    acc = (
+        f"top-1 teacher {pct(row['teacher_top1'])}, student {pct(row['student_top1'])}; "
+        if "teacher_top1" in row
+        else ""
+    )
     cls = f"cls cos {row['cls_cosine']:.4f}, " if "cls_cosine" in row else ""
-    lines.append(f"  {row['image_size']:>4d}px ({row['tokens']} tokens): {acc}{cls}patch cos "
-                 f"{row['patch_cosine']:.4f}; images/s teacher {row['teacher_images_per_s']:.1f}, "
-                 f"student {row['student_images_per_s']:.1f}; peak MB teacher "
-                 f"{row['teacher_peak_bytes'] / 2**20:.0f}, student "
-                 f"{row['student_peak_bytes'] / 2**20:.0f}")
+    lines.append(
+        f"  {row['image_size']:>4d}px ({row['tokens']} tokens): {acc}{cls}patch cos "
+        f"{row['patch_cosine']:.4f}; images/s teacher {row['teacher_images_per_s']:.1f}, "
+        f"student {row['student_images_per_s']:.1f}; peak MB teacher "
+        f"{row['teacher_peak_bytes'] / 2**20:.0f}, student "
+        f"{row['student_peak_bytes'] / 2**20:.0f}"
+    )
   lines.append(f"total time {results['timing_s']['total']:.0f} s")
   return "\n".join(lines)

@@ -49,6 +49,7 @@ Rules = Sequence[tuple[str, RuleSpec]]
 # ------------------------------------------------------------------------------------------------
 # Multi-process start-up.
 
+
 def _int_env(name: str) -> int | None:
   value = os.environ.get(name)
   if value in (None, ""):
@@ -94,25 +95,34 @@ def maybe_initialize_distributed() -> bool:
       raise ValueError(
           "multi-process run needs all of JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and "
           f"JAX_PROCESS_ID; got JAX_COORDINATOR_ADDRESS={address!r}, "
-          f"JAX_NUM_PROCESSES={num_processes!r}, JAX_PROCESS_ID={process_id!r}")
+          f"JAX_NUM_PROCESSES={num_processes!r}, JAX_PROCESS_ID={process_id!r}"
+      )
     if num_processes == 1:
       return False
     if not 0 <= process_id < num_processes:
-      raise ValueError(f"JAX_PROCESS_ID={process_id} is outside [0, JAX_NUM_PROCESSES="
-                       f"{num_processes})")
+      raise ValueError(
+          f"JAX_PROCESS_ID={process_id} is outside [0, JAX_NUM_PROCESSES=" f"{num_processes})"
+      )
     local_ids = os.environ.get("JAX_LOCAL_DEVICE_IDS")
     jax.distributed.initialize(
-        coordinator_address=address, num_processes=num_processes, process_id=process_id,
+        coordinator_address=address,
+        num_processes=num_processes,
+        process_id=process_id,
         local_device_ids=[int(i) for i in local_ids.split(",")] if local_ids else None,
-        initialization_timeout=timeout)
+        initialization_timeout=timeout,
+    )
   elif _looks_like_multihost_cluster():
     jax.distributed.initialize(initialization_timeout=timeout)
   else:
     return False
   _connect_cpu_collectives(timeout)
-  logging.info("jax.distributed: process %d of %d, %d local / %d global devices",
-               jax.process_index(), jax.process_count(), jax.local_device_count(),
-               jax.device_count())
+  logging.info(
+      "jax.distributed: process %d of %d, %d local / %d global devices",
+      jax.process_index(),
+      jax.process_count(),
+      jax.local_device_count(),
+      jax.device_count(),
+  )
   return True
 
 
@@ -133,22 +143,29 @@ def _connect_cpu_collectives(timeout_s: int) -> None:
     return
   mesh = Mesh(np.array(jax.devices()), ("all",))
   ones = jax.make_array_from_process_local_data(
-      NamedSharding(mesh, P("all")), np.ones((jax.local_device_count(),), np.int32),
-      (jax.device_count(),))
-  count = jax.jit(lambda x: x.sum(), out_shardings=NamedSharding(mesh, P())).lower(
-      ones).compile()  # compiled before the barrier: the processes leave it ready to connect
-  from jax._src import distributed  # pylint: disable=import-outside-toplevel
+      NamedSharding(mesh, P("all")),
+      np.ones((jax.local_device_count(),), np.int32),
+      (jax.device_count(),),
+  )
+  count = (
+      jax.jit(lambda x: x.sum(), out_shardings=NamedSharding(mesh, P())).lower(ones).compile()
+  )  # compiled before the barrier: the processes leave it ready to connect
+  from jax._src import distributed
+
   client = getattr(distributed.global_state, "client", None)
   if client is not None and hasattr(client, "wait_at_barrier"):
     client.wait_at_barrier("linvit_jax_connect_cpu_collectives", timeout_s * 1000)
   total = int(np.asarray(count(ones).addressable_data(0)))
   if total != jax.device_count():
-    raise RuntimeError(f"multi-process start-up: a sum over the {jax.device_count()} devices of "
-                       f"{jax.process_count()} processes gave {total}")
+    raise RuntimeError(
+        f"multi-process start-up: a sum over the {jax.device_count()} devices of "
+        f"{jax.process_count()} processes gave {total}"
+    )
 
 
 # ------------------------------------------------------------------------------------------------
 # Mesh.
+
 
 def _parse_mesh_config(mesh_cfg: MeshConfig, num_devices: int) -> tuple[list[str], list[int]]:
   names, sizes = [], []
@@ -157,15 +174,18 @@ def _parse_mesh_config(mesh_cfg: MeshConfig, num_devices: int) -> tuple[list[str
       name, size = entry
       size = int(size)
     except (TypeError, ValueError) as e:
-      raise ValueError(f"mesh config {list(mesh_cfg)!r}: each entry must be (axis_name, size), "
-                       f"got {entry!r}") from e
+      raise ValueError(
+          f"mesh config {list(mesh_cfg)!r}: each entry must be (axis_name, size), " f"got {entry!r}"
+      ) from e
     if not isinstance(name, str) or not name:
       raise ValueError(f"mesh config {list(mesh_cfg)!r}: axis name {name!r} must be a string")
     if name in names:
       raise ValueError(f"mesh config {list(mesh_cfg)!r}: axis {name!r} appears twice")
     if size == 0 or size < -1:
-      raise ValueError(f"mesh config {list(mesh_cfg)!r}: axis {name!r} has size {size}; sizes "
-                       "are positive, or -1 for 'the remaining devices'")
+      raise ValueError(
+          f"mesh config {list(mesh_cfg)!r}: axis {name!r} has size {size}; sizes "
+          "are positive, or -1 for 'the remaining devices'"
+      )
     names.append(name)
     sizes.append(size)
   if not names:
@@ -177,13 +197,15 @@ def _parse_mesh_config(mesh_cfg: MeshConfig, num_devices: int) -> tuple[list[str
     if num_devices % fixed:
       raise ValueError(
           f"mesh config {list(mesh_cfg)!r} cannot be laid out on {num_devices} devices: the fixed "
-          f"axes need a multiple of {fixed} devices")
+          f"axes need a multiple of {fixed} devices"
+      )
     sizes[sizes.index(-1)] = num_devices // fixed
   elif fixed != num_devices:
     raise ValueError(
         f"mesh config {list(mesh_cfg)!r} has shape {tuple(sizes)} = {fixed} devices, but "
         f"{num_devices} devices are available (jax.device_count()); make the sizes multiply to "
-        f"{num_devices}, or use -1 for one axis")
+        f"{num_devices}, or use -1 for one axis"
+    )
   return names, sizes
 
 
@@ -199,11 +221,14 @@ def make_mesh(mesh_cfg: MeshConfig, devices: Sequence[Any] | None = None) -> Mes
   axis_types = (AxisType.Auto,) * len(names)
   num_slices = len({getattr(d, "slice_index", 0) for d in devices})
   if num_slices > 1:
-    from jax.experimental import mesh_utils  # pylint: disable=g-import-not-at-top
+    from jax.experimental import mesh_utils
+
     dcn_axis = next((i for i, s in enumerate(sizes) if s % num_slices == 0), None)
     if dcn_axis is None:
-      raise ValueError(f"mesh {dict(zip(names, sizes))} on {num_slices} TPU slices: no axis size "
-                       f"is a multiple of the slice count {num_slices}")
+      raise ValueError(
+          f"mesh {dict(zip(names, sizes))} on {num_slices} TPU slices: no axis size "
+          f"is a multiple of the slice count {num_slices}"
+      )
     ici = list(sizes)
     ici[dcn_axis] //= num_slices
     dcn = [1] * len(sizes)
@@ -219,6 +244,7 @@ def mesh_shape(mesh: Mesh) -> dict[str, int]:
 
 # ------------------------------------------------------------------------------------------------
 # Batches.
+
 
 def batch_axes(mesh: Mesh) -> tuple[str, ...]:
   """The mesh axes the batch dimension is split over (those of BATCH_AXES the mesh has)."""
@@ -240,8 +266,9 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def check_batch_size(global_batch_size: int, mesh: Mesh, *, accum_steps: int = 1,
-                     what: str = "batch_size") -> None:
+def check_batch_size(
+    global_batch_size: int, mesh: Mesh, *, accum_steps: int = 1, what: str = "batch_size"
+) -> None:
   """Raises before any compute when the global batch cannot be split evenly.
 
   It must divide into `accum_steps` micro-batches that each split over the batch shards, and
@@ -255,10 +282,13 @@ def check_batch_size(global_batch_size: int, mesh: Mesh, *, accum_steps: int = 1
     raise ValueError(
         f"{what}={global_batch_size} must be a positive multiple of {shards * accum_steps}: the "
         f"batch is split over {shards} batch shards (mesh {mesh_shape(mesh)}, axes "
-        f"{batch_axes(mesh)}){extra}")
+        f"{batch_axes(mesh)}){extra}"
+    )
   if global_batch_size % jax.process_count():
-    raise ValueError(f"{what}={global_batch_size} is not divisible by the "
-                     f"{jax.process_count()} processes that feed it")
+    raise ValueError(
+        f"{what}={global_batch_size} is not divisible by the "
+        f"{jax.process_count()} processes that feed it"
+    )
 
 
 def process_batch_rows(global_batch_size: int, mesh: Mesh) -> slice:
@@ -268,12 +298,15 @@ def process_batch_rows(global_batch_size: int, mesh: Mesh) -> slice:
   wants the global batch to equal a single-process one, bit for bit, slices it with this.
   """
   index_map = batch_sharding(mesh).addressable_devices_indices_map((global_batch_size,))
-  starts = sorted({(idx[0].start or 0, idx[0].stop or global_batch_size)
-                   for idx in index_map.values()})
+  starts = sorted(
+      {(idx[0].start or 0, idx[0].stop or global_batch_size) for idx in index_map.values()}
+  )
   for (_, stop), (start, _) in zip(starts, starts[1:]):
     if stop != start:
-      raise ValueError(f"this process's batch rows {starts} are not contiguous in mesh "
-                       f"{mesh_shape(mesh)}; reorder the mesh devices")
+      raise ValueError(
+          f"this process's batch rows {starts} are not contiguous in mesh "
+          f"{mesh_shape(mesh)}; reorder the mesh devices"
+      )
   return slice(starts[0][0], starts[-1][1])
 
 
@@ -299,7 +332,8 @@ def make_global_batch(local_batch: Any, mesh: Mesh) -> Any:
       raise ValueError(
           f"batch entry '{tree_lib.path_str(path)}' has shape {x.shape}: its leading (batch) "
           f"dimension must split over this process's {local_shards} batch shards (mesh "
-          f"{mesh_shape(mesh)})")
+          f"{mesh_shape(mesh)})"
+      )
     global_shape = (x.shape[0] // local_shards * shards,) + x.shape[1:]
     return jax.make_array_from_process_local_data(sharding, x, global_shape)
 
@@ -308,6 +342,7 @@ def make_global_batch(local_batch: Any, mesh: Mesh) -> Any:
 
 # ------------------------------------------------------------------------------------------------
 # Parameters.
+
 
 def _fsdp_spec(shape: Sequence[int], axis_size: int) -> P:
   """Split the largest dimension the axis divides (ties: the later one); replicate if none."""
@@ -319,29 +354,45 @@ def _fsdp_spec(shape: Sequence[int], axis_size: int) -> P:
   return P()
 
 
-def _explicit_spec(name: str, pattern: str, spec: Sequence[Any], shape: Sequence[int],
-                   axis_sizes: Mapping[str, int]) -> P:
+def _explicit_spec(
+    name: str,
+    pattern: str,
+    spec: Sequence[Any],
+    shape: Sequence[int],
+    axis_sizes: Mapping[str, int],
+) -> P:
   spec = tuple(spec)
   if len(spec) > len(shape):
-    raise ValueError(f"param '{name}' {tuple(shape)}: rule {pattern!r} gives spec {spec} with "
-                     f"more entries than the {len(shape)} dimensions")
+    raise ValueError(
+        f"param '{name}' {tuple(shape)}: rule {pattern!r} gives spec {spec} with "
+        f"more entries than the {len(shape)} dimensions"
+    )
   for dim, axes in enumerate(spec):
     if axes is None:
       continue
     axes_t = axes if isinstance(axes, tuple) else (axes,)
     for a in axes_t:
       if a not in axis_sizes:
-        raise ValueError(f"param '{name}': rule {pattern!r} names mesh axis {a!r}, but the mesh "
-                         f"has {dict(axis_sizes)}")
+        raise ValueError(
+            f"param '{name}': rule {pattern!r} names mesh axis {a!r}, but the mesh "
+            f"has {dict(axis_sizes)}"
+        )
     n = math.prod(axis_sizes[a] for a in axes_t)
     if shape[dim] % n:
-      raise ValueError(f"param '{name}' {tuple(shape)}: rule {pattern!r} splits dimension {dim} "
-                       f"({shape[dim]}) over {axes_t} = {n} devices, which does not divide it")
+      raise ValueError(
+          f"param '{name}' {tuple(shape)}: rule {pattern!r} splits dimension {dim} "
+          f"({shape[dim]}) over {axes_t} = {n} devices, which does not divide it"
+      )
   return P(*spec)
 
 
-def param_partition_specs(params_shapes: Any, axis_sizes: Mapping[str, int], *,
-                          rules: Rules | None = None, min_size: int = DEFAULT_MIN_SIZE) -> Any:
+def param_partition_specs(
+    params_shapes: Any,
+    axis_sizes: Mapping[str, int],
+    *,
+    rules: Rules | None = None,
+    min_size: int = DEFAULT_MIN_SIZE,
+) -> Any:
   """PartitionSpec per leaf of a pytree of arrays / ShapeDtypeStructs (pure: no devices needed).
 
   `rules` are (regex, spec) pairs tried in order with `re.fullmatch` on the leaf's whole path
@@ -363,8 +414,10 @@ def param_partition_specs(params_shapes: Any, axis_sizes: Mapping[str, int], *,
         if spec == "fsdp":
           return _fsdp_spec(shape, fsdp_size) if fsdp_size > 1 else P()
         if isinstance(spec, str):
-          raise ValueError(f"param rule {pattern!r}: spec {spec!r} must be 'fsdp', 'replicate', "
-                           "None or a tuple of mesh axis names")
+          raise ValueError(
+              f"param rule {pattern!r}: spec {spec!r} must be 'fsdp', 'replicate', "
+              "None or a tuple of mesh axis names"
+          )
         return _explicit_spec(name, pattern, spec, shape, axis_sizes)
     if fsdp_size > 1 and math.prod(shape) >= min_size:
       return _fsdp_spec(shape, fsdp_size)
@@ -373,12 +426,12 @@ def param_partition_specs(params_shapes: Any, axis_sizes: Mapping[str, int], *,
   return jax.tree_util.tree_map_with_path(one, params_shapes)
 
 
-def param_shardings(params_shapes: Any, mesh: Mesh, rules: Rules | None = None,
-                    min_size: int = DEFAULT_MIN_SIZE) -> Any:
+def param_shardings(
+    params_shapes: Any, mesh: Mesh, rules: Rules | None = None, min_size: int = DEFAULT_MIN_SIZE
+) -> Any:
   """`NamedSharding` per leaf; see `param_partition_specs` for the rules."""
   specs = param_partition_specs(params_shapes, mesh_shape(mesh), rules=rules, min_size=min_size)
-  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
-                      is_leaf=lambda x: isinstance(x, P))
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
 
 
 def shard_tree(tree: Any, shardings: Any) -> Any:
@@ -387,6 +440,7 @@ def shard_tree(tree: Any, shardings: Any) -> Any:
   Host arrays must be the full (global) value on every process; each process copies only the
   slices its devices hold, so this works multi-process without gathering anything.
   """
+
   def one(x, sharding):
     if isinstance(x, jax.Array):
       if x.sharding == sharding:

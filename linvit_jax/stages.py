@@ -48,28 +48,32 @@ def _supervised(stage_cfg: mlc.ConfigDict, config: mlc.ConfigDict, teacher_model
   needs_teacher = bool(w_kd or w_feat or w_blocks or w_attn_tf)
   has_head = bool(student_model.num_classes)
   if w_label and not has_head:
-    raise ValueError("w_label > 0 needs a classification head (model.num_classes); set "
-                     "w_label=0 for a headless backbone")
+    raise ValueError(
+        "w_label > 0 needs a classification head (model.num_classes); set "
+        "w_label=0 for a headless backbone"
+    )
   if w_kd and not has_head:
     raise ValueError("w_logit_kd > 0 needs a classification head (model.num_classes)")
 
   def loss_fn(params, frozen, batch, rng):
     images = batch["image"]
-    logits, out = student_model.apply({"params": params}, images, train=True,
-                                      rngs={"dropout": rng})
+    logits, out = student_model.apply({"params": params}, images, train=True, rngs={"dropout": rng})
     metrics = {}
     loss = jnp.zeros((), jnp.float32)
     if w_label:
       if key not in batch:
-        raise ValueError(f"w_label > 0 but the batch has no {key!r} (keys: {sorted(batch)}); "
-                         "set w_label=0 to train without labels")
+        raise ValueError(
+            f"w_label > 0 but the batch has no {key!r} (keys: {sorted(batch)}); "
+            "set w_label=0 to train without labels"
+        )
       metrics["label_loss"] = l = label_loss(logits, batch[key])
       loss = loss + w_label * l
       metrics["accuracy"] = jnp.mean(evaluate.top1_hits(logits, batch[key]))
     if needs_teacher:
       if frozen is None:
-        raise ValueError("w_logit_kd / w_feature / w_blocks / w_attn_tf need a teacher "
-                         "(config.teacher.init)")
+        raise ValueError(
+            "w_logit_kd / w_feature / w_blocks / w_attn_tf need a teacher " "(config.teacher.init)"
+        )
       if w_blocks or w_attn_tf:  # per-layer targets: one forward with the sown intermediates
         targets = distill.teacher_targets(teacher_model, frozen, images)
       else:  # logits and final features only: the plain forward, nothing sown
@@ -96,15 +100,23 @@ def _supervised(stage_cfg: mlc.ConfigDict, config: mlc.ConfigDict, teacher_model
   return loss_fn
 
 
-def build(kind: str, stage_cfg: mlc.ConfigDict, config: mlc.ConfigDict, teacher_model: Any,
-          student_model: Any, student_params: Any) -> tuple[Callable, Any]:
+def build(
+    kind: str,
+    stage_cfg: mlc.ConfigDict,
+    config: mlc.ConfigDict,
+    teacher_model: Any,
+    student_model: Any,
+    student_params: Any,
+) -> tuple[Callable, Any]:
   """The stage's loss function and trainable mask (None = every parameter)."""
   if kind in ("train", "finetune"):
     return _supervised(stage_cfg, config, teacher_model, student_model), None
   if kind == "align":
     trainable = stage_cfg.get("trainable", "") or "all"
-    return (_supervised(stage_cfg, config, teacher_model, student_model),
-            optim.trainable_mask(student_params, trainable))
+    return (
+        _supervised(stage_cfg, config, teacher_model, student_model),
+        optim.trainable_mask(student_params, trainable),
+    )
   if kind == "distill_attention":
     d = config.distill
     loss_fn = distill.make_distill_loss(teacher_model, student_model, d)

@@ -74,8 +74,9 @@ _OPERATOR_AGNOSTIC: Policy = [
 ]
 
 POLICIES: dict[str, Policy] = {
-    "copy_same": [FEATURE_MAP_RULE, (ATTENTION_PROJECTIONS, "keep")] + _OPERATOR_AGNOSTIC
-                 + [(r".*", "keep")],
+    "copy_same": [FEATURE_MAP_RULE, (ATTENTION_PROJECTIONS, "keep")]
+    + _OPERATOR_AGNOSTIC
+    + [(r".*", "keep")],
     "copy_all": [FEATURE_MAP_RULE, (r".*", "copy")],
     "copy_attention_only": [FEATURE_MAP_RULE, (ATTENTION_PROJECTIONS, "copy"), (r".*", "keep")],
     "copy_none": [(r".*", "keep")],
@@ -86,8 +87,9 @@ class SurgeryError(UserError, ValueError):
   """A policy that cannot be applied; the message names the path (and shapes)."""
 
 
-def get_policy(name_or_rules: Union[str, Sequence[Sequence[str]]],
-               prepend: Sequence[Sequence[str]] = ()) -> Policy:
+def get_policy(
+    name_or_rules: Union[str, Sequence[Sequence[str]]], prepend: Sequence[Sequence[str]] = ()
+) -> Policy:
   """A named policy or explicit rules, validated, with `prepend` rules taking precedence."""
   if isinstance(name_or_rules, str):
     if name_or_rules not in POLICIES:
@@ -101,8 +103,9 @@ def get_policy(name_or_rules: Union[str, Sequence[Sequence[str]]],
       raise SurgeryError(f"surgery rule #{i} {rule!r} must be a (path_regex, action) pair")
     pattern, action = rule
     if action not in ACTIONS:
-      raise SurgeryError(f"surgery rule #{i} ({pattern!r}, {action!r}): action must be one of "
-                         f"{ACTIONS}")
+      raise SurgeryError(
+          f"surgery rule #{i} ({pattern!r}, {action!r}): action must be one of " f"{ACTIONS}"
+      )
     try:
       re.compile(pattern)
     except re.error as e:
@@ -114,18 +117,20 @@ def get_policy(name_or_rules: Union[str, Sequence[Sequence[str]]],
 # ------------------------------------------------------------------------------------------------
 # The report.
 
+
 @dataclasses.dataclass(frozen=True)
 class Row:
-  path: str                 # per-block path
-  action: str               # 'copy' | 'keep'
-  shape: tuple[int, ...]    # the student leaf's shape (per block for scanned trees)
-  rule: str                 # the regex that decided
-  note: str = ""            # e.g. a dtype cast on copy
+  path: str  # per-block path
+  action: str  # 'copy' | 'keep'
+  shape: tuple[int, ...]  # the student leaf's shape (per block for scanned trees)
+  rule: str  # the regex that decided
+  note: str = ""  # e.g. a dtype cast on copy
 
 
 @dataclasses.dataclass
 class SurgeryReport:
   """One row per student leaf (per block for scanned trees), in path order."""
+
   rows: list[Row]
   policy: Policy
   unused_teacher: list[str]  # teacher leaves nothing was copied from (e.g. extra blocks, head)
@@ -147,38 +152,54 @@ class SurgeryReport:
   def copied_attention(self) -> bool:
     """Whether any encoder attention projection (q/k/v/out) came from the teacher: then the
     data-dependent out-projection calibration of a fresh attention does not apply."""
-    return any(r.action == "copy" and re.fullmatch(ATTENTION_PROJECTIONS, r.path)
-               for r in self.rows)
+    return any(
+        r.action == "copy" and re.fullmatch(ATTENTION_PROJECTIONS, r.path) for r in self.rows
+    )
 
   def table(self, max_rows: int | None = None) -> str:
     """Aligned text table with a summary line; `max_rows` elides the middle of long tables."""
     header = ("path", "action", "shape", "rule")
-    lines = [(r.path, r.action, "x".join(map(str, r.shape)) or "scalar",
-              r.rule + (f"  ({r.note})" if r.note else "")) for r in self.rows]
+    lines = [
+        (
+            r.path,
+            r.action,
+            "x".join(map(str, r.shape)) or "scalar",
+            r.rule + (f"  ({r.note})" if r.note else ""),
+        )
+        for r in self.rows
+    ]
     if max_rows is not None and len(lines) > max_rows:
       head = max(max_rows // 2, 1)
       tail = max(max_rows - head, 1)
-      lines = lines[:head] + [(f"... {len(lines) - head - tail} rows ...", "", "", "")] + \
-          lines[-tail:]
-    widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h)
-              for i, h in enumerate(header)]
+      lines = (
+          lines[:head] + [(f"... {len(lines) - head - tail} rows ...", "", "", "")] + lines[-tail:]
+      )
+    widths = [
+        max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(header)
+    ]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
     c = self.counts()
-    summary = (f"copied {c['copy']} leaves ({c['copy_params']:,} params), kept {c['keep']} leaves "
-               f"({c['keep_params']:,} params)")
+    summary = (
+        f"copied {c['copy']} leaves ({c['copy_params']:,} params), kept {c['keep']} leaves "
+        f"({c['keep_params']:,} params)"
+    )
     if self.unused_teacher:
       summary += f"; {len(self.unused_teacher)} teacher leaves unused"
     return "\n".join([fmt.format(*header), *(fmt.format(*l) for l in lines), summary])
 
   def to_dict(self) -> dict[str, Any]:
-    return {"policy": [list(r) for r in self.policy], "counts": self.counts(),
-            "rows": [dataclasses.asdict(r) | {"shape": list(r.shape)} for r in self.rows],
-            "unused_teacher": list(self.unused_teacher)}
+    return {
+        "policy": [list(r) for r in self.policy],
+        "counts": self.counts(),
+        "rows": [dataclasses.asdict(r) | {"shape": list(r.shape)} for r in self.rows],
+        "unused_teacher": list(self.unused_teacher),
+    }
 
   def to_json(self, path: str) -> None:
     text = json.dumps(self.to_dict(), indent=1)
     if "://" in path:  # gs:// etc., as the rest of the project writes to workdirs
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      import tensorflow as tf
+
       with tf.io.gfile.GFile(path, "w") as f:
         f.write(text)
     else:
@@ -192,9 +213,11 @@ class SurgeryReport:
 # ------------------------------------------------------------------------------------------------
 # Per-block views of either layout.
 
+
 @dataclasses.dataclass(frozen=True)
 class _Ref:
   """A leaf seen per block: `leaf[index]` of a scanned leaf (`stacked` is its own path)."""
+
   leaf: Any
   index: int | None = None
   stacked: str | None = None
@@ -220,9 +243,10 @@ def _per_block_view(tree: Mapping[str, Any], what: str) -> dict[str, _Ref]:
   for path, leaf in tree_lib.flatten(tree, error=SurgeryError).items():
     if path.startswith(_SCANNED):
       if not np.ndim(leaf):
-        raise SurgeryError(f"{what} '{path}' is under the scanned 'encoderblock' but has no "
-                           "leading depth axis")
-      rest = path[len(_SCANNED):]
+        raise SurgeryError(
+            f"{what} '{path}' is under the scanned 'encoderblock' but has no " "leading depth axis"
+        )
+      rest = path[len(_SCANNED) :]
       for i in range(np.shape(leaf)[0]):
         view[f"Transformer/encoderblock_{i}/{rest}"] = _Ref(leaf, i, path)
     else:
@@ -244,8 +268,10 @@ def _cast(value: Any, dtype: Any) -> Any:
 
 def _hint(path: str) -> str:
   if path.endswith("pos_embedding"):
-    return (" (a different image size or patch grid: load the teacher at the student's resolution"
-            " with vit.load, which resamples the position embedding)")
+    return (
+        " (a different image size or patch grid: load the teacher at the student's resolution"
+        " with vit.load, which resamples the position embedding)"
+    )
   if path.startswith("head/"):
     return " (a different label set: prepend the rule ('head/.*', 'keep'))"
   return ""
@@ -254,9 +280,12 @@ def _hint(path: str) -> str:
 # ------------------------------------------------------------------------------------------------
 # The transplant.
 
-def transplant(teacher_params: Mapping[str, Any], student_params: Mapping[str, Any],
-               policy: Union[str, Sequence[Sequence[str]]] = "copy_same"
-               ) -> tuple[Params, SurgeryReport]:
+
+def transplant(
+    teacher_params: Mapping[str, Any],
+    student_params: Mapping[str, Any],
+    policy: Union[str, Sequence[Sequence[str]]] = "copy_same",
+) -> tuple[Params, SurgeryReport]:
   """Student-layout params where each leaf is the teacher's ('copy') or the student's ('keep').
 
   Args:
@@ -278,28 +307,33 @@ def transplant(teacher_params: Mapping[str, Any], student_params: Mapping[str, A
   student = _per_block_view(student_params, "student")
 
   rows: list[Row] = []
-  chosen: dict[str, Any] = {}    # per-block path -> value (non-scanned student leaves: final)
+  chosen: dict[str, Any] = {}  # per-block path -> value (non-scanned student leaves: final)
   sources: dict[str, _Ref] = {}  # per-block path -> teacher ref, for copies
   problems: list[str] = []
   for path in sorted(student, key=_natural_key):
     s = student[path]
     match = next(((p, a) for rx, p, a in compiled if rx.fullmatch(path)), None)
     if match is None:
-      problems.append(f"'{path}' is matched by no rule (end the policy with a catch-all such as "
-                      "('.*', 'keep'))")
+      problems.append(
+          f"'{path}' is matched by no rule (end the policy with a catch-all such as "
+          "('.*', 'keep'))"
+      )
       continue
     pattern, action = match
     note = ""
     if action == "copy":
       t = teacher.get(path)
       if t is None:
-        problems.append(f"'{path}': rule ({pattern!r}, 'copy') but the teacher has no such leaf"
-                        + (" (feature maps are student-only: keep them)"
-                           if "/feature_map_" in path else ""))
+        problems.append(
+            f"'{path}': rule ({pattern!r}, 'copy') but the teacher has no such leaf"
+            + (" (feature maps are student-only: keep them)" if "/feature_map_" in path else "")
+        )
         continue
       if t.shape != s.shape:
-        problems.append(f"'{path}': rule ({pattern!r}, 'copy') but shapes differ: teacher "
-                        f"{t.shape}, student {s.shape}{_hint(path)}")
+        problems.append(
+            f"'{path}': rule ({pattern!r}, 'copy') but shapes differ: teacher "
+            f"{t.shape}, student {s.shape}{_hint(path)}"
+        )
         continue
       t_dtype, s_dtype = np.dtype(t.leaf.dtype), np.dtype(s.leaf.dtype)
       if t_dtype != s_dtype:
@@ -307,8 +341,10 @@ def transplant(teacher_params: Mapping[str, Any], student_params: Mapping[str, A
       sources[path] = t
     rows.append(Row(path, action, s.shape, pattern, note))
   if problems:
-    raise SurgeryError(f"surgery policy cannot be applied ({len(problems)} problem"
-                       f"{'s' if len(problems) > 1 else ''}):\n  " + "\n  ".join(problems))
+    raise SurgeryError(
+        f"surgery policy cannot be applied ({len(problems)} problem"
+        f"{'s' if len(problems) > 1 else ''}):\n  " + "\n  ".join(problems)
+    )
 
   # Assemble in the student's layout. A scanned student leaf whose blocks all come from one
   # scanned teacher leaf (or all stay) is passed through whole: no stacking, bitwise identical.
@@ -325,14 +361,21 @@ def transplant(teacher_params: Mapping[str, Any], student_params: Mapping[str, A
     refs = [sources.get(p) for p in block_paths]
     if all(r is None for r in refs):
       chosen[stacked_path] = s_leaf
-    elif (all(r is not None for r in refs) and len({id(r.leaf) for r in refs}) == 1
-          and refs[0].stacked is not None and [r.index for r in refs] == list(range(len(refs)))
-          and np.shape(refs[0].leaf)[0] == len(refs)):
+    elif (
+        all(r is not None for r in refs)
+        and len({id(r.leaf) for r in refs}) == 1
+        and refs[0].stacked is not None
+        and [r.index for r in refs] == list(range(len(refs)))
+        and np.shape(refs[0].leaf)[0] == len(refs)
+    ):
       chosen[stacked_path] = _cast(refs[0].leaf, s_leaf.dtype)
     else:
-      chosen[stacked_path] = _stack([
-          _cast(r.value(), s_leaf.dtype) if r is not None else student[p].value()
-          for p, r in zip(block_paths, refs)])
+      chosen[stacked_path] = _stack(
+          [
+              _cast(r.value(), s_leaf.dtype) if r is not None else student[p].value()
+              for p, r in zip(block_paths, refs)
+          ]
+      )
 
   used = set(sources)
   unused = sorted((p for p in teacher if p not in used), key=_natural_key)

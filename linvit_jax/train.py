@@ -61,8 +61,7 @@ Batch = Mapping[str, Any]
 # loss_fn(params, frozen, batch, rng) -> (scalar loss, {name: scalar}); pure and jittable.
 LossFn = Callable[[Params, Any, Batch, jax.Array], tuple[jax.Array, Mapping[str, jax.Array]]]
 
-RESERVED_METRICS = ("loss", "grad_norm", "lr", "nonfinite", "nonfinite_total",
-                    "nonfinite_in_a_row")
+RESERVED_METRICS = ("loss", "grad_norm", "lr", "nonfinite", "nonfinite_total", "nonfinite_in_a_row")
 
 
 class NonFiniteLossError(UserError, FloatingPointError):
@@ -93,12 +92,18 @@ class WorkdirWriteError(UserError, OSError):
 
 
 # errno → what the user should read; orbax/tensorstore report these inside other exception types.
-_DISK_ERRORS = {errno.ENOSPC: "the disk is full (No space left on device)",
-                errno.EDQUOT: "the disk quota is exceeded",
-                errno.EROFS: "the file system is read-only",
-                errno.EACCES: "permission denied"}
-_DISK_MESSAGES = {"No space left on device": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
-                  "Read-only file system": errno.EROFS, "Permission denied": errno.EACCES}
+_DISK_ERRORS = {
+    errno.ENOSPC: "the disk is full (No space left on device)",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+}
+_DISK_MESSAGES = {
+    "No space left on device": errno.ENOSPC,
+    "Disk quota exceeded": errno.EDQUOT,
+    "Read-only file system": errno.EROFS,
+    "Permission denied": errno.EACCES,
+}
 
 
 def disk_error_code(e: BaseException) -> int | None:
@@ -118,16 +123,17 @@ def disk_error_code(e: BaseException) -> int | None:
 
 @flax.struct.dataclass
 class TrainState:
-  step: jax.Array                # int32 []: updates done = batches consumed
+  step: jax.Array  # int32 []: updates done = batches consumed
   params: Params
   opt_state: Any
-  rng: jax.Array                 # uint32 [2]: the stage's key; step s uses fold_in(rng, s)
-  nonfinite_total: jax.Array     # int32 []: skipped updates so far
+  rng: jax.Array  # uint32 [2]: the stage's key; step s uses fold_in(rng, s)
+  nonfinite_total: jax.Array  # int32 []: skipped updates so far
   nonfinite_in_a_row: jax.Array  # int32 []: skipped updates since the last good one
 
 
 # ------------------------------------------------------------------------------------------------
 # Config.
+
 
 def _get(cfg: Any, key: str, default: Any) -> Any:
   if cfg is None:
@@ -144,8 +150,9 @@ def stage_settings(stage_cfg: Any) -> dict[str, Any]:
     s[k] = _get(stage_cfg, k, None)
     if not isinstance(s[k], (int, np.integer)) or s[k] <= 0:
       raise ValueError(f"stage {name!r}: {k} must be a positive integer, got {s[k]!r}")
-  s.update({k: _get(stage_cfg, k, v)
-            for k, v in config_lib.stage_bookkeeping(int(s["steps"])).items()})
+  s.update(
+      {k: _get(stage_cfg, k, v) for k, v in config_lib.stage_bookkeeping(int(s["steps"])).items()}
+  )
   opt_cfg = _get(stage_cfg, "optimizer", None)
   try:
     s["optimizer"] = optim.optimizer_settings(opt_cfg)
@@ -164,9 +171,16 @@ make_optimizer = optim.make_optimizer
 # ------------------------------------------------------------------------------------------------
 # The step.
 
-def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, schedule: optax.Schedule,
-                    trainable_mask: Any, *, accum_steps: int = 1,
-                    micro_batch_sharding: Any = None) -> Callable:
+
+def make_train_step(
+    loss_fn: LossFn,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    trainable_mask: Any,
+    *,
+    accum_steps: int = 1,
+    micro_batch_sharding: Any = None,
+) -> Callable:
   """`train_step(state, frozen, batch) -> (state, metrics)`, pure; jit it with shardings.
 
   `tx` alone freezes what `trainable_mask` leaves out (optim.masked_optimizer: a zero update, no
@@ -175,6 +189,7 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, schedule:
   With accum_steps > 1 the batch is split into strided micro-batches (rows j, j+k, j+2k, ... so
   each stays evenly sharded without moving data) whose gradients are averaged.
   """
+
   def loss_of_params(params, frozen, batch, rng):
     loss, aux = loss_fn(params, frozen, batch, rng)
     return loss, dict(aux)
@@ -182,19 +197,22 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, schedule:
   grad_fn = jax.value_and_grad(loss_of_params, has_aux=True)
 
   def to_f32(tree):  # accumulate low-precision gradients in float32
-    return jax.tree.map(lambda x: x.astype(jnp.float32)
-                        if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+    return jax.tree.map(
+        lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree
+    )
 
   def train_step(state: TrainState, frozen: Any, batch: Batch) -> tuple[TrainState, dict]:
     rng = jax.random.fold_in(state.rng, state.step)
     if accum_steps == 1:
       (loss, aux), grads = grad_fn(state.params, frozen, batch, rng)
     else:
+
       def split(x):
         x = x.reshape((x.shape[0] // accum_steps, accum_steps) + x.shape[1:]).swapaxes(0, 1)
         if micro_batch_sharding is not None:
           x = jax.lax.with_sharding_constraint(x, micro_batch_sharding)
         return x
+
       micro = jax.tree.map(split, batch)
 
       def one(i):
@@ -209,8 +227,9 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, schedule:
       loss, aux, grads = jax.tree.map(lambda x: x / accum_steps, total)
       grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
 
-    grad_norm = optax.tree.norm([g for g, m in zip(jax.tree.leaves(grads),
-                                                   jax.tree.leaves(trainable_mask)) if m])
+    grad_norm = optax.tree.norm(
+        [g for g, m in zip(jax.tree.leaves(grads), jax.tree.leaves(trainable_mask)) if m]
+    )
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -218,13 +237,21 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, schedule:
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
     in_a_row = jnp.where(ok, 0, state.nonfinite_in_a_row + 1)
     new_state = state.replace(
-        step=state.step + 1, params=keep(params, state.params),
+        step=state.step + 1,
+        params=keep(params, state.params),
         opt_state=keep(opt_state, state.opt_state),
         nonfinite_total=state.nonfinite_total + (~ok).astype(jnp.int32),
-        nonfinite_in_a_row=in_a_row)
-    metrics = {**aux, "loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step),
-               "nonfinite": (~ok).astype(jnp.int32), "nonfinite_total": new_state.nonfinite_total,
-               "nonfinite_in_a_row": in_a_row}
+        nonfinite_in_a_row=in_a_row,
+    )
+    metrics = {
+        **aux,
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "lr": schedule(state.step),
+        "nonfinite": (~ok).astype(jnp.int32),
+        "nonfinite_total": new_state.nonfinite_total,
+        "nonfinite_in_a_row": in_a_row,
+    }
     return new_state, metrics
 
   return train_step
@@ -233,12 +260,19 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, schedule:
 # ------------------------------------------------------------------------------------------------
 # State placement.
 
-def init_train_state(params: Params, tx: optax.GradientTransformation,
-                     rng: jax.Array) -> TrainState:
+
+def init_train_state(
+    params: Params, tx: optax.GradientTransformation, rng: jax.Array
+) -> TrainState:
   """Step 0 of a stage (jit it with out_shardings to create it in place)."""
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                    rng=rng, nonfinite_total=jnp.zeros((), jnp.int32),
-                    nonfinite_in_a_row=jnp.zeros((), jnp.int32))
+  return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state=tx.init(params),
+      rng=rng,
+      nonfinite_total=jnp.zeros((), jnp.int32),
+      nonfinite_in_a_row=jnp.zeros((), jnp.int32),
+  )
 
 
 def _abstract(tree: Any) -> Any:
@@ -247,18 +281,23 @@ def _abstract(tree: Any) -> Any:
       return x
     dtype = jax.dtypes.canonicalize_dtype(x.dtype if hasattr(x, "dtype") else np.result_type(x))
     return jax.ShapeDtypeStruct(np.shape(x), dtype)
+
   return jax.tree.map(one, tree)
 
 
-def state_shardings(abstract_state: TrainState, mesh: jax.sharding.Mesh,
-                    param_rules: sharding_lib.Rules | None = None,
-                    min_size: int = sharding_lib.DEFAULT_MIN_SIZE) -> TrainState:
+def state_shardings(
+    abstract_state: TrainState,
+    mesh: jax.sharding.Mesh,
+    param_rules: sharding_lib.Rules | None = None,
+    min_size: int = sharding_lib.DEFAULT_MIN_SIZE,
+) -> TrainState:
   """Params by the rules; optimizer leaves that mirror a param (path suffix + shape) like it."""
   by_rules = sharding_lib.param_shardings(abstract_state, mesh, param_rules, min_size)
   param_sh = sharding_lib.param_shardings(abstract_state.params, mesh, param_rules, min_size)
   by_path = {}
-  for (path, leaf), sh in zip(jax.tree_util.tree_flatten_with_path(abstract_state.params)[0],
-                              jax.tree.leaves(param_sh)):
+  for (path, leaf), sh in zip(
+      jax.tree_util.tree_flatten_with_path(abstract_state.params)[0], jax.tree.leaves(param_sh)
+  ):
     by_path[tree_lib.path_str(path)] = (tuple(leaf.shape), sh)
 
   def one(path, leaf, default):
@@ -273,29 +312,43 @@ def state_shardings(abstract_state: TrainState, mesh: jax.sharding.Mesh,
 
 
 def _with_shardings(abstract: Any, shardings: Any) -> Any:
-  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                      abstract, shardings)
+  return jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+  )
 
 
 # ------------------------------------------------------------------------------------------------
 # The runner.
 
+
 def _checkpoint_manager(directory: str, max_to_keep: int) -> ocp.CheckpointManager:
   options = ocp.CheckpointManagerOptions(
-      max_to_keep=max_to_keep, create=True,
+      max_to_keep=max_to_keep,
+      create=True,
       cleanup_tmp_directories=True,  # a write cut short by a kill is discarded on restart
-      enable_async_checkpointing=True)
-  return ocp.CheckpointManager(os.path.abspath(directory) if "://" not in directory
-                               else directory, options=options)
+      enable_async_checkpointing=True,
+  )
+  return ocp.CheckpointManager(
+      os.path.abspath(directory) if "://" not in directory else directory, options=options
+  )
 
 
-def run_stage(*, stage_cfg: Any, loss_fn: LossFn, init_params: Params | Callable[[jax.Array],
-              Params], trainable_mask: Any, frozen: Any, batch_iter_fn: Callable[[int],
-              Iterable[Batch]], workdir: str, mesh: jax.sharding.Mesh,
-              param_rules: sharding_lib.Rules | None = None, seed: int = 0,
-              eval_fn: Callable[[Params], Mapping[str, float]] | None = None,
-              name: str | None = None,
-              min_shard_size: int = sharding_lib.DEFAULT_MIN_SIZE) -> tuple[Params, list[dict]]:
+def run_stage(
+    *,
+    stage_cfg: Any,
+    loss_fn: LossFn,
+    init_params: Params | Callable[[jax.Array], Params],
+    trainable_mask: Any,
+    frozen: Any,
+    batch_iter_fn: Callable[[int], Iterable[Batch]],
+    workdir: str,
+    mesh: jax.sharding.Mesh,
+    param_rules: sharding_lib.Rules | None = None,
+    seed: int = 0,
+    eval_fn: Callable[[Params], Mapping[str, float]] | None = None,
+    name: str | None = None,
+    min_shard_size: int = sharding_lib.DEFAULT_MIN_SIZE,
+) -> tuple[Params, list[dict]]:
   """Trains one stage (or resumes / skips it) and returns (final params, logged metric rows).
 
   Args:
@@ -323,8 +376,9 @@ def run_stage(*, stage_cfg: Any, loss_fn: LossFn, init_params: Params | Callable
     raise ValueError("run_stage: the stage needs a name (stage_cfg.name or name=...)")
   opt, total = cfg["optimizer"], int(cfg["steps"])
   accum = int(opt["accum_steps"])
-  sharding_lib.check_batch_size(int(cfg["batch_size"]), mesh, accum_steps=accum,
-                                what=f"stage {name!r}: batch_size")
+  sharding_lib.check_batch_size(
+      int(cfg["batch_size"]), mesh, accum_steps=accum, what=f"stage {name!r}: batch_size"
+  )
   stage_dir = os.path.join(workdir, name)
   is_main = jax.process_index() == 0
   init_rng, train_rng = jax.random.split(jax.random.PRNGKey(seed))
@@ -350,17 +404,21 @@ def run_stage(*, stage_cfg: Any, loss_fn: LossFn, init_params: Params | Callable
     with jax.set_mesh(mesh):
       if latest is not None:
         try:
-          state = manager.restore(latest, args=ocp.args.StandardRestore(
-              _with_shardings(abstract_state, state_sh)))
-        except Exception as e:  # pylint: disable=broad-except
-          raise CheckpointError(f"stage {name!r}: checkpoint step {latest} in "
-                           f"{os.path.join(stage_dir, 'checkpoints')} does not fit this stage's "
-                           f"state (changed model, mask or optimizer?): {e}") from e
+          state = manager.restore(
+              latest, args=ocp.args.StandardRestore(_with_shardings(abstract_state, state_sh))
+          )
+        except Exception as e:
+          raise CheckpointError(
+              f"stage {name!r}: checkpoint step {latest} in "
+              f"{os.path.join(stage_dir, 'checkpoints')} does not fit this stage's "
+              f"state (changed model, mask or optimizer?): {e}"
+          ) from e
         if latest >= total:
           logging.info("stage %r: already finished (checkpoint step %d); skipping", name, latest)
           _close(manager, writer, failed=False)
           return state.params, metrics_lib.read_jsonl(
-              os.path.join(stage_dir, metrics_lib.METRICS_FILE))
+              os.path.join(stage_dir, metrics_lib.METRICS_FILE)
+          )
         logging.info("stage %r: resuming from step %d of %d", name, latest, total)
       elif callable(init_params):
         state = jax.jit(lambda r: create_state(init_params(r)), out_shardings=state_sh)(init_rng)
@@ -377,18 +435,37 @@ def run_stage(*, stage_cfg: Any, loss_fn: LossFn, init_params: Params | Callable
       # Every process reads the log (process 0 may be rewriting it: keep only rows <= start).
       history = [r for r in metrics_lib.read_jsonl(writer.path) if r.get("step", 0) <= start]
       step_fn = jax.jit(
-          make_train_step(loss_fn, tx, schedule, mask, accum_steps=accum,
-                          micro_batch_sharding=jax.sharding.NamedSharding(
-                              mesh, jax.sharding.PartitionSpec(
-                                  None, sharding_lib.batch_axes(mesh) or None))),
+          make_train_step(
+              loss_fn,
+              tx,
+              schedule,
+              mask,
+              accum_steps=accum,
+              micro_batch_sharding=jax.sharding.NamedSharding(
+                  mesh, jax.sharding.PartitionSpec(None, sharding_lib.batch_axes(mesh) or None)
+              ),
+          ),
           in_shardings=(state_sh, frozen_sh, sharding_lib.batch_sharding(mesh)),
           out_shardings=(state_sh, sharding_lib.replicated(mesh)),
-          donate_argnums=(0,))
-      state = _train_loop(name=name, cfg=cfg, start=start, total=total, state=state,
-                          frozen=frozen, step_fn=step_fn, batch_iter_fn=batch_iter_fn, mesh=mesh,
-                          manager=manager, writer=writer, history=history, eval_fn=eval_fn,
-                          is_main=is_main)
-  except Exception as e:  # pylint: disable=broad-except
+          donate_argnums=(0,),
+      )
+      state = _train_loop(
+          name=name,
+          cfg=cfg,
+          start=start,
+          total=total,
+          state=state,
+          frozen=frozen,
+          step_fn=step_fn,
+          batch_iter_fn=batch_iter_fn,
+          mesh=mesh,
+          manager=manager,
+          writer=writer,
+          history=history,
+          eval_fn=eval_fn,
+          is_main=is_main,
+      )
+  except Exception as e:
     _close(manager, writer, failed=True)
     code = None if isinstance(e, CheckpointError) else disk_error_code(e)
     if code is None:
@@ -399,7 +476,7 @@ def run_stage(*, stage_cfg: Any, loss_fn: LossFn, init_params: Params | Callable
     raise
   try:
     _close(manager, writer, failed=False)  # the last save completes here
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     code = disk_error_code(e)
     if code is None:
       raise
@@ -410,13 +487,16 @@ def run_stage(*, stage_cfg: Any, loss_fn: LossFn, init_params: Params | Callable
 def _close(manager: ocp.CheckpointManager, writer: Any, *, failed: bool) -> None:
   """Waits for pending saves and closes; when the stage already failed, a second error here
   (typically the same full disk) is logged instead of hiding the first one."""
-  for close in (manager.wait_until_finished, manager.close,
-                writer.close if writer is not None else None):
+  for close in (
+      manager.wait_until_finished,
+      manager.close,
+      writer.close if writer is not None else None,
+  ):
     if close is None:
       continue
     try:
       close()
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       if not failed:
         raise
       logging.warning("while stopping after an error: %s: %s", type(e).__name__, e)
@@ -424,20 +504,41 @@ def _close(manager: ocp.CheckpointManager, writer: Any, *, failed: bool) -> None
 
 def _write_error(name: str, stage_dir: str, code: int) -> WorkdirWriteError:
   try:  # what is on disk now (a fresh read-only manager; the stage's own one is closed)
-    with ocp.CheckpointManager(os.path.join(stage_dir, "checkpoints"),
-                               options=ocp.CheckpointManagerOptions(read_only=True)) as m:
+    with ocp.CheckpointManager(
+        os.path.join(stage_dir, "checkpoints"), options=ocp.CheckpointManagerOptions(read_only=True)
+    ) as m:
       steps = m.all_steps()
-  except Exception:  # pylint: disable=broad-except
+  except Exception:
     steps = []
-  kept = (f"the last complete checkpoint (step {max(steps)}) is intact and a rerun resumes from "
-          "it" if steps else "no complete checkpoint of this stage exists yet")
+  kept = (
+      f"the last complete checkpoint (step {max(steps)}) is intact and a rerun resumes from " "it"
+      if steps
+      else "no complete checkpoint of this stage exists yet"
+  )
   return WorkdirWriteError(
       f"stage {name!r}: cannot write checkpoints/metrics in {stage_dir!r}: {_DISK_ERRORS[code]}. "
-      f"Free space or pass another --workdir; {kept}.", code)
+      f"Free space or pass another --workdir; {kept}.",
+      code,
+  )
 
 
-def _train_loop(*, name, cfg, start, total, state, frozen, step_fn, batch_iter_fn, mesh, manager,
-                writer, history, eval_fn, is_main) -> TrainState:
+def _train_loop(
+    *,
+    name,
+    cfg,
+    start,
+    total,
+    state,
+    frozen,
+    step_fn,
+    batch_iter_fn,
+    mesh,
+    manager,
+    writer,
+    history,
+    eval_fn,
+    is_main,
+) -> TrainState:
   """The Python loop around the jitted step; metrics are read one step late to keep the device
   busy while the host prepares the next batch."""
   log_every = max(int(cfg["log_every"]), 1)
@@ -445,8 +546,14 @@ def _train_loop(*, name, cfg, start, total, state, frozen, step_fn, batch_iter_f
   eval_every = int(cfg["eval_every"])
   max_bad = int(cfg["max_nonfinite_in_a_row"])
   batch_size = int(cfg["batch_size"])
-  bar = tqdm.tqdm(total=total, initial=start, desc=name, dynamic_ncols=True, mininterval=1.0,
-                  disable=not (is_main and cfg["progress"]))
+  bar = tqdm.tqdm(
+      total=total,
+      initial=start,
+      desc=name,
+      dynamic_ncols=True,
+      mininterval=1.0,
+      disable=not (is_main and cfg["progress"]),
+  )
   timer = {"t": time.perf_counter(), "step": start}
 
   def handle(step: int, device_metrics: Mapping[str, jax.Array]) -> None:
@@ -457,15 +564,21 @@ def _train_loop(*, name, cfg, start, total, state, frozen, step_fn, batch_iter_f
       now = time.perf_counter()
       rate = (step - timer["step"]) / max(now - timer["t"], 1e-9)
       timer.update(t=now, step=step)
-      row = writer.write(step, {**m, "steps_per_sec": rate,
-                                "examples_per_sec": rate * batch_size})
+      row = writer.write(step, {**m, "steps_per_sec": rate, "examples_per_sec": rate * batch_size})
       history.append(row)
       bar.set_postfix(loss=f"{float(m['loss']):.4g}", refresh=False)
     if bad:
       in_a_row = int(m["nonfinite_in_a_row"])
-      logging.warning("stage %r step %d: non-finite loss %s / grad norm %s; update skipped "
-                      "(%d in a row, %d in total)", name, step, m["loss"], m["grad_norm"],
-                      in_a_row, int(m["nonfinite_total"]))
+      logging.warning(
+          "stage %r step %d: non-finite loss %s / grad norm %s; update skipped "
+          "(%d in a row, %d in total)",
+          name,
+          step,
+          m["loss"],
+          m["grad_norm"],
+          in_a_row,
+          int(m["nonfinite_total"]),
+      )
       if in_a_row >= max_bad:
         writer.flush()
         raise NonFiniteLossError(
@@ -473,7 +586,8 @@ def _train_loop(*, name, cfg, start, total, state, frozen, step_fn, batch_iter_f
             f"row (steps {step - in_a_row + 1}..{step}); those updates were skipped, so the "
             f"params are those of step {step - in_a_row}. Lower optimizer.lr, add "
             f"optimizer.grad_clip, check the data, or raise stage.max_nonfinite_in_a_row "
-            f"(={max_bad}).")
+            f"(={max_bad})."
+        )
 
   it: Iterator[Batch] = iter(batch_iter_fn(start))
   pending = None
@@ -485,8 +599,10 @@ def _train_loop(*, name, cfg, start, total, state, frozen, step_fn, batch_iter_f
       try:
         local = next(it)
       except StopIteration:
-        raise RuntimeError(f"stage {name!r}: batch_iter_fn({start}) ran out of batches at step "
-                           f"{step} of {total}") from None
+        raise RuntimeError(
+            f"stage {name!r}: batch_iter_fn({start}) ran out of batches at step "
+            f"{step} of {total}"
+        ) from None
       batch = sharding_lib.make_global_batch(local, mesh)
       state, device_metrics = step_fn(state, frozen, batch)
       if pending is not None:
@@ -559,10 +675,11 @@ class _DeferredInterrupt:
       return self.requested
     if step % self._every and not last:
       return False
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    from jax.experimental import multihost_utils
     # Each process's signal (0: none), so that all of them name the same one in their message.
-    asked = np.asarray(multihost_utils.process_allgather(
-        np.int32(self.signum if self.requested else 0)))
+    asked = np.asarray(
+        multihost_utils.process_allgather(np.int32(self.signum if self.requested else 0))
+    )
     if not asked.any():
       return False
     self.signum = int(asked[asked != 0][0])
@@ -579,7 +696,8 @@ def _sigaction(signum: int, action: Any = None) -> Any:
   """Reads (action None) or sets the C-level action of `signum` as an opaque `struct sigaction`
   buffer; None where libc's sigaction cannot be reached (then only Python's handler is kept)."""
   try:
-    import ctypes  # pylint: disable=import-outside-toplevel
+    import ctypes
+
     libc = ctypes.CDLL(None, use_errno=True)
     if action is not None:
       libc.sigaction(signum, action, None)
@@ -590,8 +708,13 @@ def _sigaction(signum: int, action: Any = None) -> Any:
     return None
 
 
-def _interrupted(name: str, total: int, state: TrainState, manager: ocp.CheckpointManager,
-                 signum: int = signal.SIGINT) -> StageInterrupted:
+def _interrupted(
+    name: str,
+    total: int,
+    state: TrainState,
+    manager: ocp.CheckpointManager,
+    signum: int = signal.SIGINT,
+) -> StageInterrupted:
   """Ctrl-C or SIGTERM (`signum`): checkpoints `state` at its step and says where a rerun resumes.
 
   A KeyboardInterrupt that lands inside the step call (a second signal, or a loop outside the main
@@ -609,14 +732,23 @@ def _interrupted(name: str, total: int, state: TrainState, manager: ocp.Checkpoi
         manager.save(step, args=ocp.args.StandardSave(state), force=True)
       manager.wait_until_finished()
       saved = step
-  except Exception as e:  # pylint: disable=broad-except  (report what is on disk instead)
+  except Exception as e:  # (report what is on disk instead)
     problem = f"{type(e).__name__}: {e}"
   by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
   if saved is not None:
-    return StageInterrupted(f"stage {name!r} interrupted{by} at step {saved} of {total}; "
-                            "checkpoint saved, rerun the same command to resume", signum)
+    return StageInterrupted(
+        f"stage {name!r} interrupted{by} at step {saved} of {total}; "
+        "checkpoint saved, rerun the same command to resume",
+        signum,
+    )
   latest = manager.latest_step()
-  where = (f"resumes from the last checkpoint, step {latest}" if latest is not None
-           else "starts this stage again")
-  return StageInterrupted(f"stage {name!r} interrupted{by} ({problem}); nothing new was saved, "
-                          f"rerunning the same command {where}", signum)
+  where = (
+      f"resumes from the last checkpoint, step {latest}"
+      if latest is not None
+      else "starts this stage again"
+  )
+  return StageInterrupted(
+      f"stage {name!r} interrupted{by} ({problem}); nothing new was saved, "
+      f"rerunning the same command {where}",
+      signum,
+  )

@@ -31,8 +31,10 @@ def flatten(tree: Mapping[str, Any], *, error: type[Exception] = ValueError) -> 
   def visit(node: Mapping[str, Any], prefix: str) -> None:
     for key in sorted(node):
       if not isinstance(key, str) or not key or "/" in key:
-        raise error(f"param name {key!r} under '{prefix or '<root>'}' must be a non-empty string "
-                    "without '/' (a '/'-joined path names each leaf, e.g. as an npz key)")
+        raise error(
+            f"param name {key!r} under '{prefix or '<root>'}' must be a non-empty string "
+            "without '/' (a '/'-joined path names each leaf, e.g. as an npz key)"
+        )
       value = node[key]
       if isinstance(value, Mapping):
         visit(value, prefix + key + "/")
@@ -54,8 +56,9 @@ def unflatten(flat: Mapping[str, Any], *, error: type[Exception] = ValueError) -
     for depth, part in enumerate(parts[:-1]):
       child = node.setdefault(part, {})
       if not isinstance(child, dict):
-        raise error(f"key {name!r} nests under '{'/'.join(parts[:depth + 1])}', which is itself "
-                    "an array")
+        raise error(
+            f"key {name!r} nests under '{'/'.join(parts[:depth + 1])}', which is itself " "an array"
+        )
       node = child
     if parts[-1] in node:
       raise error(f"key {name!r} is both an array and a prefix of other keys")
@@ -94,6 +97,7 @@ def matches(name: str, patterns: Sequence[re.Pattern]) -> bool:
 
 def regex_mask(tree: Any, patterns: Patterns) -> Any:
   """A pytree of Python bools like `tree`: True where the leaf's path fullmatches a pattern."""
-  import jax  # pylint: disable=import-outside-toplevel  (see the module docstring)
+  import jax  # (see the module docstring)
+
   compiled = compile_patterns(patterns)
   return jax.tree_util.tree_map_with_path(lambda p, _: matches(path_str(p), compiled), tree)

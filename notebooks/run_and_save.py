@@ -45,17 +45,26 @@ def kernel_manager(kernel_dir: str):
   """
   from jupyter_client.kernelspec import KernelSpecManager
   from jupyter_client.manager import KernelManager
+
   spec_dir = os.path.join(kernel_dir, "linvit-test")
   os.makedirs(spec_dir, exist_ok=True)
   with open(os.path.join(spec_dir, "kernel.json"), "w") as f:
-    json.dump({"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-               "display_name": "linvit_jax tests", "language": "python"}, f)
-  return KernelManager(kernel_name="linvit-test",
-                       kernel_spec_manager=KernelSpecManager(kernel_dirs=[kernel_dir]))
+    json.dump(
+        {
+            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": "linvit_jax tests",
+            "language": "python",
+        },
+        f,
+    )
+  return KernelManager(
+      kernel_name="linvit-test", kernel_spec_manager=KernelSpecManager(kernel_dirs=[kernel_dir])
+  )
 
 
-def execute(nb: nbformat.NotebookNode, cwd: str, kernel_dir: str,
-            timeout: int = CELL_TIMEOUT_S) -> None:
+def execute(
+    nb: nbformat.NotebookNode, cwd: str, kernel_dir: str, timeout: int = CELL_TIMEOUT_S
+) -> None:
   """Runs every cell of `nb` in place, in a fresh kernel whose working directory is `cwd`.
 
   Raises nbclient's CellExecutionError (with the traceback) on the first failing cell. The
@@ -63,10 +72,16 @@ def execute(nb: nbformat.NotebookNode, cwd: str, kernel_dir: str,
   write this machine's language_info into it.
   """
   from nbclient import NotebookClient
+
   metadata = copy.deepcopy(nb.metadata)
-  client = NotebookClient(nb, km=kernel_manager(kernel_dir), timeout=timeout,
-                          startup_timeout=KERNEL_STARTUP_S, record_timing=False,
-                          resources={"metadata": {"path": cwd}})
+  client = NotebookClient(
+      nb,
+      km=kernel_manager(kernel_dir),
+      timeout=timeout,
+      startup_timeout=KERNEL_STARTUP_S,
+      record_timing=False,
+      resources={"metadata": {"path": cwd}},
+  )
   try:
     client.execute()
   finally:
@@ -75,9 +90,14 @@ def execute(nb: nbformat.NotebookNode, cwd: str, kernel_dir: str,
 
 def machine_paths(workdir: str, cwd: str) -> list[tuple[str, str]]:
   """(path on this machine, what a reader sees instead), the most specific first."""
-  pairs = [(os.path.realpath(workdir), "<workdir>"), (os.path.abspath(workdir), "<workdir>"),
-           (os.path.realpath(cwd), "<cwd>"), (os.path.abspath(cwd), "<cwd>"),
-           (os.path.realpath(ROOT), "<repo>"), (ROOT, "<repo>")]
+  pairs = [
+      (os.path.realpath(workdir), "<workdir>"),
+      (os.path.abspath(workdir), "<workdir>"),
+      (os.path.realpath(cwd), "<cwd>"),
+      (os.path.abspath(cwd), "<cwd>"),
+      (os.path.realpath(ROOT), "<repo>"),
+      (ROOT, "<repo>"),
+  ]
   home = os.path.expanduser("~")
   if home not in ("", "/"):
     pairs.append((home, "~"))
@@ -109,8 +129,12 @@ def _merge_streams(outputs: list) -> list:
   """
   merged = []
   for output in outputs:
-    if (output.output_type == "stream" and merged and merged[-1].output_type == "stream"
-        and merged[-1].name == output.name):
+    if (
+        output.output_type == "stream"
+        and merged
+        and merged[-1].output_type == "stream"
+        and merged[-1].name == output.name
+    ):
       merged[-1].text += output.text
     else:
       merged.append(copy.deepcopy(output))
@@ -155,7 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     sanitize(nb, machine_paths(workdir, cwd))
   nb.metadata[METADATA_KEY] = {
       "outputs": f"CPU run, {'small' if args.small else 'default'} setting, {seconds:.0f} s",
-      "code_sha256": code_sha256(nb)}
+      "code_sha256": code_sha256(nb),
+  }
   nbformat.validate(nb)
   nbformat.write(nb, args.out)
   print(f"{args.out}: executed in {seconds:.0f} s, {os.path.getsize(args.out) / 2**10:.0f} KiB")

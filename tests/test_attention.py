@@ -38,7 +38,8 @@ def test_linear_attention_equals_naive_reference(name):
   # Naive: materialise φ(Q)φ(K)ᵀ, normalise each row, multiply by V.
   a = np.einsum("bqhf,bkhf->bhqk", np.asarray(phi_q, np.float64), np.asarray(phi_k, np.float64))
   naive = np.einsum("bhqk,bkhd->bqhd", a, np.asarray(v, np.float64)) / (
-      a.sum(-1).transpose(0, 2, 1)[..., None] + 1e-6)
+      a.sum(-1).transpose(0, 2, 1)[..., None] + 1e-6
+  )
   np.testing.assert_allclose(np.asarray(fast), naive, atol=1e-5, rtol=1e-5)
   w = A.linear_weights(phi_q, phi_k)
   np.testing.assert_allclose(np.asarray(w).sum(-1), 1.0, atol=1e-5)
@@ -57,8 +58,9 @@ def test_chunked_softmax_module_matches_softmax_module():
   soft = A.Attention(num_heads=4)
   params = soft.init(jax.random.PRNGKey(4), x)
   chunked = A.Attention(num_heads=4, spec=A.AttentionSpec(kind="chunked_softmax", chunk_size=16))
-  np.testing.assert_allclose(np.asarray(chunked.apply(params, x)), np.asarray(soft.apply(params, x)),
-                             atol=1e-5, rtol=0)
+  np.testing.assert_allclose(
+      np.asarray(chunked.apply(params, x)), np.asarray(soft.apply(params, x)), atol=1e-5, rtol=0
+  )
 
 
 def test_softmax_weights_temperature():
@@ -111,8 +113,12 @@ def test_favor_is_reproducible_and_redraws_only_when_asked():
   c = feature_maps.Favor(seed=4).apply({}, q, is_query=True)
   np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert not np.allclose(np.asarray(a), np.asarray(c))
-  r1 = feature_maps.Favor(redraw=True).apply({}, q, is_query=True, rngs={"favor": jax.random.PRNGKey(1)})
-  r2 = feature_maps.Favor(redraw=True).apply({}, q, is_query=True, rngs={"favor": jax.random.PRNGKey(2)})
+  r1 = feature_maps.Favor(redraw=True).apply(
+      {}, q, is_query=True, rngs={"favor": jax.random.PRNGKey(1)}
+  )
+  r2 = feature_maps.Favor(redraw=True).apply(
+      {}, q, is_query=True, rngs={"favor": jax.random.PRNGKey(2)}
+  )
   assert not np.allclose(np.asarray(r1), np.asarray(r2))
 
 
@@ -153,8 +159,10 @@ def test_folded_feature_path_equals_unfolded(name):
   q, k = state["intermediates"]["q"][0], state["intermediates"]["k"][0]
   phi_q, phi_k = A.feature_maps_of(A.parse_spec(name), q, k, params)
   v = jnp.einsum("bnd,dhk->bnhk", x, params["value"]["kernel"]) + params["value"]["bias"]
-  ref = jnp.einsum("bnhk,hkd->bnd", A.linear_attention(phi_q, phi_k, v),
-                   params["out"]["kernel"]) + params["out"]["bias"]
+  ref = (
+      jnp.einsum("bnhk,hkd->bnd", A.linear_attention(phi_q, phi_k, v), params["out"]["kernel"])
+      + params["out"]["bias"]
+  )
   np.testing.assert_allclose(np.asarray(y), np.asarray(ref), atol=5e-5, rtol=1e-4)
 
 

@@ -15,8 +15,10 @@ def test_flop_counts_follow_the_shapes():
   # ViT-S/16 at 224 px: 4.25 G multiply-adds per image with linear attention (4.6 with softmax).
   assert 8.0e9 < common.vit_flops(lin, 224) < 9.0e9
   # Softmax's extra work is quadratic in tokens, linear attention's is not.
-  extra = lambda n: (common.attention_core_flops(soft, n, 6, 64)  # noqa: E731
-                     / common.attention_core_flops(lin, n, 6, 64))
+  extra = lambda n: (
+      common.attention_core_flops(soft, n, 6, 64)  # noqa: E731
+      / common.attention_core_flops(lin, n, 6, 64)
+  )
   assert extra(4 * 197) == pytest.approx(4 * extra(197), rel=1e-6)
   assert common.tokens_for(1792) == 12545
 
@@ -26,12 +28,14 @@ def test_speed_steps_and_report_at_toy_size(tmp_path):
   speed = bench_speed.main(["--plan", "smoke", "--out", str(results / "cpu_speed.json")])
   rows = {(r["what"], r["size"], r["mode"], r["op"]): r for r in speed["rows"]}
   timed = [r for r in speed["rows"] if r["status"] == "ok"]
-  assert len(timed) == 5 and all(len(r["times_s"]) == 2 and r["ms"] > 0 and r["pct_matmul"] > 0
-                                 for r in timed)
+  assert len(timed) == 5 and all(
+      len(r["times_s"]) == 2 and r["ms"] > 0 and r["pct_matmul"] > 0 for r in timed
+  )
   assert rows[("layer", 64, "fwd", "favor")]["status"].startswith("memory only")
   # The chunked operator exists for memory: its backward must not keep the [N, N] scores.
-  soft, chunked = (rows[("layer", 1024, "fwdbwd", op)]["memory"]["temp"]
-                   for op in ("softmax", "chunked_softmax"))
+  soft, chunked = (
+      rows[("layer", 1024, "fwdbwd", op)]["memory"]["temp"] for op in ("softmax", "chunked_softmax")
+  )
   assert chunked < 0.5 * soft
   assert [p for p in speed["probes"] if "error" in p] == [] and speed["probes"][-1]["peak_rss"] > 0
 

@@ -15,8 +15,16 @@ from linvit_jax.models import vit_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REAL = os.path.join(ROOT, "..", "shared", "fixtures", "real", "dinov2s14_focus_bv")
-TINY = dict(num_classes=None, patch_size=(8, 8), width=32, depth=2, mlp_dim=64, num_heads=2,
-            pool_type="tok", posemb="learn")
+TINY = dict(
+    num_classes=None,
+    patch_size=(8, 8),
+    width=32,
+    depth=2,
+    mlp_dim=64,
+    num_heads=2,
+    pool_type="tok",
+    posemb="learn",
+)
 
 
 def _headless_checkpoint(path, **kw):
@@ -47,8 +55,9 @@ def test_infer_vit_config_reads_architecture(tmp_path):
 
 
 def test_infer_vit_config_big_vision_fixture():
-  arch = vit_checkpoint.infer_vit_config(os.path.join(ROOT, "tests", "data",
-                                                      "vit_w192_d4_p16_i64_tok_learn.npz"))
+  arch = vit_checkpoint.infer_vit_config(
+      os.path.join(ROOT, "tests", "data", "vit_w192_d4_p16_i64_tok_learn.npz")
+  )
   with open(os.path.join(ROOT, "tests", "data", "vit_w192_d4_p16_i64_tok_learn.json")) as f:
     meta = json.load(f)
   cfg = meta["model_config"] if "model_config" in meta else meta["config"]
@@ -67,9 +76,18 @@ def test_infer_vit_config_rejects_non_vit(tmp_path):
 def test_real_vit_s14_inferred_and_matches_reference():
   """The shared DINOv2-style ViT-S/14: inferred config + exact GELU reproduce big_vision's outputs."""
   arch = vit_checkpoint.infer_vit_config(REAL + ".npz")
-  assert arch == dict(patch_size=(14, 14), width=384, depth=12, num_heads=6, mlp_dim=1536,
-                      posemb="learn", pool_type="tok", num_classes=None, rep_size=False,
-                      posemb_grid=(16, 16))
+  assert arch == dict(
+      patch_size=(14, 14),
+      width=384,
+      depth=12,
+      num_heads=6,
+      mlp_dim=1536,
+      posemb="learn",
+      pool_type="tok",
+      num_classes=None,
+      rep_size=False,
+      posemb_grid=(16, 16),
+  )
   kw = {k: v for k, v in arch.items() if k != "posemb_grid"}
   model = vit.Model(**kw, gelu_approximate=False)
   ref = np.load(REAL + ".ref.npz")
@@ -82,6 +100,7 @@ def test_real_vit_s14_inferred_and_matches_reference():
 
 def _config(init, images, extra=""):
   import configs.convert_folder as cf
+
   arg = f"init={init},images={images},res=32,tiny=True,batch=4,max_images=16{extra}"
   return cf.get_config(arg)
 
@@ -100,6 +119,7 @@ def test_convert_folder_rejects_bad_args(tmp_path):
 @pytest.fixture(scope="module")
 def folder_run(tmp_path_factory):
   from linvit_jax import run as run_lib
+
   tmp = tmp_path_factory.mktemp("convert")
   ckpt = str(tmp / "teacher.npz")
   teacher_params = _headless_checkpoint(ckpt)
@@ -113,8 +133,14 @@ def test_convert_folder_headless_end_to_end(folder_run):
   config, workdir, results, _ = folder_run
   assert config.model.num_classes is None and config.stages == ("distill_attention", "align")
   assert results["labelled"] is False and results["student_top1"] is None
-  for name in ("student.npz", "student_config.json", "results.json", "fidelity.png",
-               "fidelity_curves.png", "attention_maps.png"):
+  for name in (
+      "student.npz",
+      "student_config.json",
+      "results.json",
+      "fidelity.png",
+      "fidelity_curves.png",
+      "attention_maps.png",
+  ):
     assert os.path.exists(os.path.join(workdir, name)), name
   for tag in ("converted", "after_distill_attention", "after_align"):
     e2e = results[f"end_to_end_{tag}"]
@@ -149,18 +175,21 @@ def test_convert_folder_hybrid_export_round_trips(folder_run):
 
 def test_convert_folder_resumes_finished_run(folder_run):
   from linvit_jax import run as run_lib
+
   config, workdir, results, _ = folder_run
   config = config.copy_and_resolve_references()
   config.eval.plots, config.eval.resolution_factors = False, [1]  # reporting only, not identity
   again = run_lib.run(config, workdir)  # every stage is checkpointed as finished: nothing retrains
-  np.testing.assert_allclose(again["student_logits_sample"], results["student_logits_sample"],
-                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+      again["student_logits_sample"], results["student_logits_sample"], rtol=1e-5, atol=1e-6
+  )
   assert again["softmax_layers"] == results["softmax_layers"]
 
 
 def test_convert_folder_data_errors_are_one_line(tmp_path):
   """A missing folder fails at config time; an empty one as a ConfigError naming it."""
   from linvit_jax import run as run_lib
+
   path = str(tmp_path / "t.npz")
   _headless_checkpoint(path)
   with pytest.raises(ValueError, match="is not a folder"):

@@ -9,11 +9,14 @@ import pytest
 from linvit_jax.data import fashion_mnist, input_pipeline
 
 if not os.path.exists(os.path.join(fashion_mnist.source_dir(), "t10k-labels-idx1-ubyte.gz")):
-  pytest.skip("needs: apt-get update && apt-get install -y dataset-fashion-mnist",
-              allow_module_level=True)
+  pytest.skip(
+      "needs: apt-get update && apt-get install -y dataset-fashion-mnist", allow_module_level=True
+  )
 
-PP = ('decode(channels=1)|value_range(-1,1)|onehot(10, key="label", key_result="labels")|'
-      'keep("image", "labels")')
+PP = (
+    'decode(channels=1)|value_range(-1,1)|onehot(10, key="label", key_result="labels")|'
+    'keep("image", "labels")'
+)
 
 
 @pytest.fixture(scope="module")
@@ -29,25 +32,42 @@ def test_sizes_and_classes(data_dir):
   for split, n in [("train", 60_000), ("test", 10_000)]:
     labels = collections.Counter()
     for batch in input_pipeline.make_eval_iterator(
-        dataset="fashion_mnist_local", split=split, pp='keep("label")', global_batch_size=10_000,
-        data_dir=data_dir):
+        dataset="fashion_mnist_local",
+        split=split,
+        pp='keep("label")',
+        global_batch_size=10_000,
+        data_dir=data_dir,
+    ):
       labels.update(batch["label"][batch["_mask"]].tolist())
     assert labels == {c: n // 10 for c in range(10)}
 
 
 def test_images_are_the_idx_images(data_dir):
-  idx = fashion_mnist.read_idx(os.path.join(fashion_mnist.source_dir(),
-                                            "t10k-images-idx3-ubyte.gz"))
-  batch = next(input_pipeline.make_eval_iterator(
-      dataset="fashion_mnist_local", split="test[:16]", pp='decode(channels=1)|keep("image")',
-      global_batch_size=16, data_dir=data_dir))
+  idx = fashion_mnist.read_idx(
+      os.path.join(fashion_mnist.source_dir(), "t10k-images-idx3-ubyte.gz")
+  )
+  batch = next(
+      input_pipeline.make_eval_iterator(
+          dataset="fashion_mnist_local",
+          split="test[:16]",
+          pp='decode(channels=1)|keep("image")',
+          global_batch_size=16,
+          data_dir=data_dir,
+      )
+  )
   assert batch["image"].shape == (16, 28, 28, 1) and batch["image"].dtype == np.uint8
   np.testing.assert_array_equal(batch["image"][..., 0], idx[:16])  # Lossless, in file order.
 
 
 def test_train_batches(data_dir):
-  it = input_pipeline.make_train_iterator(dataset="fashion_mnist_local", split="train", pp=PP,
-                                          global_batch_size=32, seed=0, data_dir=data_dir)
+  it = input_pipeline.make_train_iterator(
+      dataset="fashion_mnist_local",
+      split="train",
+      pp=PP,
+      global_batch_size=32,
+      seed=0,
+      data_dir=data_dir,
+  )
   batch = next(it)
   assert batch["image"].shape == (32, 28, 28, 1) and batch["image"].dtype == np.float32
   assert batch["image"].min() == -1 and batch["image"].max() == 1
@@ -56,6 +76,9 @@ def test_train_batches(data_dir):
 
 def test_missing_package_says_what_to_install(tmp_path, monkeypatch):
   monkeypatch.setenv(fashion_mnist.ENV_DIR, str(tmp_path / "nowhere"))
-  with pytest.raises(FileNotFoundError, match=r"Fashion-MNIST not found at .*nowhere.*"
-                     r"apt-get update && apt-get install -y dataset-fashion-mnist"):
+  with pytest.raises(
+      FileNotFoundError,
+      match=r"Fashion-MNIST not found at .*nowhere.*"
+      r"apt-get update && apt-get install -y dataset-fashion-mnist",
+  ):
     input_pipeline.num_examples("fashion_mnist_local", "train", str(tmp_path / "tfds"))

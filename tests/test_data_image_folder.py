@@ -54,9 +54,14 @@ def files_of(ds):
 def eval_examples(data_dir, split="all", pp=PP_FILES, batch=4, **kw):
   """{file: example} over one eval pass (mask True only), checking nothing is seen twice."""
   out = {}
-  for b in input_pipeline.make_eval_iterator(dataset="image_folder", split=split, pp=pp,
-                                             global_batch_size=batch, data_dir=str(data_dir),
-                                             **kw):
+  for b in input_pipeline.make_eval_iterator(
+      dataset="image_folder",
+      split=split,
+      pp=pp,
+      global_batch_size=batch,
+      data_dir=str(data_dir),
+      **kw,
+  ):
     for i in np.flatnonzero(b["_mask"]):
       name = b["file"][i].decode()
       assert name not in out
@@ -113,8 +118,12 @@ def test_holdout_split_disjoint_covering_and_stable(tmp_path):
   assert 0 < len(holdout) < 30
   more = {index.files[i] for i in image_folder.split_positions(index, "holdout@0.5")}
   assert holdout < more
-  for n, split in [(len(rels), "all"), (len(train), "train"), (len(holdout), "holdout"),
-                   (len(rels) - len(more), "train@0.5")]:
+  for n, split in [
+      (len(rels), "all"),
+      (len(train), "train"),
+      (len(holdout), "holdout"),
+      (len(rels) - len(more), "train@0.5"),
+  ]:
     assert input_pipeline.num_examples("image_folder", split, str(tmp_path)) == n
   # Unrelated files (new ones, another class) move no existing file between the splits.
   for i in range(40):
@@ -140,8 +149,9 @@ def test_tiny_folder_fallbacks(tmp_path):
   assert image_folder.holdout_mask(files, 1 - 1e-9) == [h != max(hashes) for h in hashes]
 
 
-@pytest.mark.parametrize("split", ["validation", "all@0.3", "train@1", "holdout@0", "train@x",
-                                   "holdout@nan"])
+@pytest.mark.parametrize(
+    "split", ["validation", "all@0.3", "train@1", "holdout@0", "train@x", "holdout@nan"]
+)
 def test_bad_split_names(split):
   with pytest.raises(ValueError, match="split must be"):
     image_folder.parse_split(split)
@@ -153,8 +163,9 @@ def test_process_shares_disjoint_and_covering(tmp_path):
   assert sizes == [6, 6, 5]
   seen = []
   for p in range(3):
-    got = eval_examples(tmp_path, pp='keep("file", "label")', batch=6, process_index=p,
-                        process_count=3)
+    got = eval_examples(
+        tmp_path, pp='keep("file", "label")', batch=6, process_index=p, process_count=3
+    )
     assert sorted(got) == rels[p::3]  # Files p, p + 3, ... of the sorted split.
     assert all(ex["label"] == "abc".index(f[0]) for f, ex in got.items())
     seen += got
@@ -162,8 +173,15 @@ def test_process_shares_disjoint_and_covering(tmp_path):
   # Train: one epoch of each process's share is its own files, whatever the order.
   for p in range(3):
     it = input_pipeline.make_train_iterator(
-        dataset=f"image_folder:{tmp_path}", split="all", pp=PP_FILES, global_batch_size=3,
-        seed=0, shuffle_buffer=4, process_index=p, process_count=3)
+        dataset=f"image_folder:{tmp_path}",
+        split="all",
+        pp=PP_FILES,
+        global_batch_size=3,
+        seed=0,
+        shuffle_buffer=4,
+        process_index=p,
+        process_count=3,
+    )
     first = [f.decode() for b in itertools.islice(it, 5) for f in b["file"]]
     assert set(first) <= set(rels[p::3]) and len(set(first)) == 5
 
@@ -171,13 +189,20 @@ def test_process_shares_disjoint_and_covering(tmp_path):
 @pytest.mark.parametrize("cache", [False, True])
 def test_skip_ahead_gives_the_same_batches(tmp_path, cache):
   make_labelled(tmp_path)
-  kw = dict(dataset="image_folder", split="train", data_dir=str(tmp_path), global_batch_size=4,
-            seed=3, shuffle_buffer=5, cache=cache,
-            pp='decode|resize(8)|flip_lr|value_range(-1,1)|keep("image", "file", "label")')
+  kw = dict(
+      dataset="image_folder",
+      split="train",
+      data_dir=str(tmp_path),
+      global_batch_size=4,
+      seed=3,
+      shuffle_buffer=5,
+      cache=cache,
+      pp='decode|resize(8)|flip_lr|value_range(-1,1)|keep("image", "file", "label")',
+  )
   ref = list(itertools.islice(input_pipeline.make_train_iterator(**kw), 9))
   epoch = input_pipeline.num_examples("image_folder", "train", str(tmp_path))
   files = [f for b in ref for f in b["file"]]
-  assert sorted(files[:epoch]) == sorted(files[epoch:2 * epoch])  # Whole epochs.
+  assert sorted(files[:epoch]) == sorted(files[epoch : 2 * epoch])  # Whole epochs.
   for k in (1, 4, 8):
     got = next(input_pipeline.make_train_iterator(**kw, start_step=k))
     for key in ref[k]:
@@ -196,7 +221,7 @@ def test_bad_files_are_skipped_and_named(tmp_path, caplog):
   make_flat(tmp_path, 4)
   (tmp_path / "corrupt.jpg").write_bytes(b"this is not a jpeg at all")
   data = jpeg_bytes()
-  (tmp_path / "truncated.jpg").write_bytes(data[:len(data) // 2])
+  (tmp_path / "truncated.jpg").write_bytes(data[: len(data) // 2])
   (tmp_path / "empty.png").write_bytes(b"")
   index = image_folder.scan(str(tmp_path))
   assert sorted(rel for rel, _ in index.skipped) == ["corrupt.jpg", "empty.png", "truncated.jpg"]
@@ -230,8 +255,10 @@ def test_missing_empty_and_nameless_folders(tmp_path):
 def test_image_modes_decode_to_rgb(tmp_path):
   """Each mode through 'decode|resize(32)|value_range(-1,1)', against the expected colour."""
   h, w = 10, 12
+
   def const(mode, value):
     return Image.new(mode, (w, h), value)
+
   palette = const("RGB", (200, 40, 90)).quantize(4)
   sixteen = Image.fromarray(np.full((h, w), 65535, np.uint16))
   half16 = Image.fromarray(np.full((h, w), 32896, np.uint16))  # 32896 >> 8 == 128.
@@ -254,14 +281,16 @@ def test_image_modes_decode_to_rgb(tmp_path):
   index = image_folder.scan(str(tmp_path))
   assert not index.skipped
   assert {f: c for f, c in zip(index.files, index.needs_conversion)} == {
-      name: case[3] for name, case in cases.items()}
+      name: case[3] for name, case in cases.items()
+  }
   got = eval_examples(tmp_path, pp=PP_32)
   for name, (_, _, expected, _) in cases.items():
     image = got[name]["image"]
     assert image.shape == (32, 32, 3) and image.dtype == np.float32, name
     tol = 4 / 127.5 if name.endswith(".jpg") else 1e-6  # JPEG is lossy.
-    np.testing.assert_allclose(image, np.broadcast_to(np.array(expected) / 127.5 - 1, image.shape),
-                               atol=tol, err_msg=name)
+    np.testing.assert_allclose(
+        image, np.broadcast_to(np.array(expected) / 127.5 - 1, image.shape), atol=tol, err_msg=name
+    )
 
 
 def test_small_image_goes_through_resize_small_and_crop(tmp_path, caplog):
@@ -271,21 +300,28 @@ def test_small_image_goes_through_resize_small_and_crop(tmp_path, caplog):
   index = image_folder.scan(str(tmp_path), min_size=100)
   assert index.small == 1 and len(index.files) == 2
   assert any("tiny.png (20x12)" in r.getMessage() for r in caplog.records)
-  got = eval_examples(tmp_path, pp='decode|resize_small(40)|central_crop(32)|keep("image", "file")',
-                      batch=2)
-  assert {k: v["image"].shape for k, v in got.items()} == {"tiny.png": (32, 32, 3),
-                                                           "big.jpg": (32, 32, 3)}
+  got = eval_examples(
+      tmp_path, pp='decode|resize_small(40)|central_crop(32)|keep("image", "file")', batch=2
+  )
+  assert {k: v["image"].shape for k, v in got.items()} == {
+      "tiny.png": (32, 32, 3),
+      "big.jpg": (32, 32, 3),
+  }
 
 
 def test_sample_photos_feed_the_folder_source(tmp_path):
   pytest.importorskip("skimage")
   from linvit_jax.data import sample_photos
+
   paths = sample_photos.write_sample_photos(str(tmp_path))
   assert len(paths) >= 10 and all(os.path.isfile(p) for p in paths)
   gray = sample_photos.write_sample_photos(str(tmp_path / "gray"), which="gray")
   assert all(Image.open(p).mode == "L" for p in gray)
-  got = eval_examples(tmp_path, pp='decode|resize_small(40)|central_crop(32)|value_range(-1,1)|'
-                      'keep("image", "file")', batch=8)
+  got = eval_examples(
+      tmp_path,
+      pp="decode|resize_small(40)|central_crop(32)|value_range(-1,1)|" 'keep("image", "file")',
+      batch=8,
+  )
   assert len(got) == len(paths) + len(gray)
   stds = [ex["image"].std() for ex in got.values()]
   assert min(stds) > 0.01  # Real pictures, not blanks.

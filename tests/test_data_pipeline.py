@@ -27,12 +27,15 @@ class LinvitTestIds(tfds.core.GeneratorBasedBuilder):
 
   def _info(self):
     return self.dataset_info_from_configs(
-        features=tfds.features.FeaturesDict({
-            "id": tfds.features.Scalar(np.int64),
-            "image": tfds.features.Image(shape=(8, 8, 3), encoding_format="jpeg"),
-            "label": tfds.features.ClassLabel(num_classes=5),
-        }),
-        disable_shuffling=True)
+        features=tfds.features.FeaturesDict(
+            {
+                "id": tfds.features.Scalar(np.int64),
+                "image": tfds.features.Image(shape=(8, 8, 3), encoding_format="jpeg"),
+                "label": tfds.features.ClassLabel(num_classes=5),
+            }
+        ),
+        disable_shuffling=True,
+    )
 
   def _split_generators(self, dl_manager):
     return {"train": self._generate_examples(N_TRAIN), "test": self._generate_examples(N_TEST)}
@@ -50,8 +53,15 @@ def ids_dir(tmp_path_factory):
 
 
 def train(data_dir, **kw):
-  args = dict(dataset="linvit_test_ids", split="train", pp=PP_TRAIN, global_batch_size=8, seed=0,
-              data_dir=data_dir, shuffle_buffer=16)
+  args = dict(
+      dataset="linvit_test_ids",
+      split="train",
+      pp=PP_TRAIN,
+      global_batch_size=8,
+      seed=0,
+      data_dir=data_dir,
+      shuffle_buffer=16,
+  )
   return input_pipeline.make_train_iterator(**{**args, **kw})
 
 
@@ -114,8 +124,13 @@ def test_per_process_train_shares_are_disjoint_and_cover(ids_dir):
   count, local_batch = 3, 4  # 32 examples each: one epoch is 8 local batches.
   shares = []
   for index in range(count):
-    it = train(ids_dir, pp=PP_IDS, global_batch_size=count * local_batch, process_index=index,
-               process_count=count)
+    it = train(
+        ids_dir,
+        pp=PP_IDS,
+        global_batch_size=count * local_batch,
+        process_index=index,
+        process_count=count,
+    )
     shares.append(set(np.concatenate([b["id"] for b in take(it, 8)]).tolist()))
   assert all(len(s) == N_TRAIN // count for s in shares)
   assert set.union(*shares) == set(range(N_TRAIN))
@@ -125,10 +140,17 @@ def test_per_process_train_shares_are_disjoint_and_cover(ids_dir):
 def test_eval_covers_every_example_once(ids_dir, count, global_batch):
   seen, num_batches = collections.Counter(), set()
   for index in range(count):
-    batches = list(input_pipeline.make_eval_iterator(
-        dataset="linvit_test_ids", split="test", pp='decode|value_range(-1,1)|keep("id","image")',
-        global_batch_size=global_batch, data_dir=ids_dir, process_index=index,
-        process_count=count))
+    batches = list(
+        input_pipeline.make_eval_iterator(
+            dataset="linvit_test_ids",
+            split="test",
+            pp='decode|value_range(-1,1)|keep("id","image")',
+            global_batch_size=global_batch,
+            data_dir=ids_dir,
+            process_index=index,
+            process_count=count,
+        )
+    )
     num_batches.add(len(batches))
     for b in batches:
       assert b["_mask"].dtype == bool and b["image"].shape == (global_batch // count, 8, 8, 3)
@@ -148,17 +170,25 @@ def test_errors_are_clear(ids_dir, tmp_path):
 
 
 def test_mock_imagenet2012():
-  pp = ('decode|inception_crop(32)|flip_lr|value_range(-1,1)|'
-        'onehot(1000,key="label",key_result="labels")|keep("image","labels")')
-  pp_eval = ('decode|resize_small(36)|central_crop(32)|value_range(-1,1)|'
-             'onehot(1000,key="label",key_result="labels")|keep("image","labels")')
+  pp = (
+      "decode|inception_crop(32)|flip_lr|value_range(-1,1)|"
+      'onehot(1000,key="label",key_result="labels")|keep("image","labels")'
+  )
+  pp_eval = (
+      "decode|resize_small(36)|central_crop(32)|value_range(-1,1)|"
+      'onehot(1000,key="label",key_result="labels")|keep("image","labels")'
+  )
   with tfds.testing.mock_data(num_examples=12):
     assert input_pipeline.num_examples("imagenet2012", "validation") == 12
-    it = input_pipeline.make_train_iterator(dataset="imagenet2012", split="train", pp=pp,
-                                            global_batch_size=8, seed=0, start_step=1)
+    it = input_pipeline.make_train_iterator(
+        dataset="imagenet2012", split="train", pp=pp, global_batch_size=8, seed=0, start_step=1
+    )
     batch = next(it)
-    evals = list(input_pipeline.make_eval_iterator(dataset="imagenet2012", split="validation",
-                                                   pp=pp_eval, global_batch_size=5))
+    evals = list(
+        input_pipeline.make_eval_iterator(
+            dataset="imagenet2012", split="validation", pp=pp_eval, global_batch_size=5
+        )
+    )
   assert batch["image"].shape == (8, 32, 32, 3) and batch["labels"].shape == (8, 1000)
   assert -1 <= batch["image"].min() and batch["image"].max() <= 1
   np.testing.assert_array_equal(batch["labels"].sum(1), 1)
@@ -200,15 +230,25 @@ def test_jft_counts_and_multi_hot(jft_glob):
   os.remove(os.path.join(os.path.dirname(files[0]), jft.COUNTS_FILE))  # Counted by reading.
   assert jft.count_examples(files) == [7, 7, 7]
   pp = f'decode|resize(4)|value_range(-1,1)|multi_hot({DEPTH})|keep("image","labels")'
-  it = input_pipeline.make_train_iterator(dataset=f"jft:{jft_glob}", split="train", pp=pp,
-                                          global_batch_size=7, seed=0, shuffle_buffer=5)
+  it = input_pipeline.make_train_iterator(
+      dataset=f"jft:{jft_glob}", split="train", pp=pp, global_batch_size=7, seed=0, shuffle_buffer=5
+  )
   batches = take(it, 6)
   assert batches[0]["labels"].dtype == np.float32 and batches[0]["image"].shape == (7, 4, 4, 3)
   ids = np.concatenate([ids_of(b) for b in batches])
   assert sorted(ids[:21]) == sorted(ids[21:]) == list(range(21))
-  resumed = take(input_pipeline.make_train_iterator(
-      dataset=f"jft:{jft_glob}", split="train", pp=pp, global_batch_size=7, seed=0,
-      shuffle_buffer=5, start_step=4), 2)
+  resumed = take(
+      input_pipeline.make_train_iterator(
+          dataset=f"jft:{jft_glob}",
+          split="train",
+          pp=pp,
+          global_batch_size=7,
+          seed=0,
+          shuffle_buffer=5,
+          start_step=4,
+      ),
+      2,
+  )
   assert_same_batches(batches[4:], resumed)
 
 
@@ -217,17 +257,28 @@ def test_jft_shares_and_eval(jft_glob, count):
   pp = f'multi_hot({DEPTH})|keep("labels")'
   seen = collections.Counter()
   for index in range(count):
-    for b in input_pipeline.make_eval_iterator(dataset=f"jft:{jft_glob}", split="train", pp=pp,
-                                               global_batch_size=2 * count, process_index=index,
-                                               process_count=count):
+    for b in input_pipeline.make_eval_iterator(
+        dataset=f"jft:{jft_glob}",
+        split="train",
+        pp=pp,
+        global_batch_size=2 * count,
+        process_index=index,
+        process_count=count,
+    ):
       seen.update(ids_of(b).tolist())
   assert seen == collections.Counter(range(21))
   sizes = input_pipeline._JftSource(jft_glob, "train").sizes(count)
   shares = []
   for index in range(count):
     it = input_pipeline.make_train_iterator(
-        dataset=f"jft:{jft_glob}", split="train", pp=pp, global_batch_size=count, seed=3,
-        process_index=index, process_count=count)
+        dataset=f"jft:{jft_glob}",
+        split="train",
+        pp=pp,
+        global_batch_size=count,
+        seed=3,
+        process_index=index,
+        process_count=count,
+    )
     shares.append(set(np.concatenate([ids_of(b) for b in take(it, sizes[index])]).tolist()))
   assert sum(map(len, shares)) == 21 and set.union(*shares) == set(range(21))
 

@@ -22,17 +22,33 @@ def ramp(h, w, c=1):
 
 
 def test_the_issue_ops_are_registered():
-  assert {"decode", "decode_jpeg_and_inception_crop", "resize", "resize_small", "central_crop",
-          "random_crop", "flip_lr", "value_range", "vgg_value_range", "onehot", "multi_hot",
-          "keep", "inception_crop", "grayscale_to_rgb", "drop"} <= set(registered_ops())
+  assert {
+      "decode",
+      "decode_jpeg_and_inception_crop",
+      "resize",
+      "resize_small",
+      "central_crop",
+      "random_crop",
+      "flip_lr",
+      "value_range",
+      "vgg_value_range",
+      "onehot",
+      "multi_hot",
+      "keep",
+      "inception_crop",
+      "grayscale_to_rgb",
+      "drop",
+  } <= set(registered_ops())
 
 
 def test_value_range():
   out = run("value_range(-1, 1)", image=np.array([[[0], [255], [51]]], np.uint8))["image"]
   assert out.dtype == np.float32
   np.testing.assert_allclose(out.ravel(), [-1.0, 1.0, -0.6], atol=1e-6)
-  out = run("value_range(0, 1, in_min=10, in_max=20, clip_values=True)",
-            image=np.array([[[5.0], [15.0], [30.0]]], np.float32))["image"]
+  out = run(
+      "value_range(0, 1, in_min=10, in_max=20, clip_values=True)",
+      image=np.array([[[5.0], [15.0], [30.0]]], np.float32),
+  )["image"]
   np.testing.assert_allclose(out.ravel(), [0.0, 0.5, 1.0])
 
 
@@ -70,7 +86,7 @@ def test_random_crop_is_a_window_fixed_by_the_rng():
   crops = [run("random_crop((3, 4))", image=image, **{RNG_KEY: rng(i)})["image"] for i in range(8)]
   for crop in crops:  # The ramp's first value locates the window.
     y, x = divmod(int(crop[0, 0, 0]), 9)
-    np.testing.assert_array_equal(crop, image[y:y + 3, x:x + 4])
+    np.testing.assert_array_equal(crop, image[y : y + 3, x : x + 4])
   again = run("random_crop((3, 4))", image=image, **{RNG_KEY: rng(0)})["image"]
   np.testing.assert_array_equal(again, crops[0])
   assert len({c.tobytes() for c in crops}) > 1
@@ -88,8 +104,9 @@ def test_flip_lr_flips_about_half():
 
 def test_inception_crop_full_area_is_the_image():
   image = ramp(8, 8, 3)
-  out = run("inception_crop(area_min=100, ratio_min=1, ratio_max=1)", image=image,
-            **{RNG_KEY: rng(0)})["image"]
+  out = run(
+      "inception_crop(area_min=100, ratio_min=1, ratio_max=1)", image=image, **{RNG_KEY: rng(0)}
+  )["image"]
   np.testing.assert_array_equal(out, image)
   out = run("inception_crop(5)", image=ramp(20, 30, 3), **{RNG_KEY: rng(1)})["image"]
   assert out.shape == (5, 5, 3) and out.dtype == np.uint8
@@ -97,8 +114,11 @@ def test_inception_crop_full_area_is_the_image():
 
 def test_decode_jpeg_and_inception_crop_matches_decode_then_crop():
   jpeg = tf.io.encode_jpeg(ramp(16, 16, 3)).numpy()
-  full = run("decode_jpeg_and_inception_crop(area_min=100, ratio_min=1, ratio_max=1)",
-             image=jpeg, **{RNG_KEY: rng(0)})["image"]
+  full = run(
+      "decode_jpeg_and_inception_crop(area_min=100, ratio_min=1, ratio_max=1)",
+      image=jpeg,
+      **{RNG_KEY: rng(0)},
+  )["image"]
   np.testing.assert_array_equal(full, run("decode", image=jpeg)["image"])
   # Same seed, same window as the unfused op.
   fused = run("decode_jpeg_and_inception_crop(8)", image=jpeg, **{RNG_KEY: rng(3)})["image"]
@@ -146,8 +166,10 @@ def test_keep_and_drop():
 
 
 def test_the_issue_pp_string():
-  pp = ('decode|inception_crop(24)|flip_lr|value_range(-1,1)|'
-        'onehot(1000,key="label",key_result="labels")|keep("image","labels")')
+  pp = (
+      "decode|inception_crop(24)|flip_lr|value_range(-1,1)|"
+      'onehot(1000,key="label",key_result="labels")|keep("image","labels")'
+  )
   data = dict(image=tf.io.encode_jpeg(ramp(40, 50, 3)).numpy(), label=np.int64(7))
   out = run(pp, **data, **{RNG_KEY: rng(0)})
   assert sorted(out) == ["_rng", "image", "labels"]  # The pipeline drops `_rng`.
@@ -160,18 +182,24 @@ def test_the_issue_pp_string():
   np.testing.assert_array_equal(next(iter(ds))["image"].numpy(), out["image"])
 
 
-@pytest.mark.parametrize("pp, message", [
-    ("decode|nope(3)", r"unknown preprocessing op 'nope' in 'nope\(3\)'; known ops: central_crop"),
-    ("resize(0)", r"'resize\(0\)': bad argument: size must be a positive int"),
-    ('resize(8, method="fancy")', r"bad argument: resize method must be one of"),
-    ("resize(8, 9, 10)", r"'resize\(8, 9, 10\)': bad argument"),
-    ("central_crop(size=3)", r"bad argument: .*unexpected keyword argument 'size'"),
-    ("onehot(0)", r"'onehot\(0\)': bad argument: depth must be a positive int"),
-    ("inception_crop(area_min=50, area_max=10)", r"need 0 < area_min <= area_max"),
-    ("decode(", r"'decode\(': cannot parse it"),
-    ("resize(x)", r"arguments must be Python literals"),
-    ("keep()", r"keep needs key names"),
-])
+@pytest.mark.parametrize(
+    "pp, message",
+    [
+        (
+            "decode|nope(3)",
+            r"unknown preprocessing op 'nope' in 'nope\(3\)'; known ops: central_crop",
+        ),
+        ("resize(0)", r"'resize\(0\)': bad argument: size must be a positive int"),
+        ('resize(8, method="fancy")', r"bad argument: resize method must be one of"),
+        ("resize(8, 9, 10)", r"'resize\(8, 9, 10\)': bad argument"),
+        ("central_crop(size=3)", r"bad argument: .*unexpected keyword argument 'size'"),
+        ("onehot(0)", r"'onehot\(0\)': bad argument: depth must be a positive int"),
+        ("inception_crop(area_min=50, area_max=10)", r"need 0 < area_min <= area_max"),
+        ("decode(", r"'decode\(': cannot parse it"),
+        ("resize(x)", r"arguments must be Python literals"),
+        ("keep()", r"keep needs key names"),
+    ],
+)
 def test_bad_pp_strings_name_the_op(pp, message):
   with pytest.raises(ValueError, match=message):
     get_preprocess_fn(pp)

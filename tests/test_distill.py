@@ -18,13 +18,24 @@ from linvit_jax.models import attention as attn_lib
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
 
-_jit = functools.partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0,
-                                                    "xla_llvm_disable_expensive_passes": True})
+_jit = functools.partial(
+    jax.jit,
+    compiler_options={
+        "xla_backend_optimization_level": 0,
+        "xla_llvm_disable_expensive_passes": True,
+    },
+)
 # A loop of hundreds of steps runs ~6x faster with the backend optimised (no expensive passes).
-_jit_for_loops = functools.partial(jax.jit, compiler_options={
-    "xla_backend_optimization_level": 1, "xla_llvm_disable_expensive_passes": True})
-TINY = dict(num_classes=5, variant="mu/8", depth=2, width=64, num_heads=2, mlp_dim=128,
-            pool_type="tok")  # 32x32 images -> 16 patches + cls = 17 tokens
+_jit_for_loops = functools.partial(
+    jax.jit,
+    compiler_options={
+        "xla_backend_optimization_level": 1,
+        "xla_llvm_disable_expensive_passes": True,
+    },
+)
+TINY = dict(
+    num_classes=5, variant="mu/8", depth=2, width=64, num_heads=2, mlp_dim=128, pool_type="tok"
+)  # 32x32 images -> 16 patches + cls = 17 tokens
 
 
 def _np_init(model, images, seed):
@@ -69,11 +80,14 @@ def _attn_leaf(path: str) -> bool:
 
 
 def _flat(tree):
-  return {"/".join(str(k.key) for k in p): np.asarray(v)
-          for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return {
+      "/".join(str(k.key) for k in p): np.asarray(v)
+      for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
 
 
 # ------------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def at_and_off_equality(tiny):
@@ -82,12 +96,20 @@ def at_and_off_equality(tiny):
   teacher, t_params, student, s_params, images = tiny
   same_params, report = surgery.transplant(t_params, t_params, "copy_all")
   assert report.counts()["keep"] == 0
-  every = dict(w_routing=1.0, routing_kind="kl", routing_queries=8, lookahead=3, w_lookahead=1.0,
-               w_feature=1.0, w_logit_kd=1.0)
+  every = dict(
+      w_routing=1.0,
+      routing_kind="kl",
+      routing_queries=8,
+      lookahead=3,
+      w_lookahead=1.0,
+      w_feature=1.0,
+      w_logit_kd=1.0,
+  )
   same_loss = distill.make_distill_loss(teacher, teacher, every)
   lin_loss = distill.make_distill_loss(teacher, student, every)
-  forced = distill.make_distill_loss(teacher, student, dict(
-      w_routing=0.5, routing_queries=8, lookahead=2, w_lookahead=0.5))
+  forced = distill.make_distill_loss(
+      teacher, student, dict(w_routing=0.5, routing_queries=8, lookahead=2, w_lookahead=0.5)
+  )
   mask = optim.trainable_mask(s_params, "distill_attention")
   opt = optim.masked_optimizer(optax.adam(1e-2), mask)
 
@@ -104,24 +126,47 @@ def at_and_off_equality(tiny):
     tg = distill.teacher_targets(teacher, t_params, images)
     p = attn_lib.softmax_weights(tg["q"][1], tg["k"][1])
     entropy = -jnp.mean(jnp.sum(jax.scipy.special.xlogy(p, p), -1))
-    xent = distill.routing_loss(tg["q"][1], tg["k"][1], tg["q"][1], tg["k"][1],
-                                attn_lib.AttentionSpec(), None, num_queries=0)
+    xent = distill.routing_loss(
+        tg["q"][1],
+        tg["k"][1],
+        tg["q"][1],
+        tg["k"][1],
+        attn_lib.AttentionSpec(),
+        None,
+        num_queries=0,
+    )
     return same, lin, g_forced, updates, state, entropy, xent
 
-  same, lin, g_forced, updates, state, entropy, xent = run(same_params, s_params,
-                                                          jax.random.PRNGKey(0))
-  return (mask, s_params, *jax.tree.map(np.asarray, (same, lin, g_forced, updates)), state,
-          float(entropy), float(xent))
+  same, lin, g_forced, updates, state, entropy, xent = run(
+      same_params, s_params, jax.random.PRNGKey(0)
+  )
+  return (
+      mask,
+      s_params,
+      *jax.tree.map(np.asarray, (same, lin, g_forced, updates)),
+      state,
+      float(entropy),
+      float(xent),
+  )
 
 
 def test_every_loss_is_minimal_at_student_equals_teacher_and_positive_otherwise(
-    at_and_off_equality):
+    at_and_off_equality,
+):
   _, _, same, lin, _, _, _, entropy, xent = at_and_off_equality
   depth = TINY["depth"]
-  zero_terms = (["attn_nmse", "routing", "lookahead", "logit_kd", "feature_nmse/encoded",
-                 "feature_nmse/pre_logits"]
-                + [f"attn_nmse/layer_{l:02d}" for l in range(depth)]
-                + [f"lookahead/layer_{l:02d}" for l in range(depth)])
+  zero_terms = (
+      [
+          "attn_nmse",
+          "routing",
+          "lookahead",
+          "logit_kd",
+          "feature_nmse/encoded",
+          "feature_nmse/pre_logits",
+      ]
+      + [f"attn_nmse/layer_{l:02d}" for l in range(depth)]
+      + [f"lookahead/layer_{l:02d}" for l in range(depth)]
+  )
   for name in zero_terms:
     assert abs(same[name]) < 1e-6, (name, same[name])
     assert lin[name] > 1e-3, (name, lin[name])
@@ -170,21 +215,31 @@ def test_scanned_trees_give_the_same_targets_and_outputs(tiny):
     return tg, tg_scan, out, out_scan, calibrated, y_cal
 
   tg, tg_scan, out, out_scan, calibrated, y_cal = both(t_params, s_params, tp_scan, sp_scan)
-  assert tg.keys() == tg_scan.keys() >= {"attn_input", "q", "k", "sa", "+sa", "+mlp", "encoded",
-                                         "pre_logits", "logits"}
+  assert (
+      tg.keys()
+      == tg_scan.keys()
+      >= {"attn_input", "q", "k", "sa", "+sa", "+mlp", "encoded", "pre_logits", "logits"}
+  )
   assert tg["sa"].shape == (2, 4, 17, 64) and tg["q"].shape == (2, 4, 17, 2, 32)
   for key in tg:
     np.testing.assert_allclose(tg_scan[key], tg[key], atol=1e-5, err_msg=key)
   for a, b in zip(out_scan, out):
     np.testing.assert_allclose(a, b, atol=1e-5)
   # Calibration keeps the scanned layout and matches the teacher's output variance per layer.
-  assert calibrated["Transformer"]["encoderblock"]["MultiHeadDotProductAttention_0"]["out"][
-      "kernel"].shape == sp_scan["Transformer"]["encoderblock"]["MultiHeadDotProductAttention_0"][
-          "out"]["kernel"].shape
-  np.testing.assert_allclose(np.var(y_cal, axis=(1, 2, 3)), np.var(tg["sa"], axis=(1, 2, 3)),
-                             rtol=1e-3)
-  assert not np.allclose(np.var(out[0], axis=(1, 2, 3)), np.var(tg["sa"], axis=(1, 2, 3)),
-                         rtol=0.05)
+  assert (
+      calibrated["Transformer"]["encoderblock"]["MultiHeadDotProductAttention_0"]["out"][
+          "kernel"
+      ].shape
+      == sp_scan["Transformer"]["encoderblock"]["MultiHeadDotProductAttention_0"]["out"][
+          "kernel"
+      ].shape
+  )
+  np.testing.assert_allclose(
+      np.var(y_cal, axis=(1, 2, 3)), np.var(tg["sa"], axis=(1, 2, 3)), rtol=1e-3
+  )
+  assert not np.allclose(
+      np.var(out[0], axis=(1, 2, 3)), np.var(tg["sa"], axis=(1, 2, 3)), rtol=0.05
+  )
 
 
 def test_distillation_cuts_attention_error_at_least_5x(tiny):
@@ -192,16 +247,21 @@ def test_distillation_cuts_attention_error_at_least_5x(tiny):
   stream of fresh random images, attention params only. The error is measured before each update
   on that step's batch, i.e. on images the student has not been trained on."""
   teacher, t_params, student, s_params, images = tiny
-  s_params = _jit(lambda tp, sp: distill.calibrate_out_projection(
-      distill.teacher_targets(teacher, tp, images), student, sp))(t_params, s_params)
+  s_params = _jit(
+      lambda tp, sp: distill.calibrate_out_projection(
+          distill.teacher_targets(teacher, tp, images), student, sp
+      )
+  )(t_params, s_params)
   loss_fn = distill.make_distill_loss(teacher, student, dict(w_routing=0.1, routing_queries=8))
-  opt = optim.masked_optimizer(optax.adam(3e-3),
-                               optim.trainable_mask(s_params, "distill_attention"))
+  opt = optim.masked_optimizer(
+      optax.adam(3e-3), optim.trainable_mask(s_params, "distill_attention")
+  )
 
   @_jit_for_loops
   def step(params, opt_state, images, rng):
     (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        params, t_params, {"image": images}, rng)
+        params, t_params, {"image": images}, rng
+    )
     updates, opt_state = opt.update(grads, opt_state, params)
     per_layer = jnp.stack([metrics["attn_nmse/layer_00"], metrics["attn_nmse/layer_01"]])
     return optax.apply_updates(params, updates), opt_state, per_layer
@@ -222,6 +282,7 @@ def test_distillation_cuts_attention_error_at_least_5x(tiny):
 # ------------------------------------------------------------------------------------------------
 # Small pure functions (eager, tiny arrays).
 
+
 def test_attention_output_metrics_and_lookahead_zero_is_plain_matching():
   rng = np.random.default_rng(0)
   scale = np.array([1, 10, 0.01], np.float32)[:, None, None, None]  # layers of any scale
@@ -232,10 +293,12 @@ def test_attention_output_metrics_and_lookahead_zero_is_plain_matching():
   @_jit
   def run(s, t):
     targets = {"sa": t, "+sa": t, "+mlp": t}
-    return (distill.attention_output_loss(s, t, "nmse"),
-            distill.attention_output_loss(list(s), list(t), "cosine")[1],
-            distill.attention_output_loss(t, t, "nmse")[0],
-            distill.lookahead_loss(depth3, None, targets, s, 0)[1])
+    return (
+        distill.attention_output_loss(s, t, "nmse"),
+        distill.attention_output_loss(list(s), list(t), "cosine")[1],
+        distill.attention_output_loss(t, t, "nmse")[0],
+        distill.lookahead_loss(depth3, None, targets, s, 0)[1],
+    )
 
   (loss, nmse), cos, zero, look = run(s, t)
   np.testing.assert_allclose(nmse, 0.01, rtol=0.3)  # scale-free: the same for each layer
@@ -252,9 +315,13 @@ def test_routing_loss_samples_queries_and_reaches_only_q_k_and_feature_maps():
   tq, tk = (rng.normal(size=(2, 12, 2, 8)).astype(np.float32) for _ in range(2))
   ks = jax.random.PRNGKey(2)
   spec = attn_lib.parse_spec("hedgehog")
-  fmap = {name: {"kernel": np.eye(8, dtype=np.float32)[None].repeat(2, 0),
-                 "bias": np.zeros((2, 8), np.float32)}
-          for name in ("feature_map_q", "feature_map_k")}
+  fmap = {
+      name: {
+          "kernel": np.eye(8, dtype=np.float32)[None].repeat(2, 0),
+          "bias": np.zeros((2, 8), np.float32),
+      }
+      for name in ("feature_map_q", "feature_map_k")
+  }
 
   def loss(q, k, f, n):
     return distill.routing_loss(tq, tk, q, k, spec, f, n, ks, 2.0, "kl")
@@ -288,9 +355,14 @@ def test_logit_and_label_losses():
 
   @_jit
   def run(z):
-    return (distill.logit_kd_loss(z, z, 2.0), distill.logit_kd_loss(z + 3.0, z, 2.0),
-            distill.logit_kd_loss(z[::-1], z, 2.0), distill.softmax_xent(z, one_hot),
-            distill.softmax_xent(z, ids), distill.sigmoid_xent(z, multi))
+    return (
+        distill.logit_kd_loss(z, z, 2.0),
+        distill.logit_kd_loss(z + 3.0, z, 2.0),
+        distill.logit_kd_loss(z[::-1], z, 2.0),
+        distill.softmax_xent(z, one_hot),
+        distill.softmax_xent(z, ids),
+        distill.sigmoid_xent(z, multi),
+    )
 
   kd_same, kd_shift, kd_diff, xent_1h, xent_ids, sig = run(logits)
   assert abs(kd_same) < 1e-7 and abs(kd_shift) < 1e-6  # shift-invariant
@@ -306,21 +378,29 @@ def test_logit_and_label_losses():
 
 def test_feature_alignment_on_arrays_and_out_dicts():
   rng = np.random.default_rng(0)
-  t = {"encoded": rng.normal(size=(2, 5, 8)).astype(np.float32),
-       "pre_logits": rng.normal(size=(2, 8)).astype(np.float32)}
+  t = {
+      "encoded": rng.normal(size=(2, 5, 8)).astype(np.float32),
+      "pre_logits": rng.normal(size=(2, 8)).astype(np.float32),
+  }
   s = {k: v + 0.5 for k, v in t.items()}
 
   @_jit
   def run(s, t):
-    return (distill.feature_alignment_loss(t["encoded"], t["encoded"]),
-            distill.feature_alignment_loss(-t["encoded"], t["encoded"], w_nmse=0.0)[0],
-            distill.feature_alignment_loss(s, t))
+    return (
+        distill.feature_alignment_loss(t["encoded"], t["encoded"]),
+        distill.feature_alignment_loss(-t["encoded"], t["encoded"], w_nmse=0.0)[0],
+        distill.feature_alignment_loss(s, t),
+    )
 
   (same, same_m), opposite, (shifted, shifted_m) = run(s, t)
   assert abs(same) < 1e-6 and abs(same_m["cosine"] - 1) < 1e-6
   np.testing.assert_allclose(opposite, 2.0, rtol=1e-6)  # 1 - cos(-t, t)
-  assert shifted > 0 and set(shifted_m) == {"nmse/encoded", "cosine/encoded", "nmse/pre_logits",
-                                            "cosine/pre_logits"}
+  assert shifted > 0 and set(shifted_m) == {
+      "nmse/encoded",
+      "cosine/encoded",
+      "nmse/pre_logits",
+      "cosine/pre_logits",
+  }
   with pytest.raises(ValueError, match="'logits'"):
     distill.feature_alignment_loss(s, t, keys=("logits",))
 
@@ -331,8 +411,10 @@ def test_config_block_is_validated():
   # The config's defaults (config_lib.distill), whether the block comes from a config or a dict.
   base = config_lib.base_config()
   assert c.routing_queries == base.distill.routing_queries == 32
-  assert distill.distill_config(base).to_dict() == {**base.distill.to_dict(),
-                                                    "feature_keys": distill.FEATURE_KEYS}
+  assert distill.distill_config(base).to_dict() == {
+      **base.distill.to_dict(),
+      "feature_keys": distill.FEATURE_KEYS,
+  }
   with pytest.raises(ValueError, match=r"unknown distill config field\(s\) \['w_rout'\]"):
     distill.distill_config(w_rout=1.0)
   with pytest.raises(ValueError, match="routing_kind"):

@@ -11,12 +11,22 @@ from linvit_jax import sharding
 
 def test_evaluate_ignores_padding():
   mesh = sharding.make_mesh([("data", -1), ("fsdp", 1)])
+
   def eval_fn(params, batch):
     return {"correct": (batch["pred"] * params["scale"] == batch["labels"]).astype(jnp.float32)}
-  batches = [{"pred": np.array([1, 2, 3, 4]), "labels": np.array([1, 0, 3, 9]),
-              "_mask": np.array([1, 1, 1, 0], bool)},
-             {"pred": np.array([5, 6, 7, 8]), "labels": np.array([5, 6, 0, 0]),
-              "_mask": np.array([1, 1, 0, 0], bool)}]
+
+  batches = [
+      {
+          "pred": np.array([1, 2, 3, 4]),
+          "labels": np.array([1, 0, 3, 9]),
+          "_mask": np.array([1, 1, 1, 0], bool),
+      },
+      {
+          "pred": np.array([5, 6, 7, 8]),
+          "labels": np.array([5, 6, 0, 0]),
+          "_mask": np.array([1, 1, 0, 0], bool),
+      },
+  ]
   out = evaluate.evaluate({"scale": jnp.ones((), jnp.int32)}, eval_fn, iter(batches), mesh)
   assert out == {"correct": pytest.approx(4 / 5), "num_examples": 5}
 

@@ -44,8 +44,15 @@ def test_files_round_trip(root):
 
 def test_ablation_plot_goes_through_gfile(root):
   gfile.makedirs(root)
-  runs = {"copy_same": [{"histories": {"finetune": [{"step": 1, "eval/top1": 0.5},
-                                                    {"step": 2, "eval/top1": 0.6}]}}]}
+  runs = {
+      "copy_same": [
+          {
+              "histories": {
+                  "finetune": [{"step": 1, "eval/top1": 0.5}, {"step": 2, "eval/top1": 0.6}]
+              }
+          }
+      ]
+  }
   path = os.path.join(root, "ablation.png")
   ablation.plot_curves(runs, path, teacher_top1=0.7)
   with gfile.open(path, "rb") as f:

@@ -18,14 +18,24 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "launch"))
 
-import local_multihost  # noqa: E402  pylint: disable=wrong-import-position
-import tpu_pod  # noqa: E402  pylint: disable=wrong-import-position
+import local_multihost  # noqa: E402
+import tpu_pod  # noqa: E402
 
-CONFIG = ("configs/imagenet_vit.py:variant=S/16,init=gs://big_vision/vit_s16_i1k_300ep.npz,"
-          "data_dir=gs://my-bucket/tensorflow_datasets")
+CONFIG = (
+    "configs/imagenet_vit.py:variant=S/16,init=gs://big_vision/vit_s16_i1k_300ep.npz,"
+    "data_dir=gs://my-bucket/tensorflow_datasets"
+)
 WORKDIR = "gs://my-bucket/linvit/s16_hedgehog"
-V4_32 = ["--name", "linvit-s16", "--zone", "us-central2-b", "--accelerator_type", "v4-32",
-         "--project", "my-project"]
+V4_32 = [
+    "--name",
+    "linvit-s16",
+    "--zone",
+    "us-central2-b",
+    "--accelerator_type",
+    "v4-32",
+    "--project",
+    "my-project",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -42,9 +52,19 @@ def dry_run(*argv):
   """(exit code, printed commands as argument lists, comment lines, stderr) of a CLI dry run."""
   argv = list(argv)
   k = argv.index("--") if "--" in argv else len(argv)  # launcher flags go before '--'
-  p = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "tpu_pod.py"), *argv[:k],
-                      "--dry_run", *argv[k:]], capture_output=True, text=True, cwd=ROOT,
-                     timeout=60)
+  p = subprocess.run(
+      [
+          sys.executable,
+          os.path.join(ROOT, "launch", "tpu_pod.py"),
+          *argv[:k],
+          "--dry_run",
+          *argv[k:],
+      ],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      timeout=60,
+  )
   assert "tests must not run gcloud" not in p.stderr
   lines = p.stdout.splitlines()
   commands = [shlex.split(line) for line in lines if line and not line.startswith("#")]
@@ -68,18 +88,33 @@ def remote_script(cmd):
 # ------------------------------------------------------------------------------------------------
 # Accelerator table.
 
-@pytest.mark.parametrize("accel, chips, hosts, devices", [
-    ("v2-8", 4, 1, 8), ("v3-32", 16, 4, 32), ("v4-8", 4, 1, 4), ("v4-16", 8, 2, 8),
-    ("v4-32", 16, 4, 16), ("v5p-8", 4, 1, 4), ("v5p-128", 64, 16, 64),
-    ("v5litepod-4", 4, 1, 4), ("v5litepod-8", 8, 1, 8), ("v5litepod-16", 16, 4, 16),
-    ("v5litepod-256", 256, 64, 256), ("v6e-8", 8, 1, 8), ("v6e-64", 64, 16, 64)])
+
+@pytest.mark.parametrize(
+    "accel, chips, hosts, devices",
+    [
+        ("v2-8", 4, 1, 8),
+        ("v3-32", 16, 4, 32),
+        ("v4-8", 4, 1, 4),
+        ("v4-16", 8, 2, 8),
+        ("v4-32", 16, 4, 16),
+        ("v5p-8", 4, 1, 4),
+        ("v5p-128", 64, 16, 64),
+        ("v5litepod-4", 4, 1, 4),
+        ("v5litepod-8", 8, 1, 8),
+        ("v5litepod-16", 16, 4, 16),
+        ("v5litepod-256", 256, 64, 256),
+        ("v6e-8", 8, 1, 8),
+        ("v6e-64", 64, 16, 64),
+    ],
+)
 def test_hosts_table(accel, chips, hosts, devices):
   info = tpu_pod.slice_info(accel)
   assert (info.chips, info.hosts, info.devices) == (chips, hosts, devices)
 
 
-@pytest.mark.parametrize("accel", ["v9-32", "v4", "v4-7", "tpu-v4-32", "v5litepod-12",
-                                   "v5litepod-24"])
+@pytest.mark.parametrize(
+    "accel", ["v9-32", "v4", "v4-7", "tpu-v4-32", "v5litepod-12", "v5litepod-24"]
+)
 def test_hosts_table_rejects_unknown(accel):
   with pytest.raises(tpu_pod.LaunchError, match="accelerator_type"):
     tpu_pod.slice_info(accel)
@@ -88,18 +123,32 @@ def test_hosts_table_rejects_unknown(accel):
 # ------------------------------------------------------------------------------------------------
 # Dry runs.
 
+
 def test_dry_run_all_v4_32_is_well_formed():
-  code, cmds, comments, err = dry_run("all", *V4_32, "--config", CONFIG, "--workdir", WORKDIR,
-                                      "--extra", "finetune.steps=100", "--", "--config.seed=3")
+  code, cmds, comments, err = dry_run(
+      "all",
+      *V4_32,
+      "--config",
+      CONFIG,
+      "--workdir",
+      WORKDIR,
+      "--extra",
+      "finetune.steps=100",
+      "--",
+      "--config.seed=3",
+  )
   assert code == 0, err
   assert any("4 hosts" in c and "16 chips" in c for c in comments), comments
 
   kinds = [tuple(c[:5]) if c[0] == "gcloud" else (c[0],) for c in cmds]
-  assert kinds == [("gcloud", "compute", "tpus", "tpu-vm", "create"), ("tar",),
-                   ("gcloud", "compute", "tpus", "tpu-vm", "scp"),
-                   ("gcloud", "compute", "tpus", "tpu-vm", "ssh"),
-                   ("gcloud", "compute", "tpus", "tpu-vm", "ssh"),
-                   ("gcloud", "compute", "tpus", "tpu-vm", "delete")]
+  assert kinds == [
+      ("gcloud", "compute", "tpus", "tpu-vm", "create"),
+      ("tar",),
+      ("gcloud", "compute", "tpus", "tpu-vm", "scp"),
+      ("gcloud", "compute", "tpus", "tpu-vm", "ssh"),
+      ("gcloud", "compute", "tpus", "tpu-vm", "ssh"),
+      ("gcloud", "compute", "tpus", "tpu-vm", "delete"),
+  ]
   create, tar, scp, setup, run, delete = cmds
   for c in (create, scp, setup, run, delete):
     assert flag(c, "--zone") == "us-central2-b" and flag(c, "--project") == "my-project"
@@ -120,15 +169,25 @@ def test_dry_run_all_v4_32_is_well_formed():
   s = remote_script(run)
   main = next(stmt for stmt in s.split("; ") if "linvit_jax.main" in stmt)
   words = shlex.split(main.split(" 2>&1 ")[0])
-  assert words == [".venv/bin/python", "-m", "linvit_jax.main", "--config", CONFIG,
-                   "--workdir", WORKDIR, "--config.finetune.steps=100", "--config.seed=3"]
-  assert "| tee \"$LOG\"" in s and "pipefail" in s and "TF_CPP_MIN_LOG_LEVEL=1" in s
+  assert words == [
+      ".venv/bin/python",
+      "-m",
+      "linvit_jax.main",
+      "--config",
+      CONFIG,
+      "--workdir",
+      WORKDIR,
+      "--config.finetune.steps=100",
+      "--config.seed=3",
+  ]
+  assert '| tee "$LOG"' in s and "pipefail" in s and "TF_CPP_MIN_LOG_LEVEL=1" in s
   assert 'if [ "$N" != 4 ]' in s and "JAX_PROCESS_ID=" in s
 
 
 def test_dry_run_queued_spot():
-  code, cmds, _, err = dry_run("all", *V4_32, "--queued", "--spot", "--config", CONFIG,
-                               "--workdir", WORKDIR)
+  code, cmds, _, err = dry_run(
+      "all", *V4_32, "--queued", "--spot", "--config", CONFIG, "--workdir", WORKDIR
+  )
   assert code == 0, err
   create, describe = cmds[0], cmds[1]
   assert create[:5] == ["gcloud", "compute", "tpus", "queued-resources", "create"]
@@ -140,12 +199,12 @@ def test_dry_run_queued_spot():
 
 
 def test_keep_skips_delete_and_detach_needs_keep():
-  code, cmds, comments, _ = dry_run("all", *V4_32, "--config", CONFIG, "--workdir", WORKDIR,
-                                    "--keep", "--detach")
+  code, cmds, comments, _ = dry_run(
+      "all", *V4_32, "--config", CONFIG, "--workdir", WORKDIR, "--keep", "--detach"
+  )
   assert code == 0 and not any("delete" in c for c in cmds)
   assert "setsid nohup" in remote_script(cmds[-1])
-  code, cmds, _, err = dry_run("all", *V4_32, "--config", CONFIG, "--workdir", WORKDIR,
-                               "--detach")
+  code, cmds, _, err = dry_run("all", *V4_32, "--config", CONFIG, "--workdir", WORKDIR, "--detach")
   assert code == 2 and not cmds and "--keep" in err
 
 
@@ -154,21 +213,32 @@ def test_local_workdir_on_multihost_pod_is_rejected():
   assert code == 2
   assert not cmds  # rejected before anything is created
   assert "local path" in err and "4 hosts" in err and "gs://" in err
-  code, cmds, _, err = dry_run("run", "--zone", "z", "--accelerator_type", "v4-8",
-                               "--config", "configs/demo.py", "--workdir", "/tmp/linvit")
+  code, cmds, _, err = dry_run(
+      "run",
+      "--zone",
+      "z",
+      "--accelerator_type",
+      "v4-8",
+      "--config",
+      "configs/demo.py",
+      "--workdir",
+      "/tmp/linvit",
+  )
   assert code == 0 and len(cmds) == 1, err  # one host: a local workdir is allowed
 
 
 def test_bad_arguments_are_clear_errors():
   code, _, _, err = dry_run("run", *V4_32, "--config", "configs/missing.py", "--workdir", WORKDIR)
   assert code == 2 and "configs/missing.py" in err and "not a file" in err
-  code, _, _, err = dry_run("create", "--name", "My_TPU", "--zone", "z", "--accelerator_type",
-                            "v4-8")
+  code, _, _, err = dry_run(
+      "create", "--name", "My_TPU", "--zone", "z", "--accelerator_type", "v4-8"
+  )
   assert code == 2 and "--name" in err
   code, _, _, err = dry_run("create", *V4_32, "--queued", "--preemptible")
   assert code == 2 and "--spot" in err
-  code, cmds, _, err = dry_run("run", *V4_32, "--config", CONFIG, "--workdir", WORKDIR, "--",
-                               "--keep")
+  code, cmds, _, err = dry_run(
+      "run", *V4_32, "--config", CONFIG, "--workdir", WORKDIR, "--", "--keep"
+  )
   assert code == 2 and not cmds and "not a config override" in err
 
 
@@ -181,19 +251,24 @@ def _fake_bin(tmp_path, name, text):
 
 def test_worker_run_script_executes(tmp_path):
   """The run script as a worker's login shell gets it: contract env, args intact, logs, exit."""
-  _, cmds, _, _ = dry_run("run", *V4_32, "--config", CONFIG, "--workdir", WORKDIR,
-                          "--extra", "finetune.note=a b;c'd")
+  _, cmds, _, _ = dry_run(
+      "run", *V4_32, "--config", CONFIG, "--workdir", WORKDIR, "--extra", "finetune.note=a b;c'd"
+  )
   ssh = cmds[-1]
   home = tmp_path / "home"
   venv_bin = home / "linvit_jax" / ".venv" / "bin"
   venv_bin.mkdir(parents=True)
-  _fake_bin(tmp_path, "curl", """#!/bin/sh
+  _fake_bin(
+      tmp_path,
+      "curl",
+      """#!/bin/sh
 case "$*" in
   *agent-worker-number*) printf 2 ;;
   *worker-network-endpoints*) printf 'w-0:0:10.0.0.5,w-1:1:10.0.0.6,w-2:2:10.0.0.7,w-3:3:10.0.0.8' ;;
   *) exit 22 ;;
 esac
-""")
+""",
+  )
   fake_python = venv_bin / "python"
   fake_python.write_text("""#!/usr/bin/env python3
 import json, os, sys
@@ -205,26 +280,47 @@ sys.exit(3)
   fake_python.chmod(0o755)
   env = dict(os.environ, HOME=str(home), PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}")
   # ssh hands --command to the worker's login shell, which parses the outer quoting.
-  p = subprocess.run(["sh", "-c", flag(ssh, "--command")], capture_output=True, text=True,
-                     env=env, cwd=str(home), timeout=60)
+  p = subprocess.run(
+      ["sh", "-c", flag(ssh, "--command")],
+      capture_output=True,
+      text=True,
+      env=env,
+      cwd=str(home),
+      timeout=60,
+  )
   assert p.returncode == 3, p.stderr  # the job's exit code survives `| tee | sed`
   line = p.stdout.strip()
   assert line.startswith("[w2] "), p.stdout
   import json
-  got = json.loads(line[len("[w2] "):])
-  assert got["argv"] == ["-m", "linvit_jax.main", "--config", CONFIG, "--workdir", WORKDIR,
-                         "--config.finetune.note=a b;c'd"]
+
+  got = json.loads(line[len("[w2] ") :])
+  assert got["argv"] == [
+      "-m",
+      "linvit_jax.main",
+      "--config",
+      CONFIG,
+      "--workdir",
+      WORKDIR,
+      "--config.finetune.note=a b;c'd",
+  ]
   assert got["cwd"] == str(home / "linvit_jax")
-  assert got["env"] == {"JAX_COORDINATOR_ADDRESS": "10.0.0.5:8476", "JAX_NUM_PROCESSES": "4",
-                        "JAX_PROCESS_ID": "2", "TF_CPP_MIN_LOG_LEVEL": "1"}
+  assert got["env"] == {
+      "JAX_COORDINATOR_ADDRESS": "10.0.0.5:8476",
+      "JAX_NUM_PROCESSES": "4",
+      "JAX_PROCESS_ID": "2",
+      "TF_CPP_MIN_LOG_LEVEL": "1",
+  }
   logs = home / "linvit_jax_logs"
-  assert (logs / "latest.log").read_text().strip() == line[len("[w2] "):]
+  assert (logs / "latest.log").read_text().strip() == line[len("[w2] ") :]
   assert re.fullmatch(r"\d{8}-\d{6}\.worker2\.log", os.readlink(logs / "latest.log").split("/")[-1])
 
 
 def test_worker_scripts_are_valid_bash():
-  for argv in (["setup", *V4_32], ["logs", *V4_32, "--follow"],
-               ["run", *V4_32, "--config", CONFIG, "--workdir", WORKDIR, "--detach"]):
+  for argv in (
+      ["setup", *V4_32],
+      ["logs", *V4_32, "--follow"],
+      ["run", *V4_32, "--config", CONFIG, "--workdir", WORKDIR, "--detach"],
+  ):
     code, cmds, _, err = dry_run(*argv)
     assert code == 0, err
     for c in cmds:
@@ -236,12 +332,14 @@ def test_worker_scripts_are_valid_bash():
 def test_runner_dry_run_prints_every_command_and_runs_none(monkeypatch):
   def boom(*a, **k):
     raise AssertionError("a dry run started a process")
+
   monkeypatch.setattr(subprocess, "call", boom)
   monkeypatch.setattr(subprocess, "Popen", boom)
   monkeypatch.setattr(subprocess, "run", boom)
   out = io.StringIO()
-  code = tpu_pod.main(["all", *V4_32, "--queued", "--config", CONFIG, "--workdir", WORKDIR,
-                       "--dry_run"], out=out)
+  code = tpu_pod.main(
+      ["all", *V4_32, "--queued", "--config", CONFIG, "--workdir", WORKDIR, "--dry_run"], out=out
+  )
   assert code == 0
   assert sum(1 for line in out.getvalue().splitlines() if line.startswith("gcloud")) == 6
 
@@ -249,10 +347,16 @@ def test_runner_dry_run_prints_every_command_and_runs_none(monkeypatch):
 # ------------------------------------------------------------------------------------------------
 # The local multi-process launcher.
 
+
 def run_local(*argv, timeout=240, env_extra=None):
-  p = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "local_multihost.py"), *argv],
-                     capture_output=True, text=True, cwd=ROOT, timeout=timeout,
-                     env={**os.environ, **(env_extra or {})})
+  p = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "launch", "local_multihost.py"), *argv],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      timeout=timeout,
+      env={**os.environ, **(env_extra or {})},
+  )
   return p.returncode, p.stdout + p.stderr
 
 
@@ -268,16 +372,21 @@ def per_process(output, pattern):
   return found
 
 
-PYTHON = (local_multihost.VENV_PYTHON if os.path.exists(local_multihost.VENV_PYTHON)
-          else sys.executable)
+PYTHON = (
+    local_multihost.VENV_PYTHON if os.path.exists(local_multihost.VENV_PYTHON) else sys.executable
+)
 
 
 def test_local_two_processes_agree_on_a_global_sum():
-  code, out = run_local("-n", "2", "-d", "2", "--timeout", "180", "--", PYTHON,
-                        "tests/helpers/multihost_sum.py")
+  code, out = run_local(
+      "-n", "2", "-d", "2", "--timeout", "180", "--", PYTHON, "tests/helpers/multihost_sum.py"
+  )
   assert code == 0, out
-  hits = per_process(out, r"MULTIHOST_SUM process=(\d) processes=(\d) devices=(\d) "
-                          r"local_devices=(\d) sum=(\S+) psum=(\S+)")
+  hits = per_process(
+      out,
+      r"MULTIHOST_SUM process=(\d) processes=(\d) devices=(\d) "
+      r"local_devices=(\d) sum=(\S+) psum=(\S+)",
+  )
   assert sorted(hits) == [0, 1], out
   for pid, m in hits.items():
     # rows 0..3 over 2 processes x 2 devices: each process sees the whole sum 0+1+2+3.
@@ -289,9 +398,19 @@ def test_local_process_that_reaches_its_first_collective_35_s_late():
   connection made at start-up (sharding._connect_cpu_collectives), process 0 failed here with
   "Gloo context initialization failed: DEADLINE_EXCEEDED" (then hung: exit 124), as in the
   two-process demo on a busy machine."""
-  code, out = run_local("-n", "2", "-d", "1", "--timeout", "150", "--", PYTHON,
-                        "tests/helpers/multihost_sum.py", timeout=200,
-                        env_extra={"MULTIHOST_SUM_DELAY": "1:35"})
+  code, out = run_local(
+      "-n",
+      "2",
+      "-d",
+      "1",
+      "--timeout",
+      "150",
+      "--",
+      PYTHON,
+      "tests/helpers/multihost_sum.py",
+      timeout=200,
+      env_extra={"MULTIHOST_SUM_DELAY": "1:35"},
+  )
   assert code == 0, out
   assert "Gloo context initialization failed" not in out, out
   hits = per_process(out, r"MULTIHOST_SUM process=(\d) .* sum=(\S+) psum=(\S+)")
@@ -300,8 +419,10 @@ def test_local_process_that_reaches_its_first_collective_35_s_late():
 
 
 def test_local_launcher_stops_all_on_first_failure():
-  script = ('echo up $JAX_PROCESS_ID/$JAX_NUM_PROCESSES $XLA_FLAGS; '
-            'if [ "$JAX_PROCESS_ID" = 1 ]; then sleep 1; exit 7; fi; sleep 60')  # others up first
+  script = (
+      "echo up $JAX_PROCESS_ID/$JAX_NUM_PROCESSES $XLA_FLAGS; "
+      'if [ "$JAX_PROCESS_ID" = 1 ]; then sleep 1; exit 7; fi; sleep 60'
+  )  # others up first
   code, out = run_local("-n", "3", "-d", "4", "--", "bash", "-c", script, timeout=30)
   assert code == 7, out
   assert "process 1 exited with code 7" in out
@@ -310,8 +431,17 @@ def test_local_launcher_stops_all_on_first_failure():
 
 
 def test_local_launcher_dry_run_and_env():
-  code, out = run_local("-n", "2", "--dry_run", "--config", "configs/demo.py:tiny=True",
-                        "--workdir", "/tmp/w", "--", "--config.seed=1")
+  code, out = run_local(
+      "-n",
+      "2",
+      "--dry_run",
+      "--config",
+      "configs/demo.py:tiny=True",
+      "--workdir",
+      "/tmp/w",
+      "--",
+      "--config.seed=1",
+  )
   assert code == 0, out
   lines = [shlex.split(line) for line in out.splitlines() if line.startswith("env ")]
   assert len(lines) == 2
@@ -319,45 +449,84 @@ def test_local_launcher_dry_run_and_env():
     env = dict(w.split("=", 1) for w in words[1:] if re.match(r"[A-Z_]+=", w))
     assert env["JAX_PROCESS_ID"] == str(i) and env["JAX_NUM_PROCESSES"] == "2"
     assert re.fullmatch(r"127\.0\.0\.1:\d+", env["JAX_COORDINATOR_ADDRESS"])
-    assert words[-8:] == ["-m", "linvit_jax.main", "--config", "configs/demo.py:tiny=True",
-                          "--workdir", "/tmp/w", "--config.seed=1", "&"]
-  env = local_multihost.process_env({"XLA_FLAGS": "--xla_foo=1 "
-                                                  "--xla_force_host_platform_device_count=8"},
-                                    process_id=1, num_processes=4, port=1234,
-                                    devices_per_process=2, platform="cpu")
+    assert words[-8:] == [
+        "-m",
+        "linvit_jax.main",
+        "--config",
+        "configs/demo.py:tiny=True",
+        "--workdir",
+        "/tmp/w",
+        "--config.seed=1",
+        "&",
+    ]
+  env = local_multihost.process_env(
+      {"XLA_FLAGS": "--xla_foo=1 " "--xla_force_host_platform_device_count=8"},
+      process_id=1,
+      num_processes=4,
+      port=1234,
+      devices_per_process=2,
+      platform="cpu",
+  )
   assert env["XLA_FLAGS"] == "--xla_foo=1 --xla_force_host_platform_device_count=2"
   assert env["JAX_COORDINATOR_ADDRESS"] == "127.0.0.1:1234" and env["JAX_PLATFORMS"] == "cpu"
   assert env["JAX_INITIALIZATION_TIMEOUT"] == str(local_multihost.INIT_TIMEOUT_S)
 
 
 def test_local_launcher_passes_the_init_timeout_to_every_process():
-  code, out = run_local("-n", "3", "--init_timeout", "900", "--", "bash", "-c",
-                        "echo timeout=$JAX_INITIALIZATION_TIMEOUT", timeout=30)
+  code, out = run_local(
+      "-n",
+      "3",
+      "--init_timeout",
+      "900",
+      "--",
+      "bash",
+      "-c",
+      "echo timeout=$JAX_INITIALIZATION_TIMEOUT",
+      timeout=30,
+  )
   assert code == 0, out
   assert {pid: m.group(1) for pid, m in per_process(out, r"timeout=(\d+)").items()} == {
-      0: "900", 1: "900", 2: "900"}, out
+      0: "900",
+      1: "900",
+      2: "900",
+  }, out
   code, out = run_local("-n", "2", "--init_timeout", "0", "--", "true", timeout=30)
   assert code == 2 and "--init_timeout must be >= 1" in out, out
 
 
 def test_initialize_distributed_reads_the_init_timeout(monkeypatch):
   """JAX_INITIALIZATION_TIMEOUT reaches jax.distributed.initialize and the start-up barrier."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from linvit_jax import sharding  # pylint: disable=import-outside-toplevel
+  import jax
+  from linvit_jax import sharding
+
   calls = []
   monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
   monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(("init", kw)))
-  monkeypatch.setattr(sharding, "_connect_cpu_collectives",
-                      lambda timeout_s: calls.append(("connect", timeout_s)))
-  for k, v in {"JAX_COORDINATOR_ADDRESS": "127.0.0.1:1234", "JAX_NUM_PROCESSES": "2",
-               "JAX_PROCESS_ID": "1", "JAX_INITIALIZATION_TIMEOUT": "900"}.items():
+  monkeypatch.setattr(
+      sharding, "_connect_cpu_collectives", lambda timeout_s: calls.append(("connect", timeout_s))
+  )
+  for k, v in {
+      "JAX_COORDINATOR_ADDRESS": "127.0.0.1:1234",
+      "JAX_NUM_PROCESSES": "2",
+      "JAX_PROCESS_ID": "1",
+      "JAX_INITIALIZATION_TIMEOUT": "900",
+  }.items():
     monkeypatch.setenv(k, v)
   monkeypatch.delenv("JAX_LOCAL_DEVICE_IDS", raising=False)
   assert sharding.maybe_initialize_distributed() is True
-  assert calls == [("init", dict(coordinator_address="127.0.0.1:1234", num_processes=2,
-                                 process_id=1, local_device_ids=None,
-                                 initialization_timeout=900)),
-                   ("connect", 900)]
+  assert calls == [
+      (
+          "init",
+          dict(
+              coordinator_address="127.0.0.1:1234",
+              num_processes=2,
+              process_id=1,
+              local_device_ids=None,
+              initialization_timeout=900,
+          ),
+      ),
+      ("connect", 900),
+  ]
   calls.clear()
   monkeypatch.delenv("JAX_INITIALIZATION_TIMEOUT")
   sharding.maybe_initialize_distributed()
@@ -366,9 +535,19 @@ def test_initialize_distributed_reads_the_init_timeout(monkeypatch):
 
 def test_local_two_process_demo(tmp_path):
   """The embedded demo, tiny, as 2 processes × 1 device: both finish and report the same top-1."""
-  code, out = run_local("-n", "2", "-d", "1", "--timeout", "900", "--config",
-                        "configs/demo.py:tiny=True", "--workdir", str(tmp_path / "demo"),
-                        timeout=960)
+  code, out = run_local(
+      "-n",
+      "2",
+      "-d",
+      "1",
+      "--timeout",
+      "900",
+      "--config",
+      "configs/demo.py:tiny=True",
+      "--workdir",
+      str(tmp_path / "demo"),
+      timeout=960,
+  )
   assert code == 0, out[-5000:]
   hits = per_process(out, r"student final top-1\s+(\S+)")
   assert sorted(hits) == [0, 1], out[-5000:]
@@ -399,13 +578,25 @@ if "ssh" in sys.argv and "linvit_jax.main" in sys.argv[-1]:
   (repo / "setup.py").write_text(open(os.path.join(ROOT, "setup.py")).read())
   monkeypatch.setattr(tpu_pod, "REPO_ROOT", str(repo))
   out = io.StringIO()
-  code = tpu_pod.main(["all", *V4_32, "--config", CONFIG, "--workdir", WORKDIR,
-                       "--log_dir", str(tmp_path / "logs")], out=out)
+  code = tpu_pod.main(
+      [
+          "all",
+          *V4_32,
+          "--config",
+          CONFIG,
+          "--workdir",
+          WORKDIR,
+          "--log_dir",
+          str(tmp_path / "logs"),
+      ],
+      out=out,
+  )
   assert code == 5  # the run's exit code, after the delete in `finally`
   calls = [shlex.split(line) for line in record.read_text().splitlines()]
   assert [c[3] for c in calls] == ["create", "scp", "ssh", "ssh", "delete"]
-  printed = [shlex.split(line[2:]) for line in out.getvalue().splitlines()
-             if line.startswith("+ gcloud")]
+  printed = [
+      shlex.split(line[2:]) for line in out.getvalue().splitlines() if line.startswith("+ gcloud")
+  ]
   assert [c[1:] for c in printed] == calls
   assert not os.path.exists(printed[1][5])  # the local tarball is removed after the copy
   tar = [shlex.split(line[2:]) for line in out.getvalue().splitlines() if line.startswith("+ tar")]

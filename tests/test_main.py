@@ -15,13 +15,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _cli(*args, timeout=300):
-  return subprocess.run([sys.executable, "-m", "linvit_jax.main", *args], cwd=ROOT,
-                        capture_output=True, text=True, timeout=timeout)
+  return subprocess.run(
+      [sys.executable, "-m", "linvit_jax.main", *args],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+  )
 
 
 def test_cli_rejects_unknown_config_field(tmp_path):
-  r = _cli("--config", "configs/demo.py:tiny=True", "--workdir", str(tmp_path),
-           "--config.finetune.stpes=3")
+  r = _cli(
+      "--config",
+      "configs/demo.py:tiny=True",
+      "--workdir",
+      str(tmp_path),
+      "--config.finetune.stpes=3",
+  )
   assert r.returncode != 0
   assert "stpes" in r.stderr
   assert not os.listdir(tmp_path)  # rejected before anything ran
@@ -33,19 +43,26 @@ def test_cli_rejects_unknown_config_arg(tmp_path):
   assert "feature_mapp" in r.stderr
 
 
-@pytest.mark.parametrize("case", ["missing_config_file", "missing_workdir", "unprepared_tfds",
-                                  "unknown_field"])
+@pytest.mark.parametrize(
+    "case", ["missing_config_file", "missing_workdir", "unprepared_tfds", "unknown_field"]
+)
 def test_cli_user_errors_are_one_line_with_exit_2(case, tmp_path):
   """The whole stderr is the `error:` line: no traceback, usage text or TF/absl start-up lines."""
   workdir = str(tmp_path / "w")
   args, fragment = {
-      "missing_config_file": (["--config", "configs/nope.py", "--workdir", workdir],
-                              "no config file 'configs/nope.py'"),
+      "missing_config_file": (
+          ["--config", "configs/nope.py", "--workdir", workdir],
+          "no config file 'configs/nope.py'",
+      ),
       "missing_workdir": (["--config", "configs/demo.py:tiny=True"], "--workdir is required"),
-      "unprepared_tfds": (["--config", f"configs/imagenet_vit.py:data_dir={tmp_path}",
-                           "--workdir", workdir], "is not prepared in"),
-      "unknown_field": (["--config", "configs/demo.py", "--workdir", workdir,
-                         "--config.finetune.stpes=3"], "no such config field 'stpes'"),
+      "unprepared_tfds": (
+          ["--config", f"configs/imagenet_vit.py:data_dir={tmp_path}", "--workdir", workdir],
+          "is not prepared in",
+      ),
+      "unknown_field": (
+          ["--config", "configs/demo.py", "--workdir", workdir, "--config.finetune.stpes=3"],
+          "no such config field 'stpes'",
+      ),
   }[case]
   r = _cli(*args)
   assert r.returncode == 2, r.stderr[-2000:]
@@ -59,6 +76,7 @@ def test_cli_user_errors_are_one_line_with_exit_2(case, tmp_path):
 def demo_run(tmp_path_factory):
   from linvit_jax import run as run_lib
   import configs.demo
+
   workdir = str(tmp_path_factory.mktemp("demo"))
   config = configs.demo.get_config("tiny=True")
   results = run_lib.run(config, workdir)
@@ -67,14 +85,28 @@ def demo_run(tmp_path_factory):
 
 def test_demo_tiny_runs_end_to_end(demo_run):
   config, workdir, results = demo_run
-  for name in ("student.npz", "student_config.json", "surgery_report.json", "results.json",
-               "config.json", "fidelity.png", "attention_maps.png"):
+  for name in (
+      "student.npz",
+      "student_config.json",
+      "surgery_report.json",
+      "results.json",
+      "config.json",
+      "fidelity.png",
+      "attention_maps.png",
+  ):
     assert os.path.exists(os.path.join(workdir, name)), name
   with open(os.path.join(workdir, "results.json")) as f:
     saved = json.load(f)
-  for key in ("teacher_top1", "student_top1_converted", "student_top1_after_distill_attention",
-              "student_top1", "fidelity_converted", "fidelity_after_finetune",
-              "student_images_per_s", "resolution"):
+  for key in (
+      "teacher_top1",
+      "student_top1_converted",
+      "student_top1_after_distill_attention",
+      "student_top1",
+      "fidelity_converted",
+      "fidelity_after_finetune",
+      "student_images_per_s",
+      "resolution",
+  ):
     assert key in saved, key
   assert 0.0 <= saved["student_top1"] <= 1.0
   assert saved["teacher_top1"] > 0.5  # the shipped teacher is a trained model
@@ -89,6 +121,7 @@ def test_exported_student_loads_back_with_same_logits(demo_run):
   config, workdir, results = demo_run
   from linvit_jax import run as run_lib
   from linvit_jax.models import vit
+
   with open(os.path.join(workdir, "student_config.json")) as f:
     student_cfg = json.load(f)
   model = vit.Model(**student_cfg)
@@ -96,8 +129,9 @@ def test_exported_student_loads_back_with_same_logits(demo_run):
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), sample[:1])["params"]
   params = vit.load(shapes, os.path.join(workdir, "student.npz"), student_cfg)
   logits, _ = model.apply({"params": params}, sample)
-  np.testing.assert_allclose(np.asarray(logits), np.asarray(results["student_logits_sample"]),
-                             atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(
+      np.asarray(logits), np.asarray(results["student_logits_sample"]), atol=1e-5, rtol=1e-5
+  )
   flat = checkpoints.flatten(checkpoints.load_npz(os.path.join(workdir, "student.npz")))
   assert any("feature_map_q" in k for k in flat)  # hedgehog's own params are exported too
 
@@ -105,7 +139,9 @@ def test_exported_student_loads_back_with_same_logits(demo_run):
 def test_rerun_in_same_workdir_resumes(demo_run):
   """A second run finds every stage finished and ends with the same student."""
   from linvit_jax import run as run_lib
+
   config, workdir, results = demo_run
   again = run_lib.run(config, workdir)
-  np.testing.assert_allclose(again["student_logits_sample"], results["student_logits_sample"],
-                             atol=1e-6)
+  np.testing.assert_allclose(
+      again["student_logits_sample"], results["student_logits_sample"], atol=1e-6
+  )

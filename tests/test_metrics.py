@@ -26,15 +26,16 @@ def _events(logdir: str) -> dict[str, list[tuple[int, float]]]:
 
 @pytest.mark.parametrize("root", ["local", "ram"])
 def test_scalars_reach_jsonl_and_tensorboard(root, tmp_path):
-  logdir = (str(tmp_path / "stage") if root == "local"
-            else f"ram://metrics_test_{os.getpid()}/stage")
+  logdir = str(tmp_path / "stage") if root == "local" else f"ram://metrics_test_{os.getpid()}/stage"
   writer = metrics_lib.MetricWriter(logdir)
   writer.write(1, {"loss": 2.5, "lr": 1e-3, "nonfinite": False})
   writer.write(2, {"loss": float("nan"), "lr": 2e-3, "nonfinite": True})
   writer.close()
   rows = metrics_lib.read_jsonl(os.path.join(logdir, metrics_lib.METRICS_FILE))
-  assert rows == [{"step": 1, "loss": 2.5, "lr": 1e-3, "nonfinite": 0},
-                  {"step": 2, "loss": None, "lr": 2e-3, "nonfinite": 1}]
+  assert rows == [
+      {"step": 1, "loss": 2.5, "lr": 1e-3, "nonfinite": 0},
+      {"step": 2, "loss": None, "lr": 2e-3, "nonfinite": 1},
+  ]
   events = _events(logdir)
   assert events["loss"] == [(1, 2.5)]  # the non-finite loss is not an event
   assert [s for s, _ in events["lr"]] == [1, 2]

@@ -19,16 +19,24 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "linvit_colab.ipynb")
 SHIPPED_TEACHER = os.path.join(ROOT, "linvit_jax", "assets", "teacher_fmnist_vit.npz")
-CELL_TIMEOUT_S = 600      # the slowest cell takes ~1 min of wall time on a loaded 2-core machine
+CELL_TIMEOUT_S = 600  # the slowest cell takes ~1 min of wall time on a loaded 2-core machine
 # The script that runs the notebook and stores it with its outputs (notebooks/ is no package).
 _SPEC = importlib.util.spec_from_file_location(
-    "run_and_save", os.path.join(ROOT, "notebooks", "run_and_save.py"))
+    "run_and_save", os.path.join(ROOT, "notebooks", "run_and_save.py")
+)
 run_and_save = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(run_and_save)
 # Files the notebook writes into its workdir.
-WORKDIR_FILES = ("student.npz", "student_config.json", "loss_curve.png", "fidelity.png",
-                 "attention_maps_layer0.png", "attention_maps_layer3.png",
-                 "throughput_vs_resolution.png", "distill_attention/metrics.jsonl")
+WORKDIR_FILES = (
+    "student.npz",
+    "student_config.json",
+    "loss_curve.png",
+    "fidelity.png",
+    "attention_maps_layer0.png",
+    "attention_maps_layer3.png",
+    "throughput_vs_resolution.png",
+    "distill_attention/metrics.jsonl",
+)
 
 
 def _read():
@@ -47,8 +55,9 @@ def test_stored_notebook_has_the_outputs_of_its_code():
   nbformat.validate(nb)
   assert os.path.getsize(NOTEBOOK) < 2 * 2**20, "outputs too large: smaller figures or fewer"
   stored = nb.metadata.get(run_and_save.METADATA_KEY, {})
-  assert stored.get("code_sha256") == run_and_save.code_sha256(nb), (
-      "the code cells changed since the stored run: python notebooks/run_and_save.py")
+  assert stored.get("code_sha256") == run_and_save.code_sha256(
+      nb
+  ), "the code cells changed since the stored run: python notebooks/run_and_save.py"
   code = [c for c in nb.cells if c.cell_type == "code"]
   assert [c.execution_count for c in code] == list(range(1, len(code) + 1)), "run top to bottom"
   parameters = _parameters_cell(nb)
@@ -58,10 +67,22 @@ def test_stored_notebook_has_the_outputs_of_its_code():
     assert not [o for o in cell.outputs if o.output_type == "error"], cell.id
   assert sum(_images(c) for c in code) >= 5  # loss, fidelity, 2 attention maps, throughput
   # Paths of the machine that ran it would only confuse a reader (run_and_save writes <repo> etc.).
-  text = json.dumps([o for c in code for o in c.outputs
-                     if o.output_type != "display_data" or "image/png" not in o.get("data", {})])
-  machine = {ROOT, os.path.realpath(ROOT), sys.prefix, tempfile.gettempdir() + "/",
-             "pytest-of-", "linvit_run_and_save_"}
+  text = json.dumps(
+      [
+          o
+          for c in code
+          for o in c.outputs
+          if o.output_type != "display_data" or "image/png" not in o.get("data", {})
+      ]
+  )
+  machine = {
+      ROOT,
+      os.path.realpath(ROOT),
+      sys.prefix,
+      tempfile.gettempdir() + "/",
+      "pytest-of-",
+      "linvit_run_and_save_",
+  }
   home = os.path.expanduser("~")
   if home not in ("", "/"):
     machine.add(home + "/")
@@ -101,15 +122,18 @@ def test_repo_url_is_one_setting_without_placeholder(monkeypatch):
   assert _install_helpers(monkeypatch, repo_url_env=url)["REPO_URL"] == url
 
 
-@pytest.mark.parametrize("devices, env, expected", [
-    (["vfio/0", "vfio/vfio"], {}, "tpu"),           # TPU VM, v5e and later
-    (["accel0", "accel1"], {}, "tpu"),              # TPU VM, v2-v4
-    ([], {"TPU_ACCELERATOR_TYPE": "v5litepod-1"}, "tpu"),
-    ([], {"COLAB_TPU_ADDR": "10.0.0.2:8470"}, "tpu"),  # the old TPU node
-    (["vfio/vfio"], {}, "cpu"),                     # the VFIO control device alone is no TPU
-    (["nvidia0", "nvidiactl"], {}, "gpu"),
-    ([], {}, "cpu"),
-])
+@pytest.mark.parametrize(
+    "devices, env, expected",
+    [
+        (["vfio/0", "vfio/vfio"], {}, "tpu"),  # TPU VM, v5e and later
+        (["accel0", "accel1"], {}, "tpu"),  # TPU VM, v2-v4
+        ([], {"TPU_ACCELERATOR_TYPE": "v5litepod-1"}, "tpu"),
+        ([], {"COLAB_TPU_ADDR": "10.0.0.2:8470"}, "tpu"),  # the old TPU node
+        (["vfio/vfio"], {}, "cpu"),  # the VFIO control device alone is no TPU
+        (["nvidia0", "nvidiactl"], {}, "gpu"),
+        ([], {}, "cpu"),
+    ],
+)
 def test_detect_accelerator(tmp_path, monkeypatch, devices, env, expected):
   ns = _install_helpers(monkeypatch)
   for name in devices:
@@ -137,8 +161,15 @@ def _install(ns, tmp_path, accelerator, have, repo_url="", start=None, candidate
 
   start = start or tmp_path / "elsewhere"
   os.makedirs(start, exist_ok=True)
-  source = ns["install_linvit_jax"](repo_url, accelerator, start=str(start), have=have, run=run,
-                                    candidates=candidates, clone_dir=str(tmp_path / "clone"))
+  source = ns["install_linvit_jax"](
+      repo_url,
+      accelerator,
+      start=str(start),
+      have=have,
+      run=run,
+      candidates=candidates,
+      clone_dir=str(tmp_path / "clone"),
+  )
   return source, commands
 
 
@@ -158,10 +189,16 @@ def test_tpu_runtime_gets_jax_tpu_and_keeps_colab_tensorflow(tmp_path, monkeypat
   jax_requirement = _jax_requirement(ns)
   colab = lambda name: name == "tensorflow"  # Colab: tensorflow preinstalled, no linvit_jax
   source, commands = _install(ns, tmp_path, "tpu", colab, repo_url="https://example.org/x.git")
-  assert commands[0] == ["git", "clone", "--depth", "1", "https://example.org/x.git",
-                         str(tmp_path / "clone")]
+  assert commands[0] == [
+      "git",
+      "clone",
+      "--depth",
+      "1",
+      "https://example.org/x.git",
+      str(tmp_path / "clone"),
+  ]
   requirements = _pip_requirements(commands)
-  assert "jax[tpu]" + jax_requirement[len("jax"):] in requirements  # setup.py's range
+  assert "jax[tpu]" + jax_requirement[len("jax") :] in requirements  # setup.py's range
   assert jax_requirement not in requirements
   assert not [r for r in requirements if r.startswith("tensorflow-cpu")]
   assert "tensorflow-datasets" in " ".join(requirements)
@@ -179,20 +216,22 @@ def test_gpu_runtime_gets_jax_cuda(tmp_path, monkeypatch):
   ns = _install_helpers(monkeypatch)
   checkout = _fake_checkout(tmp_path / "checkout")
   _, commands = _install(ns, tmp_path, "gpu", lambda name: False, start=checkout)
-  assert "jax[cuda12]" + _jax_requirement(ns)[len("jax"):] in _pip_requirements(commands)
+  assert "jax[cuda12]" + _jax_requirement(ns)[len("jax") :] in _pip_requirements(commands)
 
 
 def test_local_checkout_is_installed_from(tmp_path, monkeypatch):
   ns = _install_helpers(monkeypatch)
   checkout = _fake_checkout(tmp_path / "linvit_jax")
   (checkout / "notebooks").mkdir()
-  source, commands = _install(ns, tmp_path, "cpu", lambda name: False,
-                              start=checkout / "notebooks")  # Jupyter started in notebooks/
+  source, commands = _install(
+      ns, tmp_path, "cpu", lambda name: False, start=checkout / "notebooks"
+  )  # Jupyter started in notebooks/
   assert source == str(checkout) and commands[-1][-2:] == ["--no-deps", str(checkout)]
   assert not [c for c in commands if c[0] == "git"]
   drive = _fake_checkout(tmp_path / "drive" / "MyDrive" / "linvit_jax")  # a Colab location
-  source, commands = _install(ns, tmp_path, "cpu", lambda name: False,
-                              repo_url="https://e.org/x", candidates=(str(drive),))
+  source, commands = _install(
+      ns, tmp_path, "cpu", lambda name: False, repo_url="https://e.org/x", candidates=(str(drive),)
+  )
   assert source == str(drive) and not [c for c in commands if c[0] == "git"]
 
 
@@ -219,6 +258,7 @@ def test_checkout_root_seen_from_its_parent_is_not_an_installed_package(tmp_path
   assert not importable("linvit_nb_probe")
   (tmp_path / "linvit_nb_probe" / "__init__.py").touch()
   import importlib
+
   importlib.invalidate_caches()
   assert importable("linvit_nb_probe")
 
@@ -228,8 +268,9 @@ def test_after_install_checks(monkeypatch):
   assert "Restart session" in ns["platform_warning"]("tpu", "cpu")
   assert ns["platform_warning"]("tpu", "tpu") is None
   assert ns["platform_warning"]("cpu", "cpu") is None
-  assert ns["stale_modules"]({"jax": "0.5.0"}, {"jax": "0.10.2", "numpy": "2.1.0"},
-                             loaded=["jax", "os"]) == ["jax"]
+  assert ns["stale_modules"](
+      {"jax": "0.5.0"}, {"jax": "0.10.2", "numpy": "2.1.0"}, loaded=["jax", "os"]
+  ) == ["jax"]
 
 
 def test_readme_links_the_notebook_on_colab():
@@ -257,8 +298,18 @@ def _stand_in_teacher(path):
   import numpy as np
   from linvit_jax import checkpoints
   from linvit_jax.models import vit
-  model = vit.Model(num_classes=10, width=128, depth=4, mlp_dim=256, num_heads=4,
-                    patch_size=(4, 4), posemb="learn", pool_type="tok", head_zeroinit=False)
+
+  model = vit.Model(
+      num_classes=10,
+      width=128,
+      depth=4,
+      mlp_dim=256,
+      num_heads=4,
+      patch_size=(4, 4),
+      posemb="learn",
+      pool_type="tok",
+      head_zeroinit=False,
+  )
   params = model.init(jax.random.PRNGKey(0), np.zeros((1, 28, 28, 1), np.float32))["params"]
   checkpoints.save_npz(path, jax.device_get(params))
 
@@ -268,8 +319,11 @@ def _text(cell):
 
 
 def _images(cell):
-  return sum("image/png" in o.get("data", {}) for o in cell.outputs
-             if o.output_type in ("display_data", "execute_result"))
+  return sum(
+      "image/png" in o.get("data", {})
+      for o in cell.outputs
+      if o.output_type in ("display_data", "execute_result")
+  )
 
 
 def test_notebook_executes_in_small_mode(tmp_path, monkeypatch):
@@ -285,8 +339,9 @@ def test_notebook_executes_in_small_mode(tmp_path, monkeypatch):
 
   nb = _read()
   try:  # raises CellExecutionError (with the traceback) on the first failing cell
-    run_and_save.execute(nb, cwd=str(tmp_path), kernel_dir=str(tmp_path / "kernels"),
-                         timeout=CELL_TIMEOUT_S)
+    run_and_save.execute(
+        nb, cwd=str(tmp_path), kernel_dir=str(tmp_path / "kernels"), timeout=CELL_TIMEOUT_S
+    )
   finally:
     nbformat.write(nb, str(tmp_path / "executed.ipynb"))  # kept for a look after a failure
 
@@ -295,20 +350,21 @@ def test_notebook_executes_in_small_mode(tmp_path, monkeypatch):
   text = "\n".join(_text(c) for c in code)
   errors = [o for c in code for o in c.outputs if o.output_type == "error"]
   assert not errors, errors
-  assert "jax " in text and "on [" in text                              # devices listed
+  assert "jax " in text and "on [" in text  # devices listed
   install = _text(_install_cell(nb))
-  assert "linvit_jax at " in install and "$ " not in install            # installed nothing
-  assert "copied " in text and " leaves (" in text                      # surgery report table
+  assert "linvit_jax at " in install and "$ " not in install  # installed nothing
+  assert "copied " in text and " leaves (" in text  # surgery report table
   assert "per-layer attention fidelity" in text
-  for name in ("converted", "distill_attention"):                       # before / after columns
+  for name in ("converted", "distill_attention"):  # before / after columns
     assert name in text
-  assert "tokens: teacher" in text                                      # throughput rows
+  assert "tokens: teacher" in text  # throughput rows
   assert "reloaded: max |Δ logits|" in text
   assert sum(_images(c) for c in code) >= 5  # loss, fidelity, 2 attention maps, throughput
   for name in WORKDIR_FILES:
     assert (workdir / name).exists(), name
 
   from linvit_jax import checkpoints
+
   flat = checkpoints.flatten(checkpoints.load_npz(str(workdir / "student.npz")))
   assert any("feature_map_q" in k for k in flat)  # hedgehog's own params are exported
   with open(workdir / "student_config.json") as f:

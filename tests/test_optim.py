@@ -9,23 +9,31 @@ from linvit_jax import config_lib, optim, train
 
 VIT_LIKE = {  # per-block and scanned encoder paths, and a head
     "Transformer": {
-        "encoderblock_0": {"MultiHeadDotProductAttention_0": {"query": {"kernel": np.zeros((4, 4))},
-                                                              "feature_map_q": {"w": np.zeros(2)}},
-                           "MlpBlock_0": {"Dense_0": {"kernel": np.zeros((4, 8))}}},
-        "encoderblock": {"MultiHeadDotProductAttention_0": {"out": {"bias": np.zeros((2, 4))}}}},
+        "encoderblock_0": {
+            "MultiHeadDotProductAttention_0": {
+                "query": {"kernel": np.zeros((4, 4))},
+                "feature_map_q": {"w": np.zeros(2)},
+            },
+            "MlpBlock_0": {"Dense_0": {"kernel": np.zeros((4, 8))}},
+        },
+        "encoderblock": {"MultiHeadDotProductAttention_0": {"out": {"bias": np.zeros((2, 4))}}},
+    },
     "head": {"kernel": np.zeros((4, 3)), "bias": np.zeros(3)},
 }
 
 
 def _true_paths(mask):
-  return sorted("/".join(k.key for k in p) for p, m in
-                jax.tree_util.tree_flatten_with_path(mask)[0] if m)
+  return sorted(
+      "/".join(k.key for k in p) for p, m in jax.tree_util.tree_flatten_with_path(mask)[0] if m
+  )
 
 
 def test_trainable_mask_names_regexes_callables_and_trees():
-  attn = ["Transformer/encoderblock/MultiHeadDotProductAttention_0/out/bias",
-          "Transformer/encoderblock_0/MultiHeadDotProductAttention_0/feature_map_q/w",
-          "Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"]
+  attn = [
+      "Transformer/encoderblock/MultiHeadDotProductAttention_0/out/bias",
+      "Transformer/encoderblock_0/MultiHeadDotProductAttention_0/feature_map_q/w",
+      "Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel",
+  ]
   assert _true_paths(optim.trainable_mask(VIT_LIKE, "distill_attention")) == attn
   assert _true_paths(optim.trainable_mask(VIT_LIKE, "attention")) == attn
   everything = _true_paths(optim.trainable_mask(VIT_LIKE, None))
@@ -36,15 +44,21 @@ def test_trainable_mask_names_regexes_callables_and_trees():
   assert _true_paths(optim.trainable_mask(VIT_LIKE, "head/.*")) == ["head/bias", "head/kernel"]
   assert _true_paths(optim.trainable_mask(VIT_LIKE, ".*/kernel")) == [
       "Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel",
-      "Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel", "head/kernel"]
+      "Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel",
+      "head/kernel",
+  ]
   with pytest.raises(ValueError, match="'kernel' selects no parameters"):
     optim.trainable_mask(VIT_LIKE, "kernel")
   mask = optim.trainable_mask(VIT_LIKE, lambda p: jax.tree.map(lambda x: x.ndim == 1, p))
-  assert _true_paths(mask) == ["Transformer/encoderblock_0/MultiHeadDotProductAttention_0/"
-                               "feature_map_q/w", "head/bias"]
+  assert _true_paths(mask) == [
+      "Transformer/encoderblock_0/MultiHeadDotProductAttention_0/" "feature_map_q/w",
+      "head/bias",
+  ]
   assert optim.trainable_mask(mask, mask) == mask  # a tree of bools passes through
-  assert all(type(v) is bool for v in jax.tree.leaves(optim.trainable_mask(
-      {"a": np.zeros(2)}, {"a": np.bool_(True)})))
+  assert all(
+      type(v) is bool
+      for v in jax.tree.leaves(optim.trainable_mask({"a": np.zeros(2)}, {"a": np.bool_(True)}))
+  )
 
 
 def test_frozen_leaves_have_no_optimizer_state():
@@ -62,12 +76,14 @@ def test_frozen_leaves_have_no_optimizer_state():
 
 def test_schedule_warmup_then_cosine():
   opt = dict(lr=1.0, warmup_steps=10, end_lr_ratio=0.1)
-  scheds = [optim.make_schedule(dict(opt, schedule=k), 110) for k in ("cosine", "linear",
-                                                                       "constant")]
+  scheds = [
+      optim.make_schedule(dict(opt, schedule=k), 110) for k in ("cosine", "linear", "constant")
+  ]
   at = jnp.array([0, 5, 10, 60, 100, 110])
   cos, lin, const = (np.asarray(v) for v in jax.jit(lambda t: [f(t) for f in scheds])(at))
-  np.testing.assert_allclose(cos, [0, 0.5, 1, 0.55, 0.1 + 0.9 * (1 + np.cos(0.9 * np.pi)) / 2,
-                                   0.1], atol=1e-6)
+  np.testing.assert_allclose(
+      cos, [0, 0.5, 1, 0.55, 0.1 + 0.9 * (1 + np.cos(0.9 * np.pi)) / 2, 0.1], atol=1e-6
+  )
   np.testing.assert_allclose(lin, [0, 0.5, 1, 0.55, 0.19, 0.1], atol=1e-6)
   np.testing.assert_allclose(const, [0, 0.5, 1, 1, 1, 1], atol=1e-6)
   with pytest.raises(ValueError, match="'cosine', 'linear' or 'constant'"):
@@ -77,9 +93,13 @@ def test_schedule_warmup_then_cosine():
 def test_weight_decay_has_big_vision_semantics():
   """wd is added after scale(lr), follows the schedule's shape only and decays `.*/kernel` only:
   big_vision's optax.make, written out by hand for adam's first step (update = ±1 per element)."""
-  params = {"Dense_0": {"kernel": np.full((2, 2), 2.0, np.float32),
-                        "bias": np.full((2,), 2.0, np.float32)},
-            "pos_embedding": np.full((1, 3, 2), 2.0, np.float32)}
+  params = {
+      "Dense_0": {
+          "kernel": np.full((2, 2), 2.0, np.float32),
+          "bias": np.full((2,), 2.0, np.float32),
+      },
+      "pos_embedding": np.full((1, 3, 2), 2.0, np.float32),
+  }
   grads = jax.tree.map(np.ones_like, params)
   mask = optim.trainable_mask(params, None)
   lr, wd, warmup = 1e-2, 0.1, 4
@@ -91,8 +111,7 @@ def test_weight_decay_has_big_vision_semantics():
     s = float(schedule(step)) / lr
     assert s == pytest.approx(step / warmup)
     adam = 1.0  # first adam steps on a constant gradient: m/sqrt(v) = 1
-    np.testing.assert_allclose(updates["Dense_0"]["kernel"], -s * (lr * adam + wd * 2.0),
-                               rtol=1e-4)
+    np.testing.assert_allclose(updates["Dense_0"]["kernel"], -s * (lr * adam + wd * 2.0), rtol=1e-4)
     np.testing.assert_allclose(updates["Dense_0"]["bias"], -s * lr * adam, rtol=1e-4)
     np.testing.assert_allclose(updates["pos_embedding"], -s * lr * adam, rtol=1e-4)
 
@@ -101,8 +120,12 @@ def test_defaults_come_from_config_lib():
   """A block that omits fields means what the config's block means: one table of defaults."""
   assert optim.optimizer_settings(None) == config_lib.OPTIMIZER_DEFAULTS
   block = config_lib.stage("finetune", steps=40, batch_size=8, lr=3e-4, warmup_steps=2)
-  minimal = {"name": "x", "steps": 40, "batch_size": 8,
-             "optimizer": {"lr": 3e-4, "warmup_steps": 2, "wd": None}}
+  minimal = {
+      "name": "x",
+      "steps": 40,
+      "batch_size": 8,
+      "optimizer": {"lr": 3e-4, "warmup_steps": 2, "wd": None},
+  }
   got = train.stage_settings(minimal)
   for k, v in block.items():
     if k == "optimizer":

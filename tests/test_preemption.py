@@ -24,7 +24,7 @@ from tests.helpers import tiny_task as tt
 from tests.helpers.subprocs import ROBUST_CONFIG, ROOT, last_line, subprocess_env
 
 sys.path.insert(0, os.path.join(ROOT, "launch"))
-import local_multihost  # noqa: E402  pylint: disable=wrong-import-position
+import local_multihost  # noqa: E402
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -47,25 +47,29 @@ def _signal_at(step_to_signal: int, signum: int, times: int = 1):
         for _ in range(times):
           os.kill(os.getpid(), signum)
       yield batch
+
   return make
 
 
 def _c_handler(signum: int) -> int:
   """The handler address the kernel holds for `signum` (0 = SIG_DFL, 1 = SIG_IGN): what
   `signal.getsignal` does not see when the handler was installed outside Python."""
-  action = train._sigaction(signum)  # pylint: disable=protected-access
+  action = train._sigaction(signum)
   return ctypes.c_void_p.from_buffer(action).value or 0
 
 
 # ------------------------------------------------------------------------------------------------
 # In-process: the stage runner.
 
+
 def test_sigterm_saves_at_the_step_boundary_and_restores_the_handlers(tmp_path):
   before = {s: (signal.getsignal(s), _c_handler(s)) for s in SIGNALS}
   with pytest.raises(train.StageInterrupted) as info:
     tt.run_stage(tmp_path, batch_iter_fn=_signal_at(2, signal.SIGTERM))
-  assert str(info.value) == ("stage 'tiny' interrupted by SIGTERM at step 3 of 6; checkpoint "
-                             "saved, rerun the same command to resume")
+  assert str(info.value) == (
+      "stage 'tiny' interrupted by SIGTERM at step 3 of 6; checkpoint "
+      "saved, rerun the same command to resume"
+  )
   assert info.value.signum == signal.SIGTERM
   assert isinstance(info.value, KeyboardInterrupt)  # the CLI's Ctrl-C path: exit 130
   with ocp.CheckpointManager(str(tmp_path / "tiny" / "checkpoints")) as m:
@@ -77,8 +81,9 @@ def test_sigterm_saves_at_the_step_boundary_and_restores_the_handlers(tmp_path):
 
 
 def test_second_sigterm_stops_at_once(tmp_path):
-  with pytest.raises(train.StageInterrupted, match="interrupted by SIGTERM at step 3 of 6; "
-                                                   "checkpoint saved"):
+  with pytest.raises(
+      train.StageInterrupted, match="interrupted by SIGTERM at step 3 of 6; " "checkpoint saved"
+  ):
     tt.run_stage(tmp_path, batch_iter_fn=_signal_at(3, signal.SIGTERM, times=2))
   assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
@@ -104,6 +109,7 @@ def test_a_handler_installed_outside_python_comes_back(tmp_path):
 # ------------------------------------------------------------------------------------------------
 # The CLI, with real signals from outside.
 
+
 def _wait_for_rows(procs, metrics, rows: int = 3, timeout: float = 400) -> None:
   """Until `metrics` has `rows` lines (the stage is running), or a process ends."""
   deadline = time.time() + timeout
@@ -118,7 +124,8 @@ def _assert_resumed(args, workdir, step, total, env):
   again = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
   assert f"stage 'distill_attention': resuming from step {step} of {total}" in (
-      again.stdout + again.stderr)
+      again.stdout + again.stderr
+  )
   rows = metrics_lib.read_jsonl(str(workdir / "distill_attention" / metrics_lib.METRICS_FILE))
   steps = [r["step"] for r in rows if "loss" in r]
   assert steps == sorted(set(steps)) and steps[-1] == total  # no step logged twice
@@ -129,9 +136,15 @@ def _assert_resumed(args, workdir, step, total, env):
 def test_cli_sigterm_saves_exits_143_and_the_rerun_resumes(teacher, tmp_path):
   """SIGTERM to `python -m linvit_jax.main` in the middle of a stage, then the same command."""
   workdir = tmp_path / "w"
-  args = [sys.executable, "-m", "linvit_jax.main", "--config",
-          f"{ROBUST_CONFIG}:teacher={teacher},steps=200,finetune_steps=2,checkpoint_every=1000",
-          "--workdir", str(workdir)]
+  args = [
+      sys.executable,
+      "-m",
+      "linvit_jax.main",
+      "--config",
+      f"{ROBUST_CONFIG}:teacher={teacher},steps=200,finetune_steps=2,checkpoint_every=1000",
+      "--workdir",
+      str(workdir),
+  ]
   log = tmp_path / "first.log"
   with open(log, "w") as f:
     proc = subprocess.Popen(args, cwd=ROOT, env=subprocess_env(1), stdout=f, stderr=f)
@@ -162,14 +175,26 @@ def test_cli_two_processes_sigterm_to_one_stops_both_at_the_same_step(teacher, t
   step, name the same signal, and the checkpoint holds that step (the resume itself is the
   single-process test's)."""
   workdir = tmp_path / "w"
-  args = [sys.executable, "-m", "linvit_jax.main", "--config",
-          f"{ROBUST_CONFIG}:teacher={teacher},steps=200,finetune_steps=2,checkpoint_every=1000",
-          "--workdir", str(workdir)]
+  args = [
+      sys.executable,
+      "-m",
+      "linvit_jax.main",
+      "--config",
+      f"{ROBUST_CONFIG}:teacher={teacher},steps=200,finetune_steps=2,checkpoint_every=1000",
+      "--workdir",
+      str(workdir),
+  ]
   port, procs, logs = local_multihost.free_port(), [], []
   try:
     for i in range(2):
-      env = local_multihost.process_env(subprocess_env(1), process_id=i, num_processes=2, port=port,
-                                        devices_per_process=1, platform="cpu")
+      env = local_multihost.process_env(
+          subprocess_env(1),
+          process_id=i,
+          num_processes=2,
+          port=port,
+          devices_per_process=1,
+          platform="cpu",
+      )
       logs.append(tmp_path / f"process{i}.log")
       with open(logs[-1], "w") as f:
         procs.append(subprocess.Popen(args, cwd=ROOT, env=env, stdout=f, stderr=f))
@@ -185,8 +210,9 @@ def test_cli_two_processes_sigterm_to_one_stops_both_at_the_same_step(teacher, t
   assert [p.returncode for p in procs] == [143, 143], "\n".join(o[-3000:] for o in outs)
   lasts = [last_line(o) for o in outs]
   assert lasts[0] == lasts[1], lasts  # the same step on both
-  assert lasts[0].startswith("error: stage 'distill_attention' interrupted by SIGTERM at step "), \
-      lasts
+  assert lasts[0].startswith(
+      "error: stage 'distill_attention' interrupted by SIGTERM at step "
+  ), lasts
   assert lasts[0].endswith(" of 200; checkpoint saved, rerun the same command to resume"), lasts
   step = int(lasts[0].split(" at step ")[1].split()[0])
   assert 1 <= step < 200

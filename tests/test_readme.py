@@ -61,7 +61,7 @@ class Command:
 
   def module_args(self) -> list[str]:
     i = self.words.index("-m")
-    return list(self.words[i + 2:])
+    return list(self.words[i + 2 :])
 
   def __str__(self) -> str:
     return f"README.md:{self.line}: {shlex.join(self.words)}"
@@ -177,32 +177,47 @@ def _external(path: pathlib.PurePosixPath) -> bool:
 # ------------------------------------------------------------------------------------------------
 # The README itself.
 
+
 def test_readme_has_blocks_of_known_kinds():
   assert PYTHON_BLOCKS and MAIN_COMMANDS, "README parsing found no python block or main command"
-  unknown = [f"README.md:{b.line}: ```{b.lang}" for b in BLOCKS
-             if b.lang not in PYTHON + SHELL + OUTPUT]
-  assert not unknown, ("code blocks of a language this test does not check (run them, or mark "
-                       f"output as ```text): {unknown}")
+  unknown = [
+      f"README.md:{b.line}: ```{b.lang}" for b in BLOCKS if b.lang not in PYTHON + SHELL + OUTPUT
+  ]
+  assert not unknown, (
+      "code blocks of a language this test does not check (run them, or mark "
+      f"output as ```text): {unknown}"
+  )
 
 
 # ------------------------------------------------------------------------------------------------
 # Python blocks: run as written.
 
+
 @pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=lambda b: f"line{b.line}")
 def test_python_block_runs_as_written(block):
-  result = subprocess.run([sys.executable, "-c", block.text], cwd=ROOT, capture_output=True,
-                          text=True, timeout=TIMEOUT_S, check=False)
-  assert result.returncode == 0, (f"README.md:{block.line}: python block failed "
-                                  f"(exit {result.returncode}):\n{result.stderr[-4000:]}")
+  result = subprocess.run(
+      [sys.executable, "-c", block.text],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=TIMEOUT_S,
+      check=False,
+  )
+  assert result.returncode == 0, (
+      f"README.md:{block.line}: python block failed "
+      f"(exit {result.returncode}):\n{result.stderr[-4000:]}"
+  )
 
 
 # ------------------------------------------------------------------------------------------------
 # Shell blocks: syntax, modules, paths, and the main commands' configs.
 
+
 @pytest.mark.parametrize("block", SHELL_BLOCKS, ids=lambda b: f"line{b.line}")
 def test_shell_block_syntax(block):
-  result = subprocess.run(["bash", "-n"], input=block.text, capture_output=True, text=True,
-                          timeout=60, check=False)
+  result = subprocess.run(
+      ["bash", "-n"], input=block.text, capture_output=True, text=True, timeout=60, check=False
+  )
   assert result.returncode == 0, f"README.md:{block.line}: bash syntax error: {result.stderr}"
 
 
@@ -211,12 +226,15 @@ def test_python_module_exists(command):
   module = command.module()
   if module.split(".")[0] == "linvit_jax":
     base = ROOT.joinpath(*module.split("."))
-    assert base.with_suffix(".py").is_file() or (base / "__main__.py").is_file(), (
-        f"{command}: no module {module} in the repository")
+    assert (
+        base.with_suffix(".py").is_file() or (base / "__main__.py").is_file()
+    ), f"{command}: no module {module} in the repository"
   else:
-    import importlib.util  # pylint: disable=import-outside-toplevel
-    assert importlib.util.find_spec(module.split(".")[0]) is not None, (
-        f"{command}: module {module} is not installed")
+    import importlib.util
+
+    assert (
+        importlib.util.find_spec(module.split(".")[0]) is not None
+    ), f"{command}: module {module} is not installed"
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=str)
@@ -235,7 +253,7 @@ def test_repository_paths_exist(command):
 def _made_by_earlier_commands(command: Command) -> list[pathlib.PurePosixPath]:
   """Output paths that README commands before `command` create (e.g. a folder of photos)."""
   made = []
-  for earlier in COMMANDS[:COMMANDS.index(command)]:
+  for earlier in COMMANDS[: COMMANDS.index(command)]:
     if earlier.module() in (None, *CLI_MODULES):
       continue
     for word in earlier.module_args():
@@ -256,8 +274,12 @@ def sandbox(tmp_path_factory) -> pathlib.Path:
   for entry in os.listdir(ROOT):
     if entry not in OUTPUT_ROOTS - set(MADE_BY_SETUP):
       (checkout / entry).symlink_to(ROOT / entry)
-  siblings = {p.parts[1] for c in COMMANDS for v in _candidate_values(c)
-              if (p := _local_path(v)) is not None and _external(p) and len(p.parts) > 1}
+  siblings = {
+      p.parts[1]
+      for c in COMMANDS
+      for v in _candidate_values(c)
+      if (p := _local_path(v)) is not None and _external(p) and len(p.parts) > 1
+  }
   for sibling in siblings:
     if (ROOT.parent / sibling).exists():
       (base / sibling).symlink_to(ROOT.parent / sibling)
@@ -285,8 +307,9 @@ def test_main_command_config_loads(command, sandbox):
   config = _option(args, "config")
   assert config, f"{command}: no --config"
   config_file = config.split(":", 1)[0]
-  assert (ROOT / config_file).is_file() or config_files.find_config(config_file), (
-      f"{command}: --config file {config_file} does not exist and is no shipped config's name")
+  assert (ROOT / config_file).is_file() or config_files.find_config(
+      config_file
+  ), f"{command}: --config file {config_file} does not exist and is no shipped config's name"
 
   for value in _candidate_values(command):
     path = _local_path(value)
@@ -297,9 +320,19 @@ def test_main_command_config_loads(command, sandbox):
 
   # linvit_jax from this checkout, not through the sandbox's links (-P: no cwd on sys.path).
   flags = ["-P"] if sys.version_info >= (3, 11) else []
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-      p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-  result = subprocess.run([sys.executable, *flags, "-c", _LOAD_CONFIG, *args], cwd=sandbox,
-                          env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
-  assert result.returncode == 0 and "loaded" in result.stdout, (
-      f"{command}: config does not load (exit {result.returncode}):\n{result.stderr[-4000:]}")
+  env = {
+      **os.environ,
+      "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+  }
+  result = subprocess.run(
+      [sys.executable, *flags, "-c", _LOAD_CONFIG, *args],
+      cwd=sandbox,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=TIMEOUT_S,
+      check=False,
+  )
+  assert (
+      result.returncode == 0 and "loaded" in result.stdout
+  ), f"{command}: config does not load (exit {result.returncode}):\n{result.stderr[-4000:]}"

@@ -53,9 +53,14 @@ class ComputeStarted(Exception):
 
 
 def _cli(*args, num_devices=1, timeout=300, env_extra=None):
-  return subprocess.run([sys.executable, "-m", "linvit_jax.main", *args], cwd=ROOT,
-                        capture_output=True, text=True, timeout=timeout,
-                        env=subprocess_env(num_devices, **(env_extra or {})))
+  return subprocess.run(
+      [sys.executable, "-m", "linvit_jax.main", *args],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+      env=subprocess_env(num_devices, **(env_extra or {})),
+  )
 
 
 def _assert_clean_error(proc, *fragments, code=2):
@@ -95,8 +100,10 @@ def _assert_bitwise(a: dict, b: dict):
 # ================================================================================================
 # A. The CLI: one `error:` line, no traceback.
 
-@pytest.mark.parametrize("case", ["unknown_feature_map", "mesh_impossible", "batch_not_divisible",
-                                  "gs_teacher_offline"])
+
+@pytest.mark.parametrize(
+    "case", ["unknown_feature_map", "mesh_impossible", "batch_not_divisible", "gs_teacher_offline"]
+)
 def test_cli_user_error_is_one_line(case, teacher, tmp_path):
   workdir = str(tmp_path / "w")
   args, devices, env = ["--config", f"{ROBUST_CONFIG}:teacher={teacher}"], 1, {}
@@ -124,18 +131,40 @@ def test_cli_user_error_is_one_line(case, teacher, tmp_path):
     assert not os.path.exists(workdir)  # rejected before anything was written
 
 
-@pytest.mark.parametrize("args,fragments", [
-    ([f"{ROBUST_CONFIG}:teacher=x.npz", "--config.finetune.steps=abc"],
-     ["config.finetune.steps=abc", "invalid literal for int"]),
-    ([f"{ROBUST_CONFIG}:teacher=x.npz", "--config.surgery.calibrate=maybe"],
-     ["config.surgery.calibrate"]),
-    ([f"{ROBUST_CONFIG}:teacher=x.npz", "--config.model.width=1.5"], ["config.model.width"]),
-    ([f"{ROBUST_CONFIG}:teacher=x.npz,steps=abc"], ["config arg steps='abc' is not an integer"]),
-    ([f"{ROBUST_CONFIG}:teacher=x.npz", "--config.steps=3"], ["no such config field 'steps'",
-                                                        "--config.steps=3"]),
-    ([f"{ROBUST_CONFIG}:teacher=x.npz", "--config.finetune.stpes=3"], ["'stpes'", "Did you mean"]),
-], ids=["int_given_text", "bool_given_text", "int_given_float", "config_arg_type",
-        "unknown_top_level_field", "unknown_nested_field"])
+@pytest.mark.parametrize(
+    "args,fragments",
+    [
+        (
+            [f"{ROBUST_CONFIG}:teacher=x.npz", "--config.finetune.steps=abc"],
+            ["config.finetune.steps=abc", "invalid literal for int"],
+        ),
+        (
+            [f"{ROBUST_CONFIG}:teacher=x.npz", "--config.surgery.calibrate=maybe"],
+            ["config.surgery.calibrate"],
+        ),
+        ([f"{ROBUST_CONFIG}:teacher=x.npz", "--config.model.width=1.5"], ["config.model.width"]),
+        (
+            [f"{ROBUST_CONFIG}:teacher=x.npz,steps=abc"],
+            ["config arg steps='abc' is not an integer"],
+        ),
+        (
+            [f"{ROBUST_CONFIG}:teacher=x.npz", "--config.steps=3"],
+            ["no such config field 'steps'", "--config.steps=3"],
+        ),
+        (
+            [f"{ROBUST_CONFIG}:teacher=x.npz", "--config.finetune.stpes=3"],
+            ["'stpes'", "Did you mean"],
+        ),
+    ],
+    ids=[
+        "int_given_text",
+        "bool_given_text",
+        "int_given_float",
+        "config_arg_type",
+        "unknown_top_level_field",
+        "unknown_nested_field",
+    ],
+)
 def test_cli_bad_override_is_rejected_while_parsing_flags(args, fragments, tmp_path):
   proc = _cli("--config", *args, "--workdir", str(tmp_path / "w"), timeout=120)
   assert proc.returncode != 0
@@ -148,34 +177,75 @@ def test_cli_bad_override_is_rejected_while_parsing_flags(args, fragments, tmp_p
 def _entry_with(monkeypatch, capsys, error):
   def fake_run(main, **kw):
     raise error
+
   monkeypatch.setattr(main_lib.app, "run", fake_run)
   with pytest.raises(SystemExit) as exit_info:
     main_lib.cli()
   return exit_info.value.code, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("error,code,expected", [
-    (run_lib.ConfigError("config.x: bad"), 2, "error: config.x: bad\n"),
-    (checkpoints.CheckpointError("checkpoint 'a.npz': missing 'cls'"), 2,
-     "error: checkpoint 'a.npz': missing 'cls'\n"),
-    (surgery.SurgeryError("unknown surgery policy 'p'"), 2, "error: unknown surgery policy 'p'\n"),
-    (train.NonFiniteLossError("stage 's': non-finite"), 2, "error: stage 's': non-finite\n"),
-    (train.WorkdirWriteError("stage 's': cannot write ...: the disk is full", errno.ENOSPC), 2,
-     "error: stage 's': cannot write ...: the disk is full\n"),
-    (OSError(errno.ENOSPC, "No space left on device", "/w/student.npz"), 2,
-     "error: cannot write '/w/student.npz': No space left on device\n"),
-    (OSError(errno.EROFS, "Read-only file system"), 2, "Read-only file system\n"),
-    (train.StageInterrupted("stage 's' interrupted at step 3 of 9; checkpoint saved, rerun the "
-                            "same command to resume"), 130,
-     "error: stage 's' interrupted at step 3 of 9; checkpoint saved, rerun the same command to "
-     "resume\n"),
-    (train.StageInterrupted("stage 's' interrupted by SIGTERM at step 3 of 9; checkpoint saved",
-                            signum=15), 143,
-     "error: stage 's' interrupted by SIGTERM at step 3 of 9; checkpoint saved\n"),
-    (KeyboardInterrupt(), 130, "error: interrupted outside a training stage; finished stages are "
-     "checkpointed, rerun the same command to resume\n"),
-], ids=["config", "checkpoint", "surgery", "nonfinite", "workdir_write", "disk_full_file",
-        "read_only", "stage_interrupted", "sigterm", "ctrl_c_elsewhere"])
+@pytest.mark.parametrize(
+    "error,code,expected",
+    [
+        (run_lib.ConfigError("config.x: bad"), 2, "error: config.x: bad\n"),
+        (
+            checkpoints.CheckpointError("checkpoint 'a.npz': missing 'cls'"),
+            2,
+            "error: checkpoint 'a.npz': missing 'cls'\n",
+        ),
+        (
+            surgery.SurgeryError("unknown surgery policy 'p'"),
+            2,
+            "error: unknown surgery policy 'p'\n",
+        ),
+        (train.NonFiniteLossError("stage 's': non-finite"), 2, "error: stage 's': non-finite\n"),
+        (
+            train.WorkdirWriteError("stage 's': cannot write ...: the disk is full", errno.ENOSPC),
+            2,
+            "error: stage 's': cannot write ...: the disk is full\n",
+        ),
+        (
+            OSError(errno.ENOSPC, "No space left on device", "/w/student.npz"),
+            2,
+            "error: cannot write '/w/student.npz': No space left on device\n",
+        ),
+        (OSError(errno.EROFS, "Read-only file system"), 2, "Read-only file system\n"),
+        (
+            train.StageInterrupted(
+                "stage 's' interrupted at step 3 of 9; checkpoint saved, rerun the "
+                "same command to resume"
+            ),
+            130,
+            "error: stage 's' interrupted at step 3 of 9; checkpoint saved, rerun the same command to "
+            "resume\n",
+        ),
+        (
+            train.StageInterrupted(
+                "stage 's' interrupted by SIGTERM at step 3 of 9; checkpoint saved", signum=15
+            ),
+            143,
+            "error: stage 's' interrupted by SIGTERM at step 3 of 9; checkpoint saved\n",
+        ),
+        (
+            KeyboardInterrupt(),
+            130,
+            "error: interrupted outside a training stage; finished stages are "
+            "checkpointed, rerun the same command to resume\n",
+        ),
+    ],
+    ids=[
+        "config",
+        "checkpoint",
+        "surgery",
+        "nonfinite",
+        "workdir_write",
+        "disk_full_file",
+        "read_only",
+        "stage_interrupted",
+        "sigterm",
+        "ctrl_c_elsewhere",
+    ],
+)
 def test_entry_formats_user_errors(error, code, expected, monkeypatch, capsys):
   got_code, err = _entry_with(monkeypatch, capsys, error)
   assert got_code == code
@@ -190,9 +260,11 @@ def test_entry_keeps_the_traceback_of_a_bug(monkeypatch, capsys):
 # ================================================================================================
 # B. Configs: a ConfigError naming the field, before the workdir or any compute.
 
+
 def _no_compute(monkeypatch):
   def boom(*a, **k):
     raise ComputeStarted("the run got past its checks")
+
   monkeypatch.setattr(run_lib, "_sample_images", boom)
 
 
@@ -204,57 +276,97 @@ def _set(path: str, value):
       node = node[p]
     with node.ignore_type():  # e.g. a per-layer list where the field holds a string
       node[leaf] = value
+
   return mutate
 
 
 def _add_field(block: str, field: str, value):
   def mutate(c):
     c[block][field] = value
+
   return mutate
 
 
 CONFIG_CASES = {
-    "unknown_feature_map": (_set("student.attention", "elu2"),
-                            "config.student.attention: unknown attention kind 'elu2'"),
-    "unknown_linear_feature_map": (_set("student.attention", "linear:favour"),
-                                   "config.student.attention: unknown feature map 'favour'"),
-    "unknown_attention_field": (_set("student.attention", {"kind": "linear", "fmap": "elu1"}),
-                                "config.student.attention: unknown attention field(s) ['fmap']"),
-    "per_layer_attention_wrong_length": (_set("student.attention", ["elu1"] * 3),
-                                         "3 per-layer specs but depth is 2"),
-    "unknown_policy": (_set("surgery.policy", "copy_most"),
-                       "config.surgery.policy: unknown surgery policy 'copy_most'"),
-    "unknown_pp_op_train": (_set("data.pp_train", "decode(1)|flipp_lr"),
-                            "config.data.pp_train: unknown preprocessing op 'flipp_lr'"),
-    "unknown_pp_op_eval": (_set("data.pp_eval", "decode(1)|resise(8)"),
-                           "config.data.pp_eval: unknown preprocessing op 'resise'"),
-    "unknown_stage_kind": (_set("finetune.kind", "distil"),
-                           "config.finetune.kind='distil': unknown stage kind"),
-    "stage_block_missing": (_set("stages", ["distill_attention", "finetnue"]),
-                            "config.finetnue is missing"),
+    "unknown_feature_map": (
+        _set("student.attention", "elu2"),
+        "config.student.attention: unknown attention kind 'elu2'",
+    ),
+    "unknown_linear_feature_map": (
+        _set("student.attention", "linear:favour"),
+        "config.student.attention: unknown feature map 'favour'",
+    ),
+    "unknown_attention_field": (
+        _set("student.attention", {"kind": "linear", "fmap": "elu1"}),
+        "config.student.attention: unknown attention field(s) ['fmap']",
+    ),
+    "per_layer_attention_wrong_length": (
+        _set("student.attention", ["elu1"] * 3),
+        "3 per-layer specs but depth is 2",
+    ),
+    "unknown_policy": (
+        _set("surgery.policy", "copy_most"),
+        "config.surgery.policy: unknown surgery policy 'copy_most'",
+    ),
+    "unknown_pp_op_train": (
+        _set("data.pp_train", "decode(1)|flipp_lr"),
+        "config.data.pp_train: unknown preprocessing op 'flipp_lr'",
+    ),
+    "unknown_pp_op_eval": (
+        _set("data.pp_eval", "decode(1)|resise(8)"),
+        "config.data.pp_eval: unknown preprocessing op 'resise'",
+    ),
+    "unknown_stage_kind": (
+        _set("finetune.kind", "distil"),
+        "config.finetune.kind='distil': unknown stage kind",
+    ),
+    "stage_block_missing": (
+        _set("stages", ["distill_attention", "finetnue"]),
+        "config.finetnue is missing",
+    ),
     "distill_without_teacher": (_set("teacher.init", ""), "config.teacher.init is empty"),
-    "zero_steps": (_set("finetune.steps", 0),
-                   "config.finetune: stage 'finetune': steps must be a positive integer, got 0"),
-    "unknown_optimizer": (_set("finetune.optimizer.name", "adamm"),
-                          "config.finetune.optimizer: optimizer.name='adamm'"),
-    "unknown_schedule": (_set("distill_attention.optimizer.schedule", "cosin"),
-                         "config.distill_attention.optimizer: optimizer.schedule='cosin'"),
-    "unknown_optimizer_field": (_add_field("finetune", "optimizer", {"learning_rate": 0.1}),
-                                "unknown optimizer field(s) ['learning_rate']"),
-    "unknown_label_loss": (_set("finetune.label_loss", "xent"),
-                           "config.finetune.label_loss='xent': unknown"),
-    "unknown_distill_metric": (_set("distill.metric", "l2"),
-                               "config.distill: distill.metric must be nmse or cosine"),
-    "unknown_distill_field": (_add_field("distill", "w_atn", 1.0),
-                              "config.distill: unknown distill config field(s) ['w_atn']"),
-    "unknown_variant": (_set("model.variant", "X/16"),
-                        "config.model.variant: unknown ViT variant 'X/16'"),
+    "zero_steps": (
+        _set("finetune.steps", 0),
+        "config.finetune: stage 'finetune': steps must be a positive integer, got 0",
+    ),
+    "unknown_optimizer": (
+        _set("finetune.optimizer.name", "adamm"),
+        "config.finetune.optimizer: optimizer.name='adamm'",
+    ),
+    "unknown_schedule": (
+        _set("distill_attention.optimizer.schedule", "cosin"),
+        "config.distill_attention.optimizer: optimizer.schedule='cosin'",
+    ),
+    "unknown_optimizer_field": (
+        _add_field("finetune", "optimizer", {"learning_rate": 0.1}),
+        "unknown optimizer field(s) ['learning_rate']",
+    ),
+    "unknown_label_loss": (
+        _set("finetune.label_loss", "xent"),
+        "config.finetune.label_loss='xent': unknown",
+    ),
+    "unknown_distill_metric": (
+        _set("distill.metric", "l2"),
+        "config.distill: distill.metric must be nmse or cosine",
+    ),
+    "unknown_distill_field": (
+        _add_field("distill", "w_atn", 1.0),
+        "config.distill: unknown distill config field(s) ['w_atn']",
+    ),
+    "unknown_variant": (
+        _set("model.variant", "X/16"),
+        "config.model.variant: unknown ViT variant 'X/16'",
+    ),
     "unknown_model_field": (_add_field("model", "depht", 3), "unknown ViT model field(s)"),
-    "mesh_impossible": (_set("mesh", (("data", 3), ("fsdp", 1))),
-                        "config.mesh / batch_size on 1 devices"),
+    "mesh_impossible": (
+        _set("mesh", (("data", 3), ("fsdp", 1))),
+        "config.mesh / batch_size on 1 devices",
+    ),
     "mesh_two_rest_axes": (_set("mesh", (("data", -1), ("fsdp", -1))), "at most one axis"),
-    "batch_not_divisible_by_accumulation": (_set("finetune.optimizer.accum_steps", 3),
-                                            "config.finetune.batch_size=8"),
+    "batch_not_divisible_by_accumulation": (
+        _set("finetune.optimizer.accum_steps", 3),
+        "config.finetune.batch_size=8",
+    ),
 }
 
 
@@ -288,8 +400,14 @@ def test_workdir_under_a_file_is_reported(teacher, tmp_path, monkeypatch):
 def _mount_tmpfs(path, options: str) -> bool:
   os.makedirs(path, exist_ok=True)
   try:
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-                          capture_output=True, timeout=30).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+            capture_output=True,
+            timeout=30,
+        ).returncode
+        == 0
+    )
   except (OSError, subprocess.SubprocessError):
     return False
 
@@ -314,13 +432,17 @@ def test_workdir_of_another_run_is_not_resumed_or_overwritten(teacher, tmp_path,
   # config.json is written once the inputs load; stop right after that, at the surgery.
   def boom(*a, **k):
     raise ComputeStarted("the run got past its checks")
+
   monkeypatch.setattr(run_lib.surgery, "transplant", boom)
   workdir = str(tmp_path / "w")
   with pytest.raises(ComputeStarted):  # the first run records its config
     run_lib.run(_config(teacher, feature_map="elu1"), workdir)
   recorded = (tmp_path / "w" / "config.json").read_text()
-  with pytest.raises(run_lib.ConfigError, match=r"holds a run of another config \(student\."
-                     r"attention: \"elu1\" there, \"relu\" now\)"):
+  with pytest.raises(
+      run_lib.ConfigError,
+      match=r"holds a run of another config \(student\."
+      r"attention: \"elu1\" there, \"relu\" now\)",
+  ):
     run_lib.run(_config(teacher, feature_map="relu"), workdir)
   assert (tmp_path / "w" / "config.json").read_text() == recorded
   changed = _config(teacher, feature_map="elu1")
@@ -331,6 +453,7 @@ def test_workdir_of_another_run_is_not_resumed_or_overwritten(teacher, tmp_path,
 
 # ================================================================================================
 # C. Teacher checkpoints through run.run: a CheckpointError before the first compile.
+
 
 def _save_variant(path, seed=0, scan=False, mutate=None, **model_over):
   """A teacher npz like rc.make_teacher's, optionally scanned and edited (flat name -> array)."""
@@ -378,6 +501,7 @@ def _ckpt_nan(path):
   def poison(f):
     f[QKV] = f[QKV].copy()
     f[QKV][0, 0, :2] = np.nan
+
   _save_variant(path, mutate=poison)
   return f"non-finite values at '{QKV}': 2 of"
 
@@ -386,6 +510,7 @@ def _ckpt_inf(path):
   def poison(f):
     f["head/kernel"] = f["head/kernel"].copy()
     f["head/kernel"][0, 0] = -np.inf
+
   _save_variant(path, mutate=poison)
   return "non-finite values at 'head/kernel': 1 of"
 
@@ -414,20 +539,35 @@ def _ckpt_not_found(path):
   return "file not found"
 
 
-CKPT_CASES = {f.__name__[6:]: f for f in (
-    _ckpt_truncated, _ckpt_missing_key, _ckpt_extra_key, _ckpt_wrong_shape, _ckpt_wrong_dtype,
-    _ckpt_nan, _ckpt_inf, _ckpt_patch_size, _ckpt_width, _ckpt_depth, _ckpt_directory,
-    _ckpt_not_found)}
+CKPT_CASES = {
+    f.__name__[6:]: f
+    for f in (
+        _ckpt_truncated,
+        _ckpt_missing_key,
+        _ckpt_extra_key,
+        _ckpt_wrong_shape,
+        _ckpt_wrong_dtype,
+        _ckpt_nan,
+        _ckpt_inf,
+        _ckpt_patch_size,
+        _ckpt_width,
+        _ckpt_depth,
+        _ckpt_directory,
+        _ckpt_not_found,
+    )
+}
 
 
 @pytest.fixture
 def before_compile(monkeypatch):
   """Images without the data pipeline, and a jax.jit that must not be reached."""
-  monkeypatch.setattr(run_lib, "_sample_images",
-                      lambda config, n: np.zeros((n, 28, 28, 1), np.float32))
+  monkeypatch.setattr(
+      run_lib, "_sample_images", lambda config, n: np.zeros((n, 28, 28, 1), np.float32)
+  )
 
   def no_jit(*a, **k):
     raise ComputeStarted("jax.jit was called before the checkpoint was checked")
+
   monkeypatch.setattr(jax, "jit", no_jit)
 
 
@@ -445,8 +585,11 @@ def test_good_teacher_reaches_compile(teacher, tmp_path, before_compile):
     run_lib.run(_config(teacher), str(tmp_path / "w"))
 
 
-@pytest.mark.parametrize("saved_scan,model_scan", [(True, False), (False, True)],
-                         ids=["scanned_file_loop_model", "loop_file_scanned_model"])
+@pytest.mark.parametrize(
+    "saved_scan,model_scan",
+    [(True, False), (False, True)],
+    ids=["scanned_file_loop_model", "loop_file_scanned_model"],
+)
 def test_scan_layout_mismatch_is_converted_not_an_error(saved_scan, model_scan, tmp_path):
   """big_vision's semantics: the layout follows the model config; values are unchanged."""
   loop_path, path = str(tmp_path / "loop.npz"), str(tmp_path / "t.npz")
@@ -466,6 +609,7 @@ def test_scan_layout_mismatch_is_converted_not_an_error(saved_scan, model_scan, 
 
 def test_gs_path_without_network_fails_fast_and_says_why():
   import tensorflow as tf  # imported first: its import time is not what is measured
+
   del tf
   t0 = time.time()
   with pytest.raises(checkpoints.CheckpointError, match="credentials") as info:
@@ -478,6 +622,7 @@ def test_remote_read_that_hangs_is_cut_off(monkeypatch):
   release = threading.Event()
 
   class HangingGFile:
+
     @staticmethod
     def exists(path):
       release.wait(30)
@@ -497,6 +642,7 @@ def test_remote_read_that_hangs_is_cut_off(monkeypatch):
 # ================================================================================================
 # D. Runs: Ctrl-C, kill -9 during a checkpoint write, a full disk, non-finite losses.
 
+
 @pytest.fixture(scope="module")
 def tiny_reference(tmp_path_factory):
   params, history = tt.run_stage(tmp_path_factory.mktemp("tiny_ref"))
@@ -513,20 +659,24 @@ def _interrupt_at(step_to_interrupt: int):
       if step == step_to_interrupt:
         os.kill(os.getpid(), signal.SIGINT)
       yield batch
+
   return make
 
 
 def test_ctrl_c_saves_and_the_rerun_is_bitwise_equal(tmp_path, tiny_reference):
   with pytest.raises(train.StageInterrupted) as info:
     tt.run_stage(tmp_path, batch_iter_fn=_interrupt_at(2))  # periodic checkpoints: 2, 4, 6
-  assert str(info.value) == ("stage 'tiny' interrupted at step 3 of 6; checkpoint saved, rerun "
-                             "the same command to resume")
+  assert str(info.value) == (
+      "stage 'tiny' interrupted at step 3 of 6; checkpoint saved, rerun "
+      "the same command to resume"
+  )
   with ocp.CheckpointManager(str(tmp_path / "tiny" / "checkpoints")) as m:
     assert m.all_steps() == [2, 3]
   params, history = tt.run_stage(tmp_path)
   _assert_bitwise(_flat(params), tiny_reference[0])
   assert [r["loss"] for r in history if "loss" in r] == [
-      r["loss"] for r in tiny_reference[1] if "loss" in r]
+      r["loss"] for r in tiny_reference[1] if "loss" in r
+  ]
 
 
 def test_second_ctrl_c_stops_at_once_and_restores_the_handler(tmp_path):
@@ -550,13 +700,21 @@ def test_ctrl_c_inside_a_step_falls_back_to_the_last_checkpoint(tmp_path):
   tt.run_stage(tmp_path, steps=2)
   x = jax.device_put(jnp.zeros(3), sharding.replicated(mesh))
   x.delete()
-  state = train.TrainState(step=jnp.asarray(5), params={"x": x}, opt_state=(), rng=x,
-                           nonfinite_total=jnp.asarray(0), nonfinite_in_a_row=jnp.asarray(0))
+  state = train.TrainState(
+      step=jnp.asarray(5),
+      params={"x": x},
+      opt_state=(),
+      rng=x,
+      nonfinite_total=jnp.asarray(0),
+      nonfinite_in_a_row=jnp.asarray(0),
+  )
   with ocp.CheckpointManager(str(tmp_path / "tiny" / "checkpoints")) as m:
-    err = train._interrupted("tiny", 9, state, m)  # pylint: disable=protected-access
+    err = train._interrupted("tiny", 9, state, m)
   assert isinstance(err, KeyboardInterrupt)
-  assert "nothing new was saved, rerunning the same command resumes from the last checkpoint, " \
-         "step 2" in str(err)
+  assert (
+      "nothing new was saved, rerunning the same command resumes from the last checkpoint, "
+      "step 2" in str(err)
+  )
 
 
 def test_kill_9_during_a_checkpoint_write_keeps_the_previous_one(tmp_path):
@@ -566,10 +724,14 @@ def test_kill_9_during_a_checkpoint_write_keeps_the_previous_one(tmp_path):
   ckpt_dir = tmp_path / "w" / "tiny" / "checkpoints"
 
   def start(out):
-    return subprocess.Popen([sys.executable, script, "--workdir", str(tmp_path / "w"), "--out",
-                             str(out)], cwd=ROOT, env=subprocess_env(1, XLA_FLAGS=SAME_XLA),
-                            stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, script, "--workdir", str(tmp_path / "w"), "--out", str(out)],
+        cwd=ROOT,
+        env=subprocess_env(1, XLA_FLAGS=SAME_XLA),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
   proc = start(tmp_path / "killed.npz")
   deadline, killed_in = time.time() + 240, None
@@ -589,8 +751,9 @@ def test_kill_9_during_a_checkpoint_write_keeps_the_previous_one(tmp_path):
   assert not (tmp_path / "killed.npz").exists()
   names = os.listdir(ckpt_dir)
   assert killed_in in names and "2" not in names, names  # the write was really cut short
-  with ocp.CheckpointManager(str(ckpt_dir), options=ocp.CheckpointManagerOptions(
-      read_only=True)) as m:
+  with ocp.CheckpointManager(
+      str(ckpt_dir), options=ocp.CheckpointManagerOptions(read_only=True)
+  ) as m:
     assert m.latest_step() == 1
     state = m.restore(1, args=ocp.args.StandardRestore())
   assert int(state["step"]) == 1
@@ -627,7 +790,8 @@ def test_full_disk_is_reported_and_nothing_is_lost(tmp_path, tiny_reference):
     assert str(info.value) == (
         f"stage 'tiny': cannot write checkpoints/metrics in '{workdir}/tiny': the disk is full "
         "(No space left on device). Free space or pass another --workdir; the last complete "
-        "checkpoint (step 3) is intact and a rerun resumes from it.")
+        "checkpoint (step 3) is intact and a rerun resumes from it."
+    )
     os.remove(ballast)
     params, _ = tt.run_stage(workdir, steps=6)  # space again: resumes from 3
   finally:
@@ -641,12 +805,16 @@ def test_full_disk_in_the_async_writer_is_reported(tmp_path, monkeypatch):
 
   def save(self, step, *a, **k):
     if step == 4:
-      raise ValueError('RESOURCE_EXHAUSTED: Error writing local file "x/_sharding": Failed to '
-                       "write 4465 bytes to file 8: No space left on device [os_error_code='28']")
+      raise ValueError(
+          'RESOURCE_EXHAUSTED: Error writing local file "x/_sharding": Failed to '
+          "write 4465 bytes to file 8: No space left on device [os_error_code='28']"
+      )
     return original(self, step, *a, **k)
+
   monkeypatch.setattr(ocp.CheckpointManager, "save", save)
-  with pytest.raises(train.WorkdirWriteError, match=r"the disk is full .* checkpoint \(step 2\) "
-                     "is intact"):
+  with pytest.raises(
+      train.WorkdirWriteError, match=r"the disk is full .* checkpoint \(step 2\) " "is intact"
+  ):
     tt.run_stage(tmp_path, steps=6)
 
 
@@ -660,8 +828,11 @@ def test_nonfinite_loss_stops_the_run_with_a_clear_error(tmp_path):
   config.train.optimizer.lr = 1e30
   config.train.optimizer.grad_clip = 0.0
   config.train.max_nonfinite_in_a_row = 2
-  with pytest.raises(train.NonFiniteLossError, match=r"stage 'train': the loss or its gradients "
-                     r"were non-finite for 2 steps in a row .* Lower optimizer.lr"):
+  with pytest.raises(
+      train.NonFiniteLossError,
+      match=r"stage 'train': the loss or its gradients "
+      r"were non-finite for 2 steps in a row .* Lower optimizer.lr",
+  ):
     run_lib.run(config, str(tmp_path / "w"))
   rows = metrics_lib.read_jsonl(str(tmp_path / "w" / "train" / metrics_lib.METRICS_FILE))
   assert rows[-1]["nonfinite_in_a_row"] == 2
@@ -671,9 +842,15 @@ def test_nonfinite_loss_stops_the_run_with_a_clear_error(tmp_path):
 def test_cli_ctrl_c_saves_exits_130_and_the_rerun_resumes(teacher, tmp_path):
   """SIGINT to `python -m linvit_jax.main` in the middle of a stage, then the same command."""
   workdir = tmp_path / "w"
-  args = [sys.executable, "-m", "linvit_jax.main", "--config",
-          f"{ROBUST_CONFIG}:teacher={teacher},steps=400,finetune_steps=2,checkpoint_every=1000",
-          "--workdir", str(workdir)]
+  args = [
+      sys.executable,
+      "-m",
+      "linvit_jax.main",
+      "--config",
+      f"{ROBUST_CONFIG}:teacher={teacher},steps=400,finetune_steps=2,checkpoint_every=1000",
+      "--workdir",
+      str(workdir),
+  ]
   log = workdir.parent / "first.log"
   metrics = workdir / "distill_attention" / metrics_lib.METRICS_FILE
   with open(log, "w") as f:
@@ -700,8 +877,9 @@ def test_cli_ctrl_c_saves_exits_130_and_the_rerun_resumes(teacher, tmp_path):
   assert (workdir / "distill_attention" / "checkpoints" / str(step)).is_dir()
   assert not (workdir / "results.json").exists()
 
-  again = subprocess.run(args, cwd=ROOT, env=subprocess_env(1), capture_output=True, text=True,
-                         timeout=600)
+  again = subprocess.run(
+      args, cwd=ROOT, env=subprocess_env(1), capture_output=True, text=True, timeout=600
+  )
   assert again.returncode == 0, again.stderr[-4000:]
   assert f"stage 'distill_attention': resuming from step {step} of 400" in again.stderr
   rows = metrics_lib.read_jsonl(str(metrics))
@@ -714,14 +892,16 @@ def test_cli_ctrl_c_saves_exits_130_and_the_rerun_resumes(teacher, tmp_path):
 # ================================================================================================
 # E. Numerics in the whole model (the operator-level cases live in tests/test_attention.py).
 
+
 @pytest.mark.parametrize("fmap", ["elu1", "relu", "hedgehog", "favor", "chunked_softmax"])
 def test_bf16_student_with_extreme_inputs_stays_finite(fmap):
   """bf16 matmuls under jit (a whole model: XLA:CPU once failed here on bf16×bf16→f32 dots), and
   inputs that push each feature map to its edge: q/k of norm ~1e3, q/k pre-activations ≤ -8
   (elu+1 ≈ 0, relu = 0: the normaliser is ε alone), all tokens equal (a constant image: zero
   LayerNorm variance)."""
-  model = vit.Model(num_classes=10, attention=fmap, dtype_mm="bfloat16", head_zeroinit=False,
-                    **rc.MODEL)
+  model = vit.Model(
+      num_classes=10, attention=fmap, dtype_mm="bfloat16", head_zeroinit=False, **rc.MODEL
+  )
   image = jax.random.normal(jax.random.PRNGKey(1), (2, 28, 28, 1))
   params = model.init(jax.random.PRNGKey(0), image)["params"]
 
@@ -736,9 +916,12 @@ def test_bf16_student_with_extreme_inputs_stays_finite(fmap):
   negative = edit(params, lambda n, x: x * 0.0 + (-40.0 if n.endswith("bias") else 0.0))
   constant = jnp.full_like(image, 0.7)
   apply = jax.jit(lambda p, x: model.apply({"params": p}, x))
-  for what, p, x in (("large-norm q/k", large, image), ("q/k <= -8", negative, image),
-                     ("all tokens equal", params, constant), ("all equal + large", large,
-                                                              constant)):
+  for what, p, x in (
+      ("large-norm q/k", large, image),
+      ("q/k <= -8", negative, image),
+      ("all tokens equal", params, constant),
+      ("all equal + large", large, constant),
+  ):
     logits, out = apply(p, x)
     for name, value in (("logits", logits), ("encoded", out["encoded"])):
       value = np.asarray(value.astype(jnp.float32))
@@ -759,14 +942,27 @@ print(repr(np.asarray(m.apply({"params": p}, x)[1]["pre_logits"]).tobytes().hex(
 
 
 def test_favor_features_are_the_same_for_a_seed_in_a_fresh_process():
-  other = subprocess.run([sys.executable, "-c", _FAVOR_PROBE], cwd=ROOT,
-                         env=subprocess_env(1, XLA_FLAGS=SAME_XLA), capture_output=True, text=True,
-                         timeout=300)
+  other = subprocess.run(
+      [sys.executable, "-c", _FAVOR_PROBE],
+      cwd=ROOT,
+      env=subprocess_env(1, XLA_FLAGS=SAME_XLA),
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   assert other.returncode == 0, other.stderr[-2000:]
 
   def logits(seed):
-    m = vit.Model(num_classes=10, attention={"kind": "linear", "feature_map": "favor",
-                                             "favor_seed": seed, "num_features": 16}, **rc.MODEL)
+    m = vit.Model(
+        num_classes=10,
+        attention={
+            "kind": "linear",
+            "feature_map": "favor",
+            "favor_seed": seed,
+            "num_features": 16,
+        },
+        **rc.MODEL,
+    )
     x = jax.random.normal(jax.random.PRNGKey(1), (2, 28, 28, 1))
     p = m.init(jax.random.PRNGKey(0), x)["params"]
     return repr(np.asarray(m.apply({"params": p}, x)[1]["pre_logits"]).tobytes().hex())

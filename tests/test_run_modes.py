@@ -2,7 +2,6 @@
 student that keeps some params fresh, no npz export, and every sequence field set from the CLI."""
 
 import glob
-import json
 import os
 import sys
 
@@ -20,7 +19,8 @@ CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
 
 
 def _tiny(**over):
-  import configs.demo  # pylint: disable=import-outside-toplevel
+  import configs.demo
+
   c = configs.demo.get_config("tiny=True")
   c.eval.plots = False
   c.eval.resolution_factors = ()
@@ -46,33 +46,36 @@ def test_convert_only_exports_the_converted_student(converted):
   assert results["student_top1"] == results["student_top1_converted"]
   for name in ("student.npz", "student_config.json", "surgery_report.json", "results.json"):
     assert os.path.exists(os.path.join(workdir, name)), name
-  assert not any(os.path.isdir(os.path.join(workdir, d)) for d in ("distill_attention",
-                                                                    "finetune"))
+  assert not any(os.path.isdir(os.path.join(workdir, d)) for d in ("distill_attention", "finetune"))
 
 
 def test_evaluate_only_reproduces_the_exported_student(converted, tmp_path):
   workdir, results = converted
-  again = run_lib.run(_tiny(stages=(), **{"student.init": os.path.join(workdir, "student.npz")}),
-                      str(tmp_path))
+  again = run_lib.run(
+      _tiny(stages=(), **{"student.init": os.path.join(workdir, "student.npz")}), str(tmp_path)
+  )
   assert again["student_top1"] == results["student_top1"]
-  np.testing.assert_allclose(again["student_logits_sample"], results["student_logits_sample"],
-                             atol=1e-6)
+  np.testing.assert_allclose(
+      again["student_logits_sample"], results["student_logits_sample"], atol=1e-6
+  )
   assert not os.path.exists(tmp_path / "surgery_report.json")  # loaded, not converted
   assert "student as loaded" in run_lib.format_summary(again)
 
 
 def test_student_init_for_another_model_is_refused(converted, tmp_path):
   workdir, _ = converted
-  config = _tiny(stages=(), **{"student.init": os.path.join(workdir, "student.npz"),
-                               "model.mlp_dim": 64})
+  config = _tiny(
+      stages=(), **{"student.init": os.path.join(workdir, "student.npz"), "model.mlp_dim": 64}
+  )
   with pytest.raises(run_lib.ConfigError, match=r"exported for another model \(mlp_dim: 256"):
     run_lib.run(config, str(tmp_path))
 
 
 def test_student_dont_load_keeps_fresh_params_and_no_npz_export(converted, tmp_path):
   workdir, _ = converted
-  results = run_lib.run(_tiny(stages=(), **{"student.dont_load": ("head/.*",),
-                                            "export.npz": False}), str(tmp_path))
+  results = run_lib.run(
+      _tiny(stages=(), **{"student.dont_load": ("head/.*",), "export.npz": False}), str(tmp_path)
+  )
   assert results["student_kept_fresh"] == ["head/bias", "head/kernel"]
   assert not os.path.exists(tmp_path / "student.npz")  # export.npz=False
   assert os.path.exists(tmp_path / "student_config.json")
@@ -104,30 +107,40 @@ def test_no_config_field_is_a_list(path):
   """ml_collections cannot override lists from the command line; tuples it can."""
   ns = {}
   with open(path) as f:
-    exec(compile(f.read(), path, "exec"), ns)  # pylint: disable=exec-used
+    exec(compile(f.read(), path, "exec"), ns)
   arg = "tiny=True" if "tiny=" in open(path).read() else None
   if os.path.basename(path) == "convert_folder.py":  # its checkpoint and folder must exist
-    arg = (f"init={os.path.join(ROOT, 'linvit_jax', 'assets', 'teacher_fmnist_vit.npz')},"
-           f"images={os.path.join(ROOT, 'tests', 'data')},tiny=True")
+    arg = (
+        f"init={os.path.join(ROOT, 'linvit_jax', 'assets', 'teacher_fmnist_vit.npz')},"
+        f"images={os.path.join(ROOT, 'tests', 'data')},tiny=True"
+    )
   for config in (config_lib.base_config(), ns["get_config"](arg)):
     lists = [k for k, v in _leaves(config) if isinstance(v, list)]
     assert not lists, f"{os.path.basename(path)}: list fields {lists}"
 
 
-@pytest.mark.parametrize("override,field,expected", [
-    ("--config.stages=finetune", "stages", ("finetune",)),
-    ("--config.stages=()", "stages", ()),
-    ("--config.stages=('distill_attention', 'finetune')", "stages",
-     ("distill_attention", "finetune")),
-    ("--config.teacher.dont_load=head/.*", "teacher.dont_load", ("head/.*",)),
-    ("--config.student.dont_load=('head/.*', 'pre_logits/.*')", "student.dont_load",
-     ("head/.*", "pre_logits/.*")),
-    ("--config.param_rules=(('.*/kernel', 'fsdp'),)", "param_rules", ((".*/kernel", "fsdp"),)),
-    ("--config.eval.resolution_factors=(1, 2, 4)", "eval.resolution_factors", (1, 2, 4)),
-    ("--config.mesh=(('data', 2), ('fsdp', 4))", "mesh", (("data", 2), ("fsdp", 4))),
-])
-def test_sequence_fields_are_settable_from_the_command_line(override, field, expected,
-                                                          monkeypatch):
+@pytest.mark.parametrize(
+    "override,field,expected",
+    [
+        ("--config.stages=finetune", "stages", ("finetune",)),
+        ("--config.stages=()", "stages", ()),
+        (
+            "--config.stages=('distill_attention', 'finetune')",
+            "stages",
+            ("distill_attention", "finetune"),
+        ),
+        ("--config.teacher.dont_load=head/.*", "teacher.dont_load", ("head/.*",)),
+        (
+            "--config.student.dont_load=('head/.*', 'pre_logits/.*')",
+            "student.dont_load",
+            ("head/.*", "pre_logits/.*"),
+        ),
+        ("--config.param_rules=(('.*/kernel', 'fsdp'),)", "param_rules", ((".*/kernel", "fsdp"),)),
+        ("--config.eval.resolution_factors=(1, 2, 4)", "eval.resolution_factors", (1, 2, 4)),
+        ("--config.mesh=(('data', 2), ('fsdp', 4))", "mesh", (("data", 2), ("fsdp", 4))),
+    ],
+)
+def test_sequence_fields_are_settable_from_the_command_line(override, field, expected, monkeypatch):
   fv = flags.FlagValues()
   config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True)
   argv = ["prog", "--config", os.path.join(ROOT, "configs", "demo.py"), override]

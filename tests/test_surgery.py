@@ -13,14 +13,17 @@ from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
 from tests.helpers.bv_checkpoint import unflatten
 
-ATTN_PROJ = re.compile(r"Transformer/encoderblock_\d+/MultiHeadDotProductAttention_0/"
-                       r"(query|key|value|out)/.*")
+ATTN_PROJ = re.compile(
+    r"Transformer/encoderblock_\d+/MultiHeadDotProductAttention_0/" r"(query|key|value|out)/.*"
+)
 FMAP = re.compile(r".*/feature_map_[qk]/.*")
 
 
 def _flat(tree):
-  return {"/".join(str(k.key) for k in path): np.asarray(x)
-          for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return {
+      "/".join(str(k.key) for k in path): np.asarray(x)
+      for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
 
 
 def _student_init(model_config, images, seed=1, **kw):
@@ -44,8 +47,12 @@ def _expected_action(policy, path):
   if FMAP.fullmatch(path):
     return "keep"
   attn = bool(ATTN_PROJ.fullmatch(path))
-  return {"copy_same": "keep" if attn else "copy", "copy_all": "copy",
-          "copy_attention_only": "copy" if attn else "keep", "copy_none": "keep"}[policy]
+  return {
+      "copy_same": "keep" if attn else "copy",
+      "copy_all": "copy",
+      "copy_attention_only": "copy" if attn else "keep",
+      "copy_none": "keep",
+  }[policy]
 
 
 @pytest.mark.parametrize("policy", ["copy_same", "copy_all", "copy_attention_only", "copy_none"])
@@ -68,7 +75,8 @@ def test_named_policies_copy_and_keep_bitwise(teacher_and_student, policy, tmp_p
   assert counts["copy"] + counts["keep"] == len(s)
   assert counts["copy_params"] + counts["keep_params"] == sum(v.size for v in s.values())
   assert report.unused_teacher == sorted(
-      (p for p in t if report.action_of(p) == "keep"), key=surgery._natural_key)
+      (p for p in t if report.action_of(p) == "keep"), key=surgery._natural_key
+  )
   # The copy_same arm copies everything but q/k/v/out: 4 blocks x 8 attention leaves stay.
   if policy == "copy_same":
     assert counts["copy"] == len(t) - 8 * 4
@@ -93,8 +101,9 @@ def test_scanned_and_per_block_trees_mix(teacher_and_student, teacher_scan, stud
   params, report = surgery.transplant(t_in, s_in, "copy_same")
   # The output keeps the student's layout ...
   assert ("encoderblock" in params["Transformer"]) == student_scan
-  assert ({k: np.shape(v) for k, v in tree_lib.flatten(params).items()}
-          == {k: np.shape(v) for k, v in tree_lib.flatten(s_in).items()})
+  assert {k: np.shape(v) for k, v in tree_lib.flatten(params).items()} == {
+      k: np.shape(v) for k, v in tree_lib.flatten(s_in).items()
+  }
   # ... and per block holds exactly what the per-block surgery gives.
   got = _flat(vit_checkpoint.scan_to_pyloop(params))
   want = _flat(ref_params)
@@ -109,27 +118,40 @@ def test_scanned_copy_passes_teacher_leaf_through(teacher_and_student):
   t, s = vit_checkpoint.pyloop_to_scan(teacher), vit_checkpoint.pyloop_to_scan(student)
   params, _ = surgery.transplant(t, s, "copy_same")
   blk = params["Transformer"]["encoderblock"]
-  assert blk["MlpBlock_0"]["Dense_0"]["kernel"] is t["Transformer"]["encoderblock"]["MlpBlock_0"][
-      "Dense_0"]["kernel"]
-  assert (blk["MultiHeadDotProductAttention_0"]["query"]["kernel"]
-          is s["Transformer"]["encoderblock"]["MultiHeadDotProductAttention_0"]["query"]["kernel"])
+  assert (
+      blk["MlpBlock_0"]["Dense_0"]["kernel"]
+      is t["Transformer"]["encoderblock"]["MlpBlock_0"]["Dense_0"]["kernel"]
+  )
+  assert (
+      blk["MultiHeadDotProductAttention_0"]["query"]["kernel"]
+      is s["Transformer"]["encoderblock"]["MultiHeadDotProductAttention_0"]["query"]["kernel"]
+  )
 
 
 def test_mixed_rules_within_scanned_leaf_and_inputs_untouched(teacher_and_student):
   _, teacher, student = teacher_and_student
   s = vit_checkpoint.pyloop_to_scan(student)
   before = _flat(s)
-  rules = surgery.get_policy("copy_same",
-                             prepend=[(r"Transformer/encoderblock_2/MultiHeadDotProductAttention_0/"
-                                       r"(query|key|value|out)/.*", "copy")])
+  rules = surgery.get_policy(
+      "copy_same",
+      prepend=[
+          (
+              r"Transformer/encoderblock_2/MultiHeadDotProductAttention_0/"
+              r"(query|key|value|out)/.*",
+              "copy",
+          )
+      ],
+  )
   params, report = surgery.transplant(teacher, s, rules)
   attn = "MultiHeadDotProductAttention_0"
   q = params["Transformer"]["encoderblock"][attn]["query"]["kernel"]
   teacher_q2 = teacher["Transformer"]["encoderblock_2"][attn]["query"]["kernel"]
   np.testing.assert_array_equal(q[2], teacher_q2)
   np.testing.assert_array_equal(q[1], before[f"Transformer/encoderblock/{attn}/query/kernel"][1])
-  assert report.action_of("Transformer/encoderblock_2/MultiHeadDotProductAttention_0/out/bias") == \
-      "copy"
+  assert (
+      report.action_of("Transformer/encoderblock_2/MultiHeadDotProductAttention_0/out/bias")
+      == "copy"
+  )
   after = _flat(s)
   assert all(after[k].tobytes() == before[k].tobytes() for k in before)
 
@@ -141,8 +163,11 @@ def test_copy_casts_to_student_dtype(teacher_and_student):
   k = params["Transformer"]["encoderblock_0"]["MlpBlock_0"]["Dense_0"]["kernel"]
   assert k.dtype == np.float32
   np.testing.assert_array_equal(
-      k, np.asarray(t16["Transformer"]["encoderblock_0"]["MlpBlock_0"]["Dense_0"]["kernel"],
-                    np.float32))
+      k,
+      np.asarray(
+          t16["Transformer"]["encoderblock_0"]["MlpBlock_0"]["Dense_0"]["kernel"], np.float32
+      ),
+  )
   assert "cast bfloat16 -> float32" in report.table()
 
 
@@ -150,11 +175,13 @@ def test_shape_mismatch_names_path_and_both_shapes(bv_fixture, teacher_and_stude
   meta, _, ref = bv_fixture
   _, teacher, _ = teacher_and_student
   student = _student_init({**meta["model_config"], "num_classes": 7}, ref["images"])
-  with pytest.raises(surgery.SurgeryError,
-                     match=r"'head/kernel'.*teacher \(192, 10\), student \(192, 7\)"):
+  with pytest.raises(
+      surgery.SurgeryError, match=r"'head/kernel'.*teacher \(192, 10\), student \(192, 7\)"
+  ):
     surgery.transplant(teacher, student, "copy_same")
   params, report = surgery.transplant(
-      teacher, student, surgery.get_policy("copy_same", prepend=[("head/.*", "keep")]))
+      teacher, student, surgery.get_policy("copy_same", prepend=[("head/.*", "keep")])
+  )
   assert report.action_of("head/kernel") == "keep"
   assert report.action_of("embedding/kernel") == "copy"
   assert "head/kernel" in report.unused_teacher
@@ -162,8 +189,11 @@ def test_shape_mismatch_names_path_and_both_shapes(bv_fixture, teacher_and_stude
 
 def test_copy_of_leaf_absent_in_teacher_and_unmatched_leaf_are_errors(teacher_and_student):
   _, teacher, student = teacher_and_student
-  with pytest.raises(surgery.SurgeryError, match=r"encoderblock_0/MultiHeadDotProductAttention_0/"
-                                                 r"feature_map_k/bias'.*teacher has no such leaf"):
+  with pytest.raises(
+      surgery.SurgeryError,
+      match=r"encoderblock_0/MultiHeadDotProductAttention_0/"
+      r"feature_map_k/bias'.*teacher has no such leaf",
+  ):
     surgery.transplant(teacher, student, [(".*", "copy")])
   with pytest.raises(surgery.SurgeryError, match=r"'cls' is matched by no rule"):
     surgery.transplant(teacher, student, [(r"(?!cls).*", "keep")])
@@ -183,7 +213,8 @@ def test_deeper_teacher_fills_a_shallower_student(bv_fixture, teacher_and_studen
   assert all(r.action == "copy" for r in report.rows)
   assert report.copied_attention()
   assert any(p.startswith("Transformer/encoderblock_3/") for p in report.unused_teacher)
-  assert ({k: np.shape(v) for k, v in tree_lib.flatten(params).items()}
-          == {k: np.shape(v) for k, v in tree_lib.flatten(student).items()})
+  assert {k: np.shape(v) for k, v in tree_lib.flatten(params).items()} == {
+      k: np.shape(v) for k, v in tree_lib.flatten(student).items()
+  }
   short = report.table(max_rows=6)
   assert "rows ..." in short and len(short.splitlines()) == 1 + 7 + 1

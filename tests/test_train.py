@@ -38,10 +38,17 @@ def _mesh():
 
 def _run(workdir, steps=5, batch_iter_fn=None, **cfg):
   return train.run_stage(
-      stage_cfg=tt.stage_cfg(steps, **cfg), loss_fn=tt.loss_fn, init_params=tt.init_params,
-      trainable_mask=tt.TRAINABLE, frozen=tt.frozen_teacher(), workdir=str(workdir),
-      mesh=_mesh(), batch_iter_fn=batch_iter_fn or tt.batch_iter_fn(), seed=0,
-      min_shard_size=tt.MIN_SHARD_SIZE)
+      stage_cfg=tt.stage_cfg(steps, **cfg),
+      loss_fn=tt.loss_fn,
+      init_params=tt.init_params,
+      trainable_mask=tt.TRAINABLE,
+      frozen=tt.frozen_teacher(),
+      workdir=str(workdir),
+      mesh=_mesh(),
+      batch_iter_fn=batch_iter_fn or tt.batch_iter_fn(),
+      seed=0,
+      min_shard_size=tt.MIN_SHARD_SIZE,
+  )
 
 
 def _losses(history):
@@ -61,8 +68,9 @@ def _run_helper(tmp_path, *args, num_devices=8, env_extra=None, timeout=300, **p
   env = subprocess_env(num_devices)
   env.update(env_extra or {})
   cmd = [sys.executable, HELPER, "--workdir", str(tmp_path / "work"), "--out", out, *args]
-  return out, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, **popen)
+  return out, subprocess.Popen(
+      cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
+  )
 
 
 def _wait(proc, timeout=300):
@@ -79,6 +87,7 @@ def _wait(proc, timeout=300):
 # ------------------------------------------------------------------------------------------------
 # Single device.
 
+
 def test_reference_run_trains_logs_and_checkpoints(reference):
   workdir, params, history = reference
   losses = _losses(history)
@@ -91,15 +100,18 @@ def test_reference_run_trains_logs_and_checkpoints(reference):
   assert any(f.startswith("events.out.tfevents") for f in os.listdir(stage_dir))
   assert sorted(os.listdir(os.path.join(stage_dir, "checkpoints"))) == ["5"]
   # The frozen leaf never moves; the trained ones do.
-  np.testing.assert_array_equal(np.asarray(params["Dense_0"]["bias"]),
-                                np.full((tt.HIDDEN,), 0.01, np.float32))  # its init value
+  np.testing.assert_array_equal(
+      np.asarray(params["Dense_0"]["bias"]), np.full((tt.HIDDEN,), 0.01, np.float32)
+  )  # its init value
   assert np.any(np.asarray(params["Dense_1"]["bias"]))  # initialized to zeros
 
 
 def test_finished_stage_is_skipped_and_returns_its_params(reference):
   workdir, params, history = reference
+
   def no_batches(start):
     raise AssertionError(f"a finished stage asked for data from step {start}")
+
   params2, history2 = _run(workdir, batch_iter_fn=no_batches)
   assert history2 == history
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)):
@@ -111,15 +123,29 @@ def test_host_params_and_frozen_arrays_stay_usable(tmp_path):
   init = tt.init_params(jax.random.PRNGKey(3))
   init["Dense_0"] = jax.tree.map(np.asarray, init["Dense_0"])  # host and device leaves mixed
   frozen = {"w": jnp.asarray(tt.frozen_teacher()["w"]), "shared": init["Dense_1"]["kernel"]}
-  cfg = ml_collections.ConfigDict(tt.stage_cfg(2, eval_every=1, kind="finetune", w_label=1.0,
-                                               optimizer=dict(name="sgd", lr=0.1, wd=0.0,
-                                                              grad_clip=0.0,
-                                                              schedule="constant")))
+  cfg = ml_collections.ConfigDict(
+      tt.stage_cfg(
+          2,
+          eval_every=1,
+          kind="finetune",
+          w_label=1.0,
+          optimizer=dict(name="sgd", lr=0.1, wd=0.0, grad_clip=0.0, schedule="constant"),
+      )
+  )
   eval_fn = jax.jit(lambda p: {"bias_norm": jnp.linalg.norm(p["Dense_1"]["bias"])})
   params, history = train.run_stage(
-      stage_cfg=cfg, name="sgd_stage", loss_fn=tt.loss_fn, init_params=init,
-      trainable_mask=None, frozen=frozen, workdir=str(tmp_path), mesh=_mesh(),
-      batch_iter_fn=tt.batch_iter_fn(), min_shard_size=tt.MIN_SHARD_SIZE, eval_fn=eval_fn)
+      stage_cfg=cfg,
+      name="sgd_stage",
+      loss_fn=tt.loss_fn,
+      init_params=init,
+      trainable_mask=None,
+      frozen=frozen,
+      workdir=str(tmp_path),
+      mesh=_mesh(),
+      batch_iter_fn=tt.batch_iter_fn(),
+      min_shard_size=tt.MIN_SHARD_SIZE,
+      eval_fn=eval_fn,
+  )
   assert os.path.isdir(tmp_path / "sgd_stage" / "checkpoints" / "2")
   evals = [r for r in history if "eval/bias_norm" in r]
   assert [r["step"] for r in evals] == [1, 2] and evals[-1]["eval/bias_norm"] > 0
@@ -132,8 +158,14 @@ def test_host_params_and_frozen_arrays_stay_usable(tmp_path):
 def test_nonfinite_batches_are_skipped_counted_and_stop_the_stage(tmp_path):
   """Step 3 (batch index 2) has a NaN: its update is skipped. Steps 5 and 6 too: the stage stops."""
   with pytest.raises(train.NonFiniteLossError) as e:
-    _run(tmp_path, steps=10, batch_iter_fn=tt.batch_iter_fn(nan_steps={2, 4, 5}),
-         checkpoint_every=1, max_to_keep=10, max_nonfinite_in_a_row=2)
+    _run(
+        tmp_path,
+        steps=10,
+        batch_iter_fn=tt.batch_iter_fn(nan_steps={2, 4, 5}),
+        checkpoint_every=1,
+        max_to_keep=10,
+        max_nonfinite_in_a_row=2,
+    )
   msg = str(e.value)
   assert "2 steps in a row" in msg and "steps 5..6" in msg and "step 4" in msg
   rows = metrics_lib.read_jsonl(str(tmp_path / "tiny" / "metrics.jsonl"))
@@ -158,16 +190,14 @@ def test_nonfinite_batches_are_skipped_counted_and_stop_the_stage(tmp_path):
 def test_gradient_accumulation_matches_one_big_batch():
   """accum_steps=2 averages two micro-batch gradients: the full batch's loss and update."""
   loss_fn = lambda p, f, b, r: tt.loss_fn(p, f, b, r, noise=0.0)
-  mask = optim.trainable_mask(jax.eval_shape(tt.init_params, jax.random.PRNGKey(0)),
-                              tt.TRAINABLE)
+  mask = optim.trainable_mask(jax.eval_shape(tt.init_params, jax.random.PRNGKey(0)), tt.TRAINABLE)
   opt = train.stage_settings(tt.stage_cfg(3))["optimizer"]
   tx, schedule = optim.make_optimizer(opt, 3, mask)
   steps = [train.make_train_step(loss_fn, tx, schedule, mask, accum_steps=k) for k in (1, 2)]
 
   @jax.jit
   def both(batch):
-    state = train.init_train_state(tt.init_params(jax.random.PRNGKey(0)), tx,
-                                   jax.random.PRNGKey(1))
+    state = train.init_train_state(tt.init_params(jax.random.PRNGKey(0)), tx, jax.random.PRNGKey(1))
     return [step(state, tt.frozen_teacher(), batch) for step in steps]
 
   (s1, m1), (s2, m2) = both(tt.global_batch(0))
@@ -202,9 +232,16 @@ def test_config_errors_are_clear_and_early(tmp_path):
     cfg = tt.stage_cfg(3)
     cfg.update(over)
     return train.run_stage(
-        stage_cfg=cfg, loss_fn=tt.loss_fn, init_params=tt.init_params,
-        trainable_mask=tt.TRAINABLE, frozen=None, workdir=str(tmp_path), mesh=_mesh(),
-        batch_iter_fn=tt.batch_iter_fn())
+        stage_cfg=cfg,
+        loss_fn=tt.loss_fn,
+        init_params=tt.init_params,
+        trainable_mask=tt.TRAINABLE,
+        frozen=None,
+        workdir=str(tmp_path),
+        mesh=_mesh(),
+        batch_iter_fn=tt.batch_iter_fn(),
+    )
+
   with pytest.raises(ValueError, match="accumulation"):
     run(optimizer=dict(accum_steps=3))
   with pytest.raises(ValueError, match=r"unknown optimizer field\(s\) \['learning_rate'\]"):
@@ -220,6 +257,7 @@ def test_config_errors_are_clear_and_early(tmp_path):
 
 # ------------------------------------------------------------------------------------------------
 # Many devices, many processes, kill -9.
+
 
 @pytest.fixture(scope="module")
 def eight_devices(tmp_path_factory):
@@ -254,8 +292,11 @@ def test_same_losses_on_2_processes_x_4_devices(reference, tmp_path):
   port = _free_port()
   procs = []
   for pid in range(2):
-    env = {"JAX_COORDINATOR_ADDRESS": f"localhost:{port}", "JAX_NUM_PROCESSES": "2",
-           "JAX_PROCESS_ID": str(pid)}
+    env = {
+        "JAX_COORDINATOR_ADDRESS": f"localhost:{port}",
+        "JAX_NUM_PROCESSES": "2",
+        "JAX_PROCESS_ID": str(pid),
+    }
     procs.append(_run_helper(tmp_path, "--mesh", "4,2", num_devices=4, env_extra=env)[1])
   try:
     outputs = [_wait(p, timeout=300) for p in procs]
@@ -266,8 +307,9 @@ def test_same_losses_on_2_processes_x_4_devices(reference, tmp_path):
   with open(tmp_path / "out.json") as f:
     res = json.load(f)
   assert res["process_count"] == 2 and res["device_count"] == 8, outputs
-  np.testing.assert_allclose(res["runs"]["4x2"]["losses"], _losses(reference[2]),
-                             rtol=TOL, atol=TOL)
+  np.testing.assert_allclose(
+      res["runs"]["4x2"]["losses"], _losses(reference[2]), rtol=TOL, atol=TOL
+  )
   assert res["runs"]["4x2"]["rows"] == [0, 8]  # process 0 fed the first half of each batch
 
 
@@ -299,7 +341,8 @@ def test_kill_9_then_restart_ends_bitwise_equal(eight_devices, tmp_path):
   got = np.load(out + ".4x2.npz")
   assert sorted(ref_params) == sorted(got)
   for k in ref_params:
-    np.testing.assert_array_equal(got[k], ref_params[k],
-                                  err_msg=f"{k} (seed {seed}, kill at {kill_at})")
+    np.testing.assert_array_equal(
+        got[k], ref_params[k], err_msg=f"{k} (seed {seed}, kill at {kill_at})"
+    )
   with open(out) as f:
     assert json.load(f)["runs"]["4x2"]["losses"] == ref["runs"]["4x2"]["losses"]

@@ -21,12 +21,15 @@ def test_flatten_unflatten_round_trip_sorted_and_empty_dicts_vanish():
   assert tree.unflatten(flat) == {"a": 0, "b": {"x": 1, "y": 2}}
 
 
-@pytest.mark.parametrize("bad, words", [
-    ({"a/b": 1}, "without '/'"),
-    ({"a": {3: 1}}, "3"),
-    ({"": 1}, "non-empty"),
-    ([1, 2], "expected a nested dict"),
-])
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ({"a/b": 1}, "without '/'"),
+        ({"a": {3: 1}}, "3"),
+        ({"": 1}, "non-empty"),
+        ([1, 2], "expected a nested dict"),
+    ],
+)
 def test_flatten_errors_are_the_callers_type(bad, words):
   with pytest.raises(TreeError, match=words):
     tree.flatten(bad, error=TreeError)
@@ -53,13 +56,21 @@ def test_path_str_of_every_key_kind():
 
 
 def test_regex_mask_fullmatches_one_or_several_patterns():
-  params = {"Dense_0": {"kernel": np.zeros((2, 2)), "bias": np.zeros(2)},
-            "head": {"kernel": np.zeros((2, 3))}}
-  assert tree.regex_mask(params, "kernel") == {"Dense_0": {"kernel": False, "bias": False},
-                                               "head": {"kernel": False}}
-  assert tree.regex_mask(params, ".*/kernel") == {"Dense_0": {"kernel": True, "bias": False},
-                                                  "head": {"kernel": True}}
+  params = {
+      "Dense_0": {"kernel": np.zeros((2, 2)), "bias": np.zeros(2)},
+      "head": {"kernel": np.zeros((2, 3))},
+  }
+  assert tree.regex_mask(params, "kernel") == {
+      "Dense_0": {"kernel": False, "bias": False},
+      "head": {"kernel": False},
+  }
+  assert tree.regex_mask(params, ".*/kernel") == {
+      "Dense_0": {"kernel": True, "bias": False},
+      "head": {"kernel": True},
+  }
   assert tree.regex_mask(params, ["head/.*", r"Dense_\d/bias"]) == {
-      "Dense_0": {"kernel": False, "bias": True}, "head": {"kernel": True}}
+      "Dense_0": {"kernel": False, "bias": True},
+      "head": {"kernel": True},
+  }
   assert tree.matches("head/kernel", tree.compile_patterns("head/.*"))
   assert not tree.matches("xhead/kernel", tree.compile_patterns("head/.*"))

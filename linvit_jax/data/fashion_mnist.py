@@ -27,8 +27,18 @@ import tensorflow_datasets as tfds
 NAME = "fashion_mnist_local"
 DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
 ENV_DIR = "LINVIT_FASHION_MNIST_DIR"
-CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
-               "Bag", "Ankle boot")
+CLASS_NAMES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 _FILES = {  # split -> (images, labels)
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
@@ -40,12 +50,14 @@ def source_dir() -> str:
 
 
 def _check_files(directory: str) -> None:
-  missing = [f for pair in _FILES.values() for f in pair
-             if not os.path.exists(os.path.join(directory, f))]
+  missing = [
+      f for pair in _FILES.values() for f in pair if not os.path.exists(os.path.join(directory, f))
+  ]
   if missing:
     raise FileNotFoundError(
         f"Fashion-MNIST not found at {directory} (missing {', '.join(missing)}); install it with: "
-        f"apt-get update && apt-get install -y dataset-fashion-mnist (or set ${ENV_DIR})")
+        f"apt-get update && apt-get install -y dataset-fashion-mnist (or set ${ENV_DIR})"
+    )
 
 
 def read_idx(path: str) -> np.ndarray:
@@ -56,7 +68,7 @@ def read_idx(path: str) -> np.ndarray:
   if magic >> 8 != 0x08:  # 0x08: unsigned byte data; low byte: number of dims.
     raise ValueError(f"{path}: not an IDX uint8 file (magic {magic:#x})")
   ndim = magic & 0xFF
-  shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
+  shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
   data = np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim)
   if data.size != int(np.prod(shape)):
     raise ValueError(f"{path}: header says {shape}, found {data.size} bytes")
@@ -89,10 +101,12 @@ class FashionMnistLocal(tfds.core.GeneratorBasedBuilder):
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(
         description="Fashion-MNIST (Zalando), from the Debian package dataset-fashion-mnist.",
-        features=tfds.features.FeaturesDict({
-            "image": tfds.features.Image(shape=(28, 28, 1)),
-            "label": tfds.features.ClassLabel(names=CLASS_NAMES),
-        }),
+        features=tfds.features.FeaturesDict(
+            {
+                "image": tfds.features.Image(shape=(28, 28, 1)),
+                "label": tfds.features.ClassLabel(names=CLASS_NAMES),
+            }
+        ),
         supervised_keys=("image", "label"),
         homepage="https://github.com/zalandoresearch/fashion-mnist",
         # Keep the IDX order (example i is image i of the file): the input pipeline shuffles anyway,
@@ -104,15 +118,19 @@ class FashionMnistLocal(tfds.core.GeneratorBasedBuilder):
     del dl_manager  # Nothing to download.
     directory = source_dir()
     _check_files(directory)
-    return {split: self._generate_examples(os.path.join(directory, images),
-                                           os.path.join(directory, labels))
-            for split, (images, labels) in _FILES.items()}
+    return {
+        split: self._generate_examples(
+            os.path.join(directory, images), os.path.join(directory, labels)
+        )
+        for split, (images, labels) in _FILES.items()
+    }
 
   def _generate_examples(self, images_path: str, labels_path: str):
     images, labels = read_idx(images_path), read_idx(labels_path)
     if images.shape[1:] != (28, 28) or len(images) != len(labels):
-      raise ValueError(f"{images_path}, {labels_path}: unexpected shapes {images.shape}, "
-                       f"{labels.shape}")
+      raise ValueError(
+          f"{images_path}, {labels_path}: unexpected shapes {images.shape}, " f"{labels.shape}"
+      )
     for i, (image, label) in enumerate(zip(images, labels)):
       # Encoded bytes are stored as they are; TFDS would encode with one eager TF op per image.
       yield i, {"image": encode_png_gray(image), "label": int(label)}
@@ -124,11 +142,16 @@ def prepare(data_dir: str | None = None) -> tfds.core.DatasetBuilder:
   if not builder.is_prepared():
     _check_files(source_dir())
     try:
-      import importlib_resources  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+      import importlib_resources  # noqa: F401
     except ImportError:
-      raise ImportError("preparing a TFDS dataset needs the package importlib_resources, which "
-                        "tensorflow-datasets 4.9.x forgets to require on Python >= 3.9 "
-                        "(tensorflow/datasets#11212): pip install importlib_resources") from None
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-        compute_stats=tfds.download.ComputeStatsMode.SKIP, try_download_gcs=False))
+      raise ImportError(
+          "preparing a TFDS dataset needs the package importlib_resources, which "
+          "tensorflow-datasets 4.9.x forgets to require on Python >= 3.9 "
+          "(tensorflow/datasets#11212): pip install importlib_resources"
+      ) from None
+    builder.download_and_prepare(
+        download_config=tfds.download.DownloadConfig(
+            compute_stats=tfds.download.ComputeStatsMode.SKIP, try_download_gcs=False
+        )
+    )
   return builder

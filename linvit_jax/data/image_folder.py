@@ -86,6 +86,7 @@ class FolderIndex:
   PIL (see the module docstring). skipped: (relative path, reason) of the files that failed.
   small: how many readable files are smaller than the scan's `min_size`.
   """
+
   root: str
   files: tuple[str, ...]
   labels: tuple[int, ...] | None
@@ -103,9 +104,11 @@ class FolderIndex:
 
   def describe(self) -> str:
     """One line: files, classes, skipped / converted / small counts."""
-    classes = (f"{len(self.class_names)} classes" if self.labels is not None else "unlabelled")
-    return (f"{len(self.files)} images ({classes}), {len(self.skipped)} skipped, "
-            f"{self.converted} converted, {self.small} small")
+    classes = f"{len(self.class_names)} classes" if self.labels is not None else "unlabelled"
+    return (
+        f"{len(self.files)} images ({classes}), {len(self.skipped)} skipped, "
+        f"{self.converted} converted, {self.small} small"
+    )
 
 
 def _needs_conversion(fmt: str | None, mode: str) -> bool:
@@ -142,7 +145,7 @@ def _inspect(path: str) -> tuple[int, int, bool]:
 def _try_inspect(path: str) -> tuple[int, int, bool] | str:
   try:
     return _inspect(path)
-  except Exception as err:  # pylint: disable=broad-except  # Any failure means "unreadable".
+  except Exception as err:  # # Any failure means "unreadable".
     return f"{type(err).__name__}: {err}"
 
 
@@ -153,7 +156,7 @@ def converted_png(path: str) -> bytes:
       out = io.BytesIO()
       _to_rgb(img).save(out, "PNG", compress_level=1)  # Decoded right after: compress little.
       return out.getvalue()
-  except Exception as err:  # pylint: disable=broad-except
+  except Exception as err:
     # Raised inside tf.data: say which file (it may have changed since the scan).
     raise ValueError(f"image_folder: cannot convert {path}: {type(err).__name__}: {err}") from err
 
@@ -197,8 +200,9 @@ def _named(items: list[str]) -> str:
 _SCANS: dict[tuple[str, int], tuple[str, FolderIndex]] = {}
 
 
-def scan(data_dir: str, *, min_size: int = DEFAULT_MIN_SIZE,
-         workers: int | None = None) -> FolderIndex:
+def scan(
+    data_dir: str, *, min_size: int = DEFAULT_MIN_SIZE, workers: int | None = None
+) -> FolderIndex:
   """Lists, labels and validates the images of a folder (see the module docstring).
 
   Args:
@@ -215,8 +219,10 @@ def scan(data_dir: str, *, min_size: int = DEFAULT_MIN_SIZE,
   root = os.path.abspath(data_dir)
   candidates = _walk(root)
   if not candidates:
-    raise ValueError(f"image_folder: no image files in {root} (looked recursively for "
-                     f"{', '.join(EXTENSIONS)}, any case; names starting with '.' are ignored)")
+    raise ValueError(
+        f"image_folder: no image files in {root} (looked recursively for "
+        f"{', '.join(EXTENSIONS)}, any case; names starting with '.' are ignored)"
+    )
   fingerprint = _fingerprint(root, candidates)
   memo = _SCANS.get((root, min_size))
   if memo is not None and memo[0] == fingerprint:
@@ -229,8 +235,9 @@ def scan(data_dir: str, *, min_size: int = DEFAULT_MIN_SIZE,
 
   workers = workers or min(32, os.cpu_count() or 1)
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-    results = list(pool.map(_try_inspect, [os.path.join(root, *rel.split("/"))
-                                           for rel in candidates]))
+    results = list(
+        pool.map(_try_inspect, [os.path.join(root, *rel.split("/")) for rel in candidates])
+    )
   files, labels, convert, skipped, small = [], [], [], [], []
   for rel, top, result in zip(candidates, tops, results):
     if isinstance(result, str):
@@ -245,32 +252,55 @@ def scan(data_dir: str, *, min_size: int = DEFAULT_MIN_SIZE,
       small.append(f"{rel} ({width}x{height})")
 
   if skipped:
-    logging.warning("image_folder %s: skipped %d unreadable file(s): %s", root, len(skipped),
-                    _named([f"{rel} ({reason})" for rel, reason in skipped]))
+    logging.warning(
+        "image_folder %s: skipped %d unreadable file(s): %s",
+        root,
+        len(skipped),
+        _named([f"{rel} ({reason})" for rel, reason in skipped]),
+    )
   if not files:
-    raise ValueError(f"image_folder: none of the {len(candidates)} image files in {root} can be "
-                     f"read: {_named([f'{rel} ({reason})' for rel, reason in skipped])}")
+    raise ValueError(
+        f"image_folder: none of the {len(candidates)} image files in {root} can be "
+        f"read: {_named([f'{rel} ({reason})' for rel, reason in skipped])}"
+    )
   if small:
-    logging.info("image_folder %s: %d image(s) smaller than %d px on the shorter side (the pp "
-                 "resizes them): %s", root, len(small), min_size, _named(small))
+    logging.info(
+        "image_folder %s: %d image(s) smaller than %d px on the shorter side (the pp "
+        "resizes them): %s",
+        root,
+        len(small),
+        min_size,
+        _named(small),
+    )
   if labelled:
     empty = sorted(set(class_names) - {f.split("/")[0] for f in files})
     if empty:
-      logging.warning("image_folder %s: no readable image in class folder(s) %s (their ids are "
-                      "kept)", root, ", ".join(empty))
-  index = FolderIndex(root=root, files=tuple(files),
-                      labels=tuple(labels) if labelled else None, class_names=class_names,
-                      needs_conversion=tuple(convert), skipped=tuple(skipped), small=len(small))
+      logging.warning(
+          "image_folder %s: no readable image in class folder(s) %s (their ids are " "kept)",
+          root,
+          ", ".join(empty),
+      )
+  index = FolderIndex(
+      root=root,
+      files=tuple(files),
+      labels=tuple(labels) if labelled else None,
+      class_names=class_names,
+      needs_conversion=tuple(convert),
+      skipped=tuple(skipped),
+      small=len(small),
+  )
   _SCANS[(root, min_size)] = (fingerprint, index)
   return index
 
 
 def parse_split(split: str) -> tuple[str, float]:
-  """"train@0.3" -> ("train", 0.3); "holdout" -> ("holdout", 0.2); "all" -> ("all", 0.2)."""
+  """ "train@0.3" -> ("train", 0.3); "holdout" -> ("holdout", 0.2); "all" -> ("all", 0.2)."""
   match = _SPLIT_RE.fullmatch(split.strip())
   name, fraction = match.groups() if match else (None, None)
-  usage = (f"image_folder: split must be 'all', 'train', 'holdout', 'train@F' or 'holdout@F' "
-           f"(F: the held-out fraction, 0 < F < 1), got {split!r}")
+  usage = (
+      f"image_folder: split must be 'all', 'train', 'holdout', 'train@F' or 'holdout@F' "
+      f"(F: the held-out fraction, 0 < F < 1), got {split!r}"
+  )
   if name is None or (name == "all" and fraction is not None):
     raise ValueError(usage)
   try:
@@ -306,13 +336,16 @@ def split_positions(index: FolderIndex, split: str) -> list[int]:
   held = holdout_mask(index.files, fraction)
   positions = [i for i, h in enumerate(held) if h == (name == "holdout")]
   if not positions:
-    raise ValueError(f"image_folder {index.root}: split {split!r} is empty ({len(index.files)} "
-                     f"readable images); use split 'all', or add images")
+    raise ValueError(
+        f"image_folder {index.root}: split {split!r} is empty ({len(index.files)} "
+        f"readable images); use split 'all', or add images"
+    )
   return positions
 
 
-def read_examples(index: FolderIndex, positions: list[int],
-                  key: tf.Tensor | None) -> tf.data.Dataset:
+def read_examples(
+    index: FolderIndex, positions: list[int], key: tf.Tensor | None
+) -> tf.data.Dataset:
   """The examples at `positions`, in that order (key None) or shuffled statelessly by `key`.
 
   Examples: {"image": encoded bytes, "label": int32 (labelled folders only), "file": relative
@@ -322,8 +355,11 @@ def read_examples(index: FolderIndex, positions: list[int],
   files = tf.constant([index.files[i] for i in positions], tf.string)
   needs = [index.needs_conversion[i] for i in positions]
   convert = tf.constant(needs, tf.bool)
-  labels = (tf.constant([index.labels[i] for i in positions], tf.int32)
-            if index.labels is not None else None)
+  labels = (
+      tf.constant([index.labels[i] for i in positions], tf.int32)
+      if index.labels is not None
+      else None
+  )
   any_conversion = any(needs)
 
   def png(path: tf.Tensor) -> bytes:
@@ -332,8 +368,9 @@ def read_examples(index: FolderIndex, positions: list[int],
   def load(i: tf.Tensor) -> dict[str, tf.Tensor]:
     path = paths[i]
     if any_conversion:  # Keeps Python (py_function) out of the graph when it is not needed.
-      image = tf.cond(convert[i], lambda: tf.py_function(png, [path], tf.string),
-                      lambda: tf.io.read_file(path))
+      image = tf.cond(
+          convert[i], lambda: tf.py_function(png, [path], tf.string), lambda: tf.io.read_file(path)
+      )
       image.set_shape([])
     else:
       image = tf.io.read_file(path)
@@ -346,4 +383,5 @@ def read_examples(index: FolderIndex, positions: list[int],
   if key is not None:
     order = tf.random.experimental.stateless_shuffle(order, key)
   return tf.data.Dataset.from_tensor_slices(order).map(
-      load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+      load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+  )

@@ -87,6 +87,7 @@ class _Share:
   read(key): the share's raw examples, one epoch; the order depends only on `key` (a stateless
   seed tensor), or is the fixed file order when `key` is None.
   """
+
   num_examples: int
   read: Callable[[tf.Tensor | None], tf.data.Dataset]
 
@@ -102,17 +103,25 @@ class _TfdsSource:
     self.name, self.split = name, split
     features = self.builder.info.features
     # Images stay encoded: decoding is the pp string's job (cheaper crops, skipped steps free).
-    self.decoders = {k: tfds.decode.SkipDecoding() for k, f in features.items()
-                     if isinstance(f, tfds.features.Image)} or None
+    self.decoders = {
+        k: tfds.decode.SkipDecoding()
+        for k, f in features.items()
+        if isinstance(f, tfds.features.Image)
+    } or None
 
   def _read(self, split) -> tf.data.Dataset:
     try:
-      return self.builder.as_dataset(split=split, shuffle_files=False, decoders=self.decoders,
-                                     read_config=tfds.ReadConfig(try_autocache=False))
+      return self.builder.as_dataset(
+          split=split,
+          shuffle_files=False,
+          decoders=self.decoders,
+          read_config=tfds.ReadConfig(try_autocache=False),
+      )
     except AssertionError as err:  # TFDS's way of saying "not prepared".
       raise FileNotFoundError(
           f"TFDS dataset {self.name!r} is not prepared in {self.builder.data_dir}: prepare it "
-          f"there first (ImageNet: see the README) or pass the right data_dir. ({err})") from None
+          f"there first (ImageNet: see the README) or pass the right data_dir. ({err})"
+      ) from None
 
   def _size(self, split) -> int:
     try:
@@ -141,7 +150,9 @@ class _TfdsSource:
       # Which block each next example comes from: blocks in `perm` order, _BLOCK_CYCLE at a time.
       choice = tf.data.Dataset.from_tensor_slices(perm).interleave(
           lambda b: tf.data.Dataset.from_tensors(b).repeat(block_sizes[b]),
-          cycle_length=_BLOCK_CYCLE, block_length=1)
+          cycle_length=_BLOCK_CYCLE,
+          block_length=1,
+      )
       return tf.data.Dataset.choose_from_datasets(blocks, choice)
 
     return _Share(sum(sizes), read)
@@ -174,11 +185,20 @@ class _JftSource:
     def records(key: tf.Tensor | None) -> tf.data.Dataset:
       # The file order (not the file assignment) changes with the epoch, same on every process,
       # so dealing out records below still splits each epoch disjointly.
-      files = names if key is None else tf.gather(
-          names, tf.random.experimental.stateless_shuffle(tf.range(len(file_ids)), key))
+      files = (
+          names
+          if key is None
+          else tf.gather(
+              names, tf.random.experimental.stateless_shuffle(tf.range(len(file_ids)), key)
+          )
+      )
       ds = tf.data.Dataset.from_tensor_slices(files).interleave(
-          tf.data.TFRecordDataset, cycle_length=cycle, block_length=1,
-          num_parallel_calls=cycle, deterministic=True)
+          tf.data.TFRecordDataset,
+          cycle_length=cycle,
+          block_length=1,
+          num_parallel_calls=cycle,
+          deterministic=True,
+      )
       return ds.shard(count, index) if by_record else ds
 
     cached = records(None).cache() if cache else None
@@ -194,14 +214,21 @@ class _ImageFolderSource:
   """A split of a folder of images (see image_folder.py); process i reads files i, i + n, ..."""
 
   def __init__(self, dataset: str, split: str, data_dir: str | None):
-    folder = dataset[len(image_folder.NAME) + 1:] or data_dir
+    folder = dataset[len(image_folder.NAME) + 1 :] or data_dir
     if not folder:
-      raise ValueError(f"dataset {dataset!r} needs the folder: data_dir=DIR, or "
-                       f"dataset='{image_folder.NAME}:DIR'")
+      raise ValueError(
+          f"dataset {dataset!r} needs the folder: data_dir=DIR, or "
+          f"dataset='{image_folder.NAME}:DIR'"
+      )
     self.index = image_folder.scan(folder)
     self.positions = image_folder.split_positions(self.index, split)
-    logging.info("image_folder %s: %s; split %r: %d images", self.index.root,
-                 self.index.describe(), split, len(self.positions))
+    logging.info(
+        "image_folder %s: %s; split %r: %d images",
+        self.index.root,
+        self.index.describe(),
+        split,
+        len(self.positions),
+    )
 
   def sizes(self, count: int) -> list[int]:
     return [len(range(i, len(self.positions), count)) for i in range(count)]
@@ -220,7 +247,7 @@ class _ImageFolderSource:
 
 def _source(dataset: str, split: str, data_dir: str | None):
   if dataset.startswith("jft:"):
-    return _JftSource(dataset[len("jft:"):], split)
+    return _JftSource(dataset[len("jft:") :], split)
   if dataset == image_folder.NAME or dataset.startswith(image_folder.NAME + ":"):
     return _ImageFolderSource(dataset, split, data_dir)
   return _TfdsSource(dataset, split, data_dir)
@@ -250,8 +277,10 @@ def _processes(process_index: int | None, process_count: int | None) -> tuple[in
 
 def _local_batch(global_batch_size: int, count: int) -> int:
   if global_batch_size <= 0 or global_batch_size % count:
-    raise ValueError(f"global_batch_size={global_batch_size} must be a positive multiple of the "
-                     f"process count {count}")
+    raise ValueError(
+        f"global_batch_size={global_batch_size} must be a positive multiple of the "
+        f"process count {count}"
+    )
   return global_batch_size // count
 
 
@@ -284,11 +313,20 @@ def _options(ds: tf.data.Dataset) -> tf.data.Dataset:
   return ds.with_options(options)
 
 
-def make_train_iterator(*, dataset: str, split: str, pp: str, global_batch_size: int, seed: int,
-                        data_dir: str | None = None, shuffle_buffer: int = 10_000,
-                        start_step: int = 0, cache: bool = False,
-                        process_index: int | None = None, process_count: int | None = None
-                        ) -> Iterator[dict[str, np.ndarray]]:
+def make_train_iterator(
+    *,
+    dataset: str,
+    split: str,
+    pp: str,
+    global_batch_size: int,
+    seed: int,
+    data_dir: str | None = None,
+    shuffle_buffer: int = 10_000,
+    start_step: int = 0,
+    cache: bool = False,
+    process_index: int | None = None,
+    process_count: int | None = None,
+) -> Iterator[dict[str, np.ndarray]]:
   """Infinite iterator of this process's training batches, fixed by `seed`.
 
   Yields dicts of numpy arrays with `global_batch_size // process_count` examples; with
@@ -298,8 +336,9 @@ def make_train_iterator(*, dataset: str, split: str, pp: str, global_batch_size:
   index, count = _processes(process_index, process_count)
   local_batch = _local_batch(global_batch_size, count)
   if start_step < 0 or shuffle_buffer < 0:
-    raise ValueError(f"start_step and shuffle_buffer must be >= 0, got {start_step}, "
-                     f"{shuffle_buffer}")
+    raise ValueError(
+        f"start_step and shuffle_buffer must be >= 0, got {start_step}, " f"{shuffle_buffer}"
+    )
   share = _source(dataset, split, data_dir).share(index, count, cache=cache)
   n = share.num_examples
   if n == 0:
@@ -317,15 +356,25 @@ def make_train_iterator(*, dataset: str, split: str, pp: str, global_batch_size:
 
   ds = tf.data.Dataset.range(first_epoch, _FOREVER).flat_map(epoch)
   ds = ds.skip(offset)  # Raw records only: nothing decoded for the skipped steps.
-  ds = ds.map(_preprocess(pp, index, count, _key(seed, _AUGMENT)),
-              num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  ds = ds.map(
+      _preprocess(pp, index, count, _key(seed, _AUGMENT)),
+      num_parallel_calls=tf.data.AUTOTUNE,
+      deterministic=True,
+  )
   ds = ds.batch(local_batch, drop_remainder=True).prefetch(2)
   return _options(ds).as_numpy_iterator()
 
 
-def make_eval_iterator(*, dataset: str, split: str, pp: str, global_batch_size: int,
-                       data_dir: str | None = None, process_index: int | None = None,
-                       process_count: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+def make_eval_iterator(
+    *,
+    dataset: str,
+    split: str,
+    pp: str,
+    global_batch_size: int,
+    data_dir: str | None = None,
+    process_index: int | None = None,
+    process_count: int | None = None,
+) -> Iterator[dict[str, np.ndarray]]:
   """One pass over this process's share, as full local batches with a boolean `_mask`.
 
   Every process yields the same number of batches; across processes every example of the split
@@ -356,11 +405,14 @@ def _padding(ds: tf.data.Dataset, num_real: int, pp: str) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensors({**zeros, "_mask": tf.constant(False)}).repeat()
   # Shapes only known at run time (e.g. decoded images with no resize): copy the first example's.
   if num_real == 0:
-    raise ValueError(f"this process has no eval examples and pp {pp!r} gives run-time shapes "
-                     f"({ {k: tuple(s.shape) for k, s in spec.items()} }), so the padding batches "
-                     "cannot be shaped: resize/crop to a fixed size in the eval pp")
-  zeros = ds.take(1).map(lambda ex: {**tf.nest.map_structure(tf.zeros_like, ex),
-                                     "_mask": tf.constant(False)})
+    raise ValueError(
+        f"this process has no eval examples and pp {pp!r} gives run-time shapes "
+        f"({ {k: tuple(s.shape) for k, s in spec.items()} }), so the padding batches "
+        "cannot be shaped: resize/crop to a fixed size in the eval pp"
+    )
+  zeros = ds.take(1).map(
+      lambda ex: {**tf.nest.map_structure(tf.zeros_like, ex), "_mask": tf.constant(False)}
+  )
   return zeros.cache().repeat()
 
 

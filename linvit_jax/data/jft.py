@@ -47,8 +47,9 @@ def _example(image: bytes, labels: Sequence[int]) -> bytes:
   return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
-def write_tfrecords(prefix: str, examples: Iterable[tuple[bytes, Sequence[int]]],
-                    num_shards: int = 1) -> list[str]:
+def write_tfrecords(
+    prefix: str, examples: Iterable[tuple[bytes, Sequence[int]]], num_shards: int = 1
+) -> list[str]:
   """Writes (jpeg_bytes, label_ids) pairs round-robin into `{prefix}-0000i-of-0000n.tfrecord`.
 
   Also merges the per-file counts into `num_examples.json` beside them. Returns the file paths.
@@ -83,14 +84,17 @@ def count_examples(files: Sequence[str]) -> list[int]:
   """Records per file: from `num_examples.json` where listed, else by reading the file."""
   known: dict[str, int] = {}
   for d in sorted({os.path.dirname(f) for f in files}):
-    known.update({os.path.join(d, k): v
-                  for k, v in _read_counts(os.path.join(d, COUNTS_FILE)).items()})
+    known.update(
+        {os.path.join(d, k): v for k, v in _read_counts(os.path.join(d, COUNTS_FILE)).items()}
+    )
   unknown = [f for f in files if f not in known]
   if unknown:
     # Only the record framing is read (no parsing); files in parallel.
     counted = tf.data.Dataset.from_tensor_slices(unknown).map(
         lambda f: tf.data.TFRecordDataset(f).reduce(tf.constant(0, tf.int64), lambda n, _: n + 1),
-        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
     known.update(zip(unknown, (int(n) for n in counted.as_numpy_iterator())))
   return [known[f] for f in files]
 
@@ -100,8 +104,10 @@ def list_files(pattern: str, split: str) -> list[str]:
   if "{split}" in pattern:
     pattern = pattern.replace("{split}", split)
   elif split != "train":
-    raise ValueError(f"jft:{pattern} has no {{split}} placeholder, so it only serves split "
-                     f"'train'; got split {split!r}")
+    raise ValueError(
+        f"jft:{pattern} has no {{split}} placeholder, so it only serves split "
+        f"'train'; got split {split!r}"
+    )
   files = sorted(tf.io.gfile.glob(pattern))
   if not files:
     raise FileNotFoundError(f"jft:{pattern}: no files match")
@@ -109,8 +115,13 @@ def list_files(pattern: str, split: str) -> list[str]:
 
 
 @register("multi_hot")
-def get_multi_hot(depth: int, key: str = "labels", key_result: str | None = None,
-                  on: float = 1.0, off: float = 0.0) -> Op:
+def get_multi_hot(
+    depth: int,
+    key: str = "labels",
+    key_result: str | None = None,
+    on: float = 1.0,
+    off: float = 0.0,
+) -> Op:
   """Label id list -> multi-hot [depth] float32, the target of the sigmoid loss."""
   _check_depth(depth)
 

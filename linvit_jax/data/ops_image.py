@@ -27,8 +27,16 @@ import tensorflow as tf
 
 from linvit_jax.data.registry import keyed, register, size_pair
 
-_METHODS = ("area", "bicubic", "bilinear", "gaussian", "lanczos3", "lanczos5", "mitchellcubic",
-            "nearest")
+_METHODS = (
+    "area",
+    "bicubic",
+    "bilinear",
+    "gaussian",
+    "lanczos3",
+    "lanczos5",
+    "mitchellcubic",
+    "nearest",
+)
 
 
 def _check_method(method: str) -> None:
@@ -55,8 +63,10 @@ def get_decode(channels: int = 3, precise: bool = False) -> Callable:
 
   def decode(data: tf.Tensor) -> tf.Tensor:
     if data.dtype != tf.string:
-      raise ValueError(f"expects encoded image bytes (tf.string), got {data.dtype.name} "
-                       f"{data.shape}; the input pipeline leaves images encoded, decode them once")
+      raise ValueError(
+          f"expects encoded image bytes (tf.string), got {data.dtype.name} "
+          f"{data.shape}; the input pipeline leaves images encoded, decode them once"
+      )
     if precise:  # decode_jpeg also reads PNG and GIF.
       image = tf.io.decode_jpeg(data, channels=channels, dct_method="INTEGER_ACCURATE")
     else:
@@ -72,23 +82,32 @@ def _crop_box_args(area_min: float, area_max: float, ratio_min: float, ratio_max
     raise ValueError(f"need 0 < area_min <= area_max <= 100 (percent), got {area_min}, {area_max}")
   if not 0 < ratio_min <= ratio_max:
     raise ValueError(f"need 0 < ratio_min <= ratio_max, got {ratio_min}, {ratio_max}")
-  return dict(area_range=(area_min / 100, area_max / 100),
-              aspect_ratio_range=(ratio_min, ratio_max),
-              min_object_covered=0.0,  # No box to cover: any crop in the area/ratio ranges.
-              use_image_if_no_bounding_boxes=True)
+  return dict(
+      area_range=(area_min / 100, area_max / 100),
+      aspect_ratio_range=(ratio_min, ratio_max),
+      min_object_covered=0.0,  # No box to cover: any crop in the area/ratio ranges.
+      use_image_if_no_bounding_boxes=True,
+  )
 
 
 def _sample_crop(shape: tf.Tensor, seed: tf.Tensor, box_args: dict):
   begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-      shape, tf.zeros([1, 0, 4], tf.float32), seed=seed, **box_args)
+      shape, tf.zeros([1, 0, 4], tf.float32), seed=seed, **box_args
+  )
   return begin, size
 
 
 @register("inception_crop")
 @keyed(random=True)
-def get_inception_crop(size=None, area_min: float = 5, area_max: float = 100,
-                       ratio_min: float = 0.75, ratio_max: float = 1.33,
-                       method: str = "bilinear", antialias: bool = False) -> Callable:
+def get_inception_crop(
+    size=None,
+    area_min: float = 5,
+    area_max: float = 100,
+    ratio_min: float = 0.75,
+    ratio_max: float = 1.33,
+    method: str = "bilinear",
+    antialias: bool = False,
+) -> Callable:
   """Random crop of random area and aspect ratio (Inception-style), then resize to `size`."""
   box_args = _crop_box_args(area_min, area_max, ratio_min, ratio_max)
   size = size_pair(size) if size is not None else None
@@ -105,10 +124,15 @@ def get_inception_crop(size=None, area_min: float = 5, area_max: float = 100,
 
 @register("decode_jpeg_and_inception_crop")
 @keyed(random=True)
-def get_decode_jpeg_and_inception_crop(size=None, area_min: float = 5, area_max: float = 100,
-                                       ratio_min: float = 0.75, ratio_max: float = 1.33,
-                                       method: str = "bilinear",
-                                       antialias: bool = False) -> Callable:
+def get_decode_jpeg_and_inception_crop(
+    size=None,
+    area_min: float = 5,
+    area_max: float = 100,
+    ratio_min: float = 0.75,
+    ratio_max: float = 1.33,
+    method: str = "bilinear",
+    antialias: bool = False,
+) -> Callable:
   """`inception_crop` fused with JPEG decoding: only the crop window is decoded (much faster)."""
   box_args = _crop_box_args(area_min, area_max, ratio_min, ratio_max)
   size = size_pair(size) if size is not None else None
@@ -188,8 +212,9 @@ def get_flip_lr() -> Callable:
 
 @register("value_range")
 @keyed
-def get_value_range(vmin: float = -1, vmax: float = 1, in_min=0, in_max=255.0,
-                    clip_values: bool = False) -> Callable:
+def get_value_range(
+    vmin: float = -1, vmax: float = 1, in_min=0, in_max=255.0, clip_values: bool = False
+) -> Callable:
   """Maps [in_min, in_max] linearly to [vmin, vmax] as float32 (in_*: scalars or per channel)."""
 
   def value_range(image: tf.Tensor) -> tf.Tensor:
@@ -202,9 +227,10 @@ def get_value_range(vmin: float = -1, vmax: float = 1, in_min=0, in_max=255.0,
 
 @register("vgg_value_range")
 @keyed
-def get_vgg_value_range(mean: Sequence[float] = (0.485 * 255, 0.456 * 255, 0.406 * 255),
-                        std: Sequence[float] = (0.229 * 255, 0.224 * 255, 0.225 * 255)
-                        ) -> Callable:
+def get_vgg_value_range(
+    mean: Sequence[float] = (0.485 * 255, 0.456 * 255, 0.406 * 255),
+    std: Sequence[float] = (0.229 * 255, 0.224 * 255, 0.225 * 255),
+) -> Callable:
   """(image - mean) / std per channel, float32 (defaults: ImageNet RGB statistics on 0..255)."""
   mean_t, std_t = tf.constant(mean, tf.float32), tf.constant(std, tf.float32)
   n = mean_t.shape.num_elements()

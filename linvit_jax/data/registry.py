@@ -58,8 +58,12 @@ def take_seed(data: Features) -> tf.Tensor:
   return seed
 
 
-def keyed(getter: Callable[..., Callable] | None = None, *, random: bool = False,
-          default_key: str = "image"):
+def keyed(
+    getter: Callable[..., Callable] | None = None,
+    *,
+    random: bool = False,
+    default_key: str = "image",
+):
   """Lifts a getter of `fn(x)` (`fn(x, seed)` if random) to one of `fn(data)`.
 
   The lifted getter accepts big_vision's `key=` (in and out) or `inkey=` / `outkey=`.
@@ -67,8 +71,9 @@ def keyed(getter: Callable[..., Callable] | None = None, *, random: bool = False
 
   def lift(getter):
     @functools.wraps(getter)
-    def lifted(*args, key: str | None = None, inkey: str = default_key,
-               outkey: str = default_key, **kwargs) -> Op:
+    def lifted(
+        *args, key: str | None = None, inkey: str = default_key, outkey: str = default_key, **kwargs
+    ) -> Op:
       fn = getter(*args, **kwargs)
       src, dst = key or inkey, key or outkey
 
@@ -101,8 +106,10 @@ def _parse(spec: str) -> tuple[str, tuple, dict]:
     args = tuple(ast.literal_eval(a) for a in node.args)
     kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
   except ValueError:
-    raise ValueError(f"preprocessing op {spec!r}: arguments must be Python literals "
-                     "(numbers, strings, tuples, lists)") from None
+    raise ValueError(
+        f"preprocessing op {spec!r}: arguments must be Python literals "
+        "(numbers, strings, tuples, lists)"
+    ) from None
   if None in kwargs:
     raise ValueError(f"preprocessing op {spec!r}: `**kwargs` is not supported")
   return node.func.id, args, kwargs
@@ -112,8 +119,10 @@ def get_op(spec: str) -> Op:
   """Builds the op for one spec; errors name the spec and say what is wrong."""
   name, args, kwargs = _parse(spec.strip())
   if name not in _GETTERS:
-    raise ValueError(f"unknown preprocessing op {name!r} in {spec!r}; "
-                     f"known ops: {', '.join(registered_ops())}")
+    raise ValueError(
+        f"unknown preprocessing op {name!r} in {spec!r}; "
+        f"known ops: {', '.join(registered_ops())}"
+    )
   try:
     op = _GETTERS[name](*args, **kwargs)
   except (TypeError, ValueError) as err:
@@ -135,7 +144,10 @@ def get_op(spec: str) -> Op:
 def size_pair(size: Any, what: str = "size") -> tuple[int, int]:
   """An int H or a pair (H, W) of positive ints, as (H, W)."""
   pair = (size, size) if isinstance(size, int) else size
-  if (not isinstance(pair, (tuple, list)) or len(pair) != 2
-      or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in pair)):
+  if (
+      not isinstance(pair, (tuple, list))
+      or len(pair) != 2
+      or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in pair)
+  ):
     raise ValueError(f"{what} must be a positive int or a pair of them, got {size!r}")
   return int(pair[0]), int(pair[1])

@@ -16,26 +16,49 @@ import os
 import shutil
 
 # skimage/data file names: real photographs only.
-COLOR = ("astronaut.png", "chelsea.png", "coffee.png", "hubble_deep_field.jpg", "ihc.png",
-         "motorcycle_left.png", "motorcycle_right.png", "retina.jpg", "rocket.jpg")
-GRAY = ("brick.png", "camera.png", "cell.png", "clock_motion.png", "coins.png", "grass.png",
-        "gravel.png", "microaneurysms.png", "moon.png", "page.png", "text.png")
+COLOR = (
+    "astronaut.png",
+    "chelsea.png",
+    "coffee.png",
+    "hubble_deep_field.jpg",
+    "ihc.png",
+    "motorcycle_left.png",
+    "motorcycle_right.png",
+    "retina.jpg",
+    "rocket.jpg",
+)
+GRAY = (
+    "brick.png",
+    "camera.png",
+    "cell.png",
+    "clock_motion.png",
+    "coins.png",
+    "grass.png",
+    "gravel.png",
+    "microaneurysms.png",
+    "moon.png",
+    "page.png",
+    "text.png",
+)
 _MATPLOTLIB_COLOR = ("grace_hopper.jpg",)
 _WHICH = ("all", "color", "gray")
 
 
 def _skimage_data_dir() -> str:
   try:
-    import skimage.data  # pylint: disable=import-outside-toplevel  # Optional dependency.
+    import skimage.data  # # Optional dependency.
   except ImportError as err:
-    raise ImportError("write_sample_photos needs scikit-image for its bundled photographs: "
-                      "pip install scikit-image") from err
+    raise ImportError(
+        "write_sample_photos needs scikit-image for its bundled photographs: "
+        "pip install scikit-image"
+    ) from err
   return os.path.dirname(skimage.data.__file__)
 
 
 def _matplotlib_file(name: str) -> str | None:
   try:
-    from matplotlib import cbook  # pylint: disable=import-outside-toplevel
+    from matplotlib import cbook
+
     path = str(cbook.get_sample_data(name, asfileobj=False))
   except (ImportError, OSError, ValueError):  # No matplotlib, or a build without sample data.
     return None
@@ -63,8 +86,9 @@ def write_sample_photos(out_dir: str, *, which: str = "all") -> list[str]:
   # Older or newer releases may bundle fewer files: take what is there.
   sources = [s for s in sources if s and os.path.isfile(s)]
   if not sources:
-    raise FileNotFoundError(f"no bundled photographs found (looked in {skimage_dir} for "
-                            f"{', '.join(names)})")
+    raise FileNotFoundError(
+        f"no bundled photographs found (looked in {skimage_dir} for " f"{', '.join(names)})"
+    )
   os.makedirs(out_dir, exist_ok=True)
   paths = []
   for src in sources:
@@ -75,7 +99,8 @@ def write_sample_photos(out_dir: str, *, which: str = "all") -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
   """`python -m linvit_jax.data.sample_photos OUT_DIR [all|color|gray]`."""
-  import sys  # pylint: disable=import-outside-toplevel
+  import sys
+
   args = sys.argv[1:] if argv is None else argv
   if not 1 <= len(args) <= 2:
     raise SystemExit("usage: python -m linvit_jax.data.sample_photos OUT_DIR [all|color|gray]")

@@ -31,13 +31,14 @@ KINDS = ("softmax", "chunked_softmax", "linear")
 @dataclasses.dataclass(frozen=True)
 class AttentionSpec:
   """Which operator an attention layer uses. Hashable, so it can be a linen attribute."""
+
   kind: str = "softmax"
-  feature_map: str = "elu1"       # linear only
-  eps: float = 1e-6               # linear only: added to the normaliser
+  feature_map: str = "elu1"  # linear only
+  eps: float = 1e-6  # linear only: added to the normaliser
   num_features: int | None = None  # linear only: hedgehog projection width / favor features
   favor_seed: int = 0
   favor_redraw: bool = False
-  chunk_size: int = 512           # chunked_softmax only: keys per block
+  chunk_size: int = 512  # chunked_softmax only: keys per block
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -62,8 +63,10 @@ def parse_spec(spec: Any) -> AttentionSpec:
     if spec in feature_maps.FEATURE_MAPS:
       return AttentionSpec(kind="linear", feature_map=spec)
     if spec not in KINDS:  # a typo of either: name both lists
-      raise ValueError(f"unknown attention kind {spec!r}; known: {KINDS}, or a feature map for "
-                       f"linear attention: {sorted(feature_maps.FEATURE_MAPS)}")
+      raise ValueError(
+          f"unknown attention kind {spec!r}; known: {KINDS}, or a feature map for "
+          f"linear attention: {sorted(feature_maps.FEATURE_MAPS)}"
+      )
     return AttentionSpec(kind=spec)
   if isinstance(spec, Mapping) or hasattr(spec, "to_dict"):
     fields = dict(spec.to_dict() if hasattr(spec, "to_dict") else spec)
@@ -85,6 +88,7 @@ def parse_layer_specs(spec: Any, depth: int) -> tuple[AttentionSpec, ...]:
 
 
 # ----------------------------------------------------------------------------- operators (pure)
+
 
 def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   """softmax(q·kᵀ/√d) v for q [B,Nq,H,D], k/v [B,Nk,H,D]; the order of ops follows flax's MHA."""
@@ -114,8 +118,9 @@ def einsum_f32(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
   return jnp.einsum(spec, a, b, preferred_element_type=f32)
 
 
-def chunked_softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array,
-                              chunk_size: int = 512) -> jax.Array:
+def chunked_softmax_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, chunk_size: int = 512
+) -> jax.Array:
   """Exact softmax attention by an online softmax over key blocks: O(Nq·block) live memory.
 
   Each block's step is rematerialised in the backward pass (flash-attention style), so the
@@ -146,19 +151,22 @@ def chunked_softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array,
     p = jnp.exp(s - m_new[..., None])
     correction = jnp.exp(m_prev - m_new)
     l_new = l_prev * correction + p.sum(axis=-1)
-    acc = acc * correction[..., None] + einsum_f32(
-        "bhqk,bhkd->bhqd", p.astype(v_blk.dtype), v_blk)
+    acc = acc * correction[..., None] + einsum_f32("bhqk,bhkd->bhqd", p.astype(v_blk.dtype), v_blk)
     return (m_new, l_new, acc), None
 
   nq = q.shape[1]
-  init = (jnp.full((b, h, nq), -jnp.inf, f32), jnp.zeros((b, h, nq), f32),
-          jnp.zeros((b, h, nq, v.shape[-1]), f32))
+  init = (
+      jnp.full((b, h, nq), -jnp.inf, f32),
+      jnp.zeros((b, h, nq), f32),
+      jnp.zeros((b, h, nq, v.shape[-1]), f32),
+  )
   (_, l_final, acc), _ = jax.lax.scan(step, init, (blocks(k), blocks(v), valid))
   return (acc / l_final[..., None]).transpose(0, 2, 1, 3).astype(v.dtype)
 
 
-def linear_attention(phi_q: jax.Array, phi_k: jax.Array, v: jax.Array,
-                     eps: float = 1e-6) -> jax.Array:
+def linear_attention(
+    phi_q: jax.Array, phi_k: jax.Array, v: jax.Array, eps: float = 1e-6
+) -> jax.Array:
   """φ(q)(φ(k)ᵀv) / (φ(q)(φ(k)ᵀ1) + ε), non-causal, sums accumulated in float32."""
   f32 = jnp.float32
   kv = einsum_f32("bkhf,bkhd->bhfd", phi_k, v)
@@ -177,8 +185,10 @@ def linear_weights(phi_q: jax.Array, phi_k: jax.Array, eps: float = 1e-6) -> jax
 
 # ----------------------------------------------------------------------------- the module
 
+
 class Attention(nn.Module):
   """Multi-head attention with flax MHA's parameter names; the operator comes from `spec`."""
+
   num_heads: int
   spec: AttentionSpec = AttentionSpec()
   dtype_mm: Any = "float32"
@@ -192,8 +202,12 @@ class Attention(nn.Module):
       raise ValueError(f"width {features} is not divisible by num_heads {self.num_heads}")
     head_dim = features // self.num_heads
     dense = lambda name: nn.DenseGeneral(  # noqa: E731
-        features=(self.num_heads, head_dim), axis=-1, dtype=self.dtype_mm,
-        kernel_init=self.kernel_init, name=name)
+        features=(self.num_heads, head_dim),
+        axis=-1,
+        dtype=self.dtype_mm,
+        kernel_init=self.kernel_init,
+        name=name,
+    )
     q = dense("query")(inputs_q)
     k = dense("key")(inputs_kv)
     v = dense("value")(inputs_kv)
@@ -221,11 +235,17 @@ class Attention(nn.Module):
         phi_k = fmap_k(k, is_query=False)
       y = linear_attention(phi_q, phi_k, v, spec.eps)
 
-    return nn.DenseGeneral(features=features, axis=(-2, -1), dtype=self.dtype_mm,
-                           kernel_init=self.kernel_init, name="out")(y)
+    return nn.DenseGeneral(
+        features=features,
+        axis=(-2, -1),
+        dtype=self.dtype_mm,
+        kernel_init=self.kernel_init,
+        name="out",
+    )(y)
 
-  def _folded_features(self, fmap: nn.Module, dense_name: str, inputs: jax.Array,
-                       head_dim: int, *, is_query: bool) -> jax.Array:
+  def _folded_features(
+      self, fmap: nn.Module, dense_name: str, inputs: jax.Array, head_dim: int, *, is_query: bool
+  ) -> jax.Array:
     """fmap.features(x·(W_p W) + (b_p W + b)) = φ(x W_p + b_p) for a projects_per_head map, with
     the projection `dense_name`'s params (already created by its call above)."""
     proj = self.variables["params"][dense_name]
@@ -233,13 +253,21 @@ class Attention(nn.Module):
     kernel = jnp.einsum("dhk,hkf->dhf", proj["kernel"], w)
     bias = jnp.einsum("hk,hkf->hf", proj["bias"], w) + b
     dtype = jnp.dtype(self.dtype_mm)
-    z = jnp.einsum("bnd,dhf->bnhf", inputs.astype(dtype), kernel.astype(dtype),
-                   preferred_element_type=jnp.float32) + bias
+    z = (
+        jnp.einsum(
+            "bnd,dhf->bnhf",
+            inputs.astype(dtype),
+            kernel.astype(dtype),
+            preferred_element_type=jnp.float32,
+        )
+        + bias
+    )
     return fmap.features(z, is_query=is_query)
 
 
-def feature_maps_of(spec: AttentionSpec, q: jax.Array, k: jax.Array,
-                    fmap_params: Mapping[str, Any] | None) -> tuple[jax.Array, jax.Array]:
+def feature_maps_of(
+    spec: AttentionSpec, q: jax.Array, k: jax.Array, fmap_params: Mapping[str, Any] | None
+) -> tuple[jax.Array, jax.Array]:
   """φ(q), φ(k) for an attention module's params subtree (outside the module, for losses)."""
   fmap_cls = feature_maps.get_feature_map_cls(spec.feature_map)
   kw = dict(num_features=spec.num_features, seed=spec.favor_seed, redraw=False)

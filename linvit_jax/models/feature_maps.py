@@ -24,6 +24,7 @@ def register(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
   def wrap(cls: type[nn.Module]) -> type[nn.Module]:
     FEATURE_MAPS[name] = cls
     return cls
+
   return wrap
 
 
@@ -36,6 +37,7 @@ def get_feature_map_cls(name: str) -> type[nn.Module]:
 @register("elu1")
 class Elu1(nn.Module):
   """φ(x) = elu(x) + 1 (Katharopoulos et al., 2020)."""
+
   num_features: int | None = None  # unused; keeps one constructor signature for every map
   seed: int = 0
   redraw: bool = False
@@ -51,6 +53,7 @@ class Elu1(nn.Module):
 @register("relu")
 class Relu(nn.Module):
   """φ(x) = max(x, 0)."""
+
   num_features: int | None = None
   seed: int = 0
   redraw: bool = False
@@ -67,6 +70,7 @@ class Hedgehog(nn.Module):
   `Attention` folds W into the query/key projection (`projects_per_head`): z = x(W_q W) + (b_q W + b)
   is one [D, H·width] matmul instead of the q projection followed by a per-head one.
   """
+
   num_features: int | None = None  # projection width; defaults to head_dim (→ 2·head_dim features)
   seed: int = 0
   redraw: bool = False
@@ -142,6 +146,7 @@ def orthogonal_gaussian(key: jax.Array, num_features: int, dim: int) -> jax.Arra
 @register("favor")
 class Favor(nn.Module):
   """φ(x) = exp(Wx' − |x'|²/2 − c) with x' = x·d^(-1/4), W orthogonal random (FAVOR+ positive)."""
+
   num_features: int | None = None  # m; defaults to 2·head_dim
   seed: int = 0
   redraw: bool = False  # draw W from the 'favor' rng collection when one is provided
@@ -155,7 +160,7 @@ class Favor(nn.Module):
     else:
       key = jax.random.PRNGKey(self.seed)
     w = jax.lax.stop_gradient(orthogonal_gaussian(key, m, head_dim))
-    x = x.astype(jnp.float32) * head_dim ** -0.25
+    x = x.astype(jnp.float32) * head_dim**-0.25
     logits = jnp.einsum("bnhd,md->bnhm", x, w) - 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
     # The stabiliser c cancels in the normalised ratio: one per token for queries (a row of the
     # ratio), one per (batch, head) for keys (shared by all keys). Performer's 1/√m cancels too.

@@ -26,22 +26,25 @@ VARIANTS: dict[str, tuple[int, int, int, int]] = {
 
 
 def decode_variant(variant: str | None) -> dict[str, Any]:
-    """"S/16" -> {width, depth, mlp_dim, num_heads, patch_size=(16, 16)}; "S" omits patch_size.
+  """ "S/16" -> {width, depth, mlp_dim, num_heads, patch_size=(16, 16)}; "S" omits patch_size.
 
-    None gives {} so callers can always write `{**decode_variant(v), **explicit_kwargs}`
-    (explicit kwargs win, as in big_vision's `Model(variant=..., **kw)`).
-    """
-    if variant is None:
-        return {}
-    name, sep, patch = variant.partition("/")
-    if name not in VARIANTS:
-        raise ValueError(f"unknown ViT variant {variant!r}: size {name!r} is not one of "
-                         f"{', '.join(VARIANTS)}")
-    width, depth, mlp_dim, num_heads = VARIANTS[name]
-    out: dict[str, Any] = dict(width=width, depth=depth, mlp_dim=mlp_dim, num_heads=num_heads)
-    if sep:
-        if not patch.isdigit() or int(patch) <= 0:
-            raise ValueError(f"bad ViT variant {variant!r}: patch size {patch!r} after '/' must "
-                             "be a positive integer, e.g. 'S/16'")
-        out["patch_size"] = (int(patch), int(patch))
-    return out
+  None gives {} so callers can always write `{**decode_variant(v), **explicit_kwargs}`
+  (explicit kwargs win, as in big_vision's `Model(variant=..., **kw)`).
+  """
+  if variant is None:
+    return {}
+  name, sep, patch = variant.partition("/")
+  if name not in VARIANTS:
+    raise ValueError(
+        f"unknown ViT variant {variant!r}: size {name!r} is not one of " f"{', '.join(VARIANTS)}"
+    )
+  width, depth, mlp_dim, num_heads = VARIANTS[name]
+  out: dict[str, Any] = dict(width=width, depth=depth, mlp_dim=mlp_dim, num_heads=num_heads)
+  if sep:
+    if not patch.isdigit() or int(patch) <= 0:
+      raise ValueError(
+          f"bad ViT variant {variant!r}: patch size {patch!r} after '/' must "
+          "be a positive integer, e.g. 'S/16'"
+      )
+    out["patch_size"] = (int(patch), int(patch))
+  return out

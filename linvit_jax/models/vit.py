@@ -24,14 +24,15 @@ from linvit_jax.models import vit_checkpoint
 from linvit_jax.models.variants import decode_variant
 
 
-def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.,
-                     dtype=jnp.float32) -> jax.Array:
+def posemb_sincos_2d(
+    h: int, w: int, width: int, temperature: float = 10_000.0, dtype=jnp.float32
+) -> jax.Array:
   """Fixed 2D sin-cos position embedding (MoCo v3), [1, h·w, width]."""
   y, x = jnp.mgrid[:h, :w]
   if width % 4:
     raise ValueError(f"width must be a multiple of 4 for sincos2d posemb, got {width}")
   omega = jnp.arange(width // 4) / (width // 4 - 1)
-  omega = 1. / (temperature**omega)
+  omega = 1.0 / (temperature**omega)
   y = jnp.einsum("m,d->md", y.flatten(), omega)
   x = jnp.einsum("m,d->md", x.flatten(), omega)
   pe = jnp.concatenate([jnp.sin(x), jnp.cos(x), jnp.sin(y), jnp.cos(y)], axis=1)
@@ -40,6 +41,7 @@ def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.,
 
 class MlpBlock(nn.Module):
   """Transformer MLP: Dense → GELU → Dropout → Dense."""
+
   mlp_dim: Optional[int] = None  # defaults to 4x the input width
   dropout: float = 0.0
   dtype_mm: str = "float32"
@@ -47,8 +49,9 @@ class MlpBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
-    inits = dict(kernel_init=nn.initializers.xavier_uniform(),
-                 bias_init=nn.initializers.normal(stddev=1e-6))
+    inits = dict(
+        kernel_init=nn.initializers.xavier_uniform(), bias_init=nn.initializers.normal(stddev=1e-6)
+    )
     d = x.shape[-1]
     x = nn.Dense(self.mlp_dim or 4 * d, dtype=self.dtype_mm, **inits)(x)
     x = nn.gelu(x, approximate=self.gelu_approximate)
@@ -58,6 +61,7 @@ class MlpBlock(nn.Module):
 
 class Encoder1DBlock(nn.Module):
   """Pre-LN transformer block; `out` holds sa, +sa, mlp, +mlp like big_vision."""
+
   mlp_dim: Optional[int] = None
   num_heads: int = 12
   dropout: float = 0.0
@@ -72,15 +76,22 @@ class Encoder1DBlock(nn.Module):
     # Teacher forcing feeds each student attention layer the teacher's own LayerNorm output.
     self.sow("intermediates", "attn_input", y)
     y = out["sa"] = attn_lib.Attention(
-        num_heads=self.num_heads, spec=self.attention, dtype_mm=self.dtype_mm,
-        name="MultiHeadDotProductAttention_0")(y)
+        num_heads=self.num_heads,
+        spec=self.attention,
+        dtype_mm=self.dtype_mm,
+        name="MultiHeadDotProductAttention_0",
+    )(y)
     y = nn.Dropout(rate=self.dropout)(y, deterministic)
     x = out["+sa"] = x + y
 
     y = nn.LayerNorm(name="LayerNorm_1")(x)
-    y = out["mlp"] = MlpBlock(mlp_dim=self.mlp_dim, dropout=self.dropout, dtype_mm=self.dtype_mm,
-                              gelu_approximate=self.gelu_approximate, name="MlpBlock_0")(
-                                  y, deterministic)
+    y = out["mlp"] = MlpBlock(
+        mlp_dim=self.mlp_dim,
+        dropout=self.dropout,
+        dtype_mm=self.dtype_mm,
+        gelu_approximate=self.gelu_approximate,
+        name="MlpBlock_0",
+    )(y, deterministic)
     y = nn.Dropout(rate=self.dropout)(y, deterministic)
     x = out["+mlp"] = x + y
     return x, out
@@ -88,6 +99,7 @@ class Encoder1DBlock(nn.Module):
 
 class Encoder(nn.Module):
   """Stack of blocks (python loop, or nn.scan with remat) followed by `encoder_norm`."""
+
   depth: int
   mlp_dim: Optional[int] = None
   num_heads: int = 12
@@ -102,20 +114,32 @@ class Encoder(nn.Module):
   def __call__(self, x: jax.Array, deterministic: bool = True):
     out = {}
     specs = self.attention or (attn_lib.AttentionSpec(),) * self.depth
-    common = dict(dtype_mm=self.dtype_mm, mlp_dim=self.mlp_dim, num_heads=self.num_heads,
-                  dropout=self.dropout, gelu_approximate=self.gelu_approximate)
+    common = dict(
+        dtype_mm=self.dtype_mm,
+        mlp_dim=self.mlp_dim,
+        num_heads=self.num_heads,
+        dropout=self.dropout,
+        gelu_approximate=self.gelu_approximate,
+    )
     if self.scan:
       if len(set(specs)) != 1:
-        raise ValueError("scan=True needs the same attention operator in every layer; "
-                         f"got {sorted(set(s.kind + ':' + s.feature_map for s in specs))}")
-      block = nn.remat(Encoder1DBlock, prevent_cse=False, static_argnums=(2,),
-                       policy=getattr(jax.checkpoint_policies, self.remat_policy, None))
+        raise ValueError(
+            "scan=True needs the same attention operator in every layer; "
+            f"got {sorted(set(s.kind + ':' + s.feature_map for s in specs))}"
+        )
+      block = nn.remat(
+          Encoder1DBlock,
+          prevent_cse=False,
+          static_argnums=(2,),
+          policy=getattr(jax.checkpoint_policies, self.remat_policy, None),
+      )
       x, scan_out = nn.scan(
           block,
           variable_axes={"params": 0, "intermediates": 0},
           split_rngs={"params": True, "dropout": True, "favor": True},
           in_axes=nn.broadcast,
-          length=self.depth)(name="encoderblock", attention=specs[0], **common)(x, deterministic)
+          length=self.depth,
+      )(name="encoderblock", attention=specs[0], **common)(x, deterministic)
       for lyr in range(self.depth):
         out[f"block{lyr:02d}"] = jax.tree.map(lambda o, l=lyr: o[l], scan_out)
     else:
@@ -128,6 +152,7 @@ class Encoder(nn.Module):
 
 class MAPHead(nn.Module):
   """Multihead attention pooling with a learned probe (always softmax: one query is O(N))."""
+
   mlp_dim: Optional[int] = None
   num_heads: int = 12
   gelu_approximate: bool = True
@@ -138,15 +163,18 @@ class MAPHead(nn.Module):
     probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, d), x.dtype)
     probe = jnp.tile(probe, [n, 1, 1])
     x = attn_lib.Attention(num_heads=self.num_heads, name="MultiHeadDotProductAttention_0")(
-        probe, x)
+        probe, x
+    )
     y = nn.LayerNorm(name="LayerNorm_0")(x)
-    x = x + MlpBlock(mlp_dim=self.mlp_dim, gelu_approximate=self.gelu_approximate,
-                     name="MlpBlock_0")(y)
+    x = x + MlpBlock(
+        mlp_dim=self.mlp_dim, gelu_approximate=self.gelu_approximate, name="MlpBlock_0"
+    )(y)
     return x[:, 0]
 
 
 class _Model(nn.Module):
   """ViT model (big_vision's fields, plus `attention` and `gelu_approximate`)."""
+
   num_classes: Optional[int] = None
   patch_size: Sequence[int] = (16, 16)
   width: int = 768
@@ -168,15 +196,22 @@ class _Model(nn.Module):
   def __call__(self, image: jax.Array, *, train: bool = False):
     out = {}
     image = jnp.asarray(image, self.dtype_mm)
-    x = out["stem"] = nn.Conv(self.width, tuple(self.patch_size), strides=tuple(self.patch_size),
-                              padding="VALID", name="embedding", dtype=self.dtype_mm)(image)
+    x = out["stem"] = nn.Conv(
+        self.width,
+        tuple(self.patch_size),
+        strides=tuple(self.patch_size),
+        padding="VALID",
+        name="embedding",
+        dtype=self.dtype_mm,
+    )(image)
     n, h, w, c = x.shape
     x = jnp.reshape(x, [n, h * w, c])
 
     # Position embedding is added before the cls token is prepended (big_vision's convention).
     if self.posemb == "learn":
-      pe = self.param("pos_embedding", nn.initializers.normal(stddev=1 / np.sqrt(c)),
-                      (1, h * w, c), x.dtype)
+      pe = self.param(
+          "pos_embedding", nn.initializers.normal(stddev=1 / np.sqrt(c)), (1, h * w, c), x.dtype
+      )
     elif self.posemb == "sincos2d":
       pe = posemb_sincos_2d(h, w, c, dtype=x.dtype)
     else:
@@ -189,15 +224,23 @@ class _Model(nn.Module):
 
     x = nn.Dropout(rate=self.dropout)(x, not train)
     x, out["encoder"] = Encoder(
-        depth=self.depth, mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout=self.dropout,
-        scan=self.scan, remat_policy=self.remat_policy, dtype_mm=self.dtype_mm,
+        depth=self.depth,
+        mlp_dim=self.mlp_dim,
+        num_heads=self.num_heads,
+        dropout=self.dropout,
+        scan=self.scan,
+        remat_policy=self.remat_policy,
+        dtype_mm=self.dtype_mm,
         attention=attn_lib.parse_layer_specs(self.attention, self.depth),
-        gelu_approximate=self.gelu_approximate, name="Transformer")(x, deterministic=not train)
+        gelu_approximate=self.gelu_approximate,
+        name="Transformer",
+    )(x, deterministic=not train)
     encoded = out["encoded"] = x
 
     if self.pool_type == "map":
-      x = out["head_input"] = MAPHead(num_heads=self.num_heads, mlp_dim=self.mlp_dim,
-                                      gelu_approximate=self.gelu_approximate)(x)
+      x = out["head_input"] = MAPHead(
+          num_heads=self.num_heads, mlp_dim=self.mlp_dim, gelu_approximate=self.gelu_approximate
+      )(x)
     elif self.pool_type == "gap":
       x = out["head_input"] = jnp.mean(x, axis=1)
     elif self.pool_type == "0":
@@ -234,8 +277,9 @@ def _freeze_attention(spec: Any) -> Any:
   return attn_lib.parse_spec(spec or "softmax")  # validates names now, not at the first apply
 
 
-def Model(num_classes: Optional[int] = None, *, variant: Optional[str] = None,  # noqa: N802
-          **kw) -> _Model:
+def Model(
+    num_classes: Optional[int] = None, *, variant: Optional[str] = None, **kw  # noqa: N802
+) -> _Model:
   """big_vision-style factory: `Model(num_classes, variant="S/16", attention="elu1", ...)`."""
   kw = {**decode_variant(variant), **kw}
   if "patch_size" in kw:
@@ -268,13 +312,19 @@ def sown_per_layer(intermediates: Mapping[str, Any]) -> dict[str, jax.Array]:
     return {"attn_input": blk["attn_input"][0], "q": blk[attn]["q"][0], "k": blk[attn]["k"][0]}
   depth = sum(1 for name in enc if name.startswith("encoderblock_"))
   blocks = [enc[f"encoderblock_{l}"] for l in range(depth)]
-  return {"attn_input": jnp.stack([b["attn_input"][0] for b in blocks]),
-          "q": jnp.stack([b[attn]["q"][0] for b in blocks]),
-          "k": jnp.stack([b[attn]["k"][0] for b in blocks])}
+  return {
+      "attn_input": jnp.stack([b["attn_input"][0] for b in blocks]),
+      "q": jnp.stack([b[attn]["q"][0] for b in blocks]),
+      "k": jnp.stack([b[attn]["k"][0] for b in blocks]),
+  }
 
 
-def load(init_params: Optional[Mapping[str, Any]], init_file: str, model_cfg: Mapping[str, Any],
-         dont_load: Sequence[str] = ()) -> dict:
+def load(
+    init_params: Optional[Mapping[str, Any]],
+    init_file: str,
+    model_cfg: Mapping[str, Any],
+    dont_load: Sequence[str] = (),
+) -> dict:
   """Loads a big_vision (or AugReg-era) ViT checkpoint into `init_params`' structure.
 
   big_vision's semantics: old layouts fixed, scan/loop converted to `model_cfg['scan']`, strict

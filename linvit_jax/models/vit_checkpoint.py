@@ -19,9 +19,21 @@ from typing import Any
 import numpy as np
 import scipy.ndimage
 
-from linvit_jax.checkpoints import (CheckpointError, Params, count_non_finite, dont_load_matcher,
-                                    dtype_of, flatten, is_posemb, load_npz, merge_params,
-                                    raise_problems, shape_of, top_keys, unflatten)
+from linvit_jax.checkpoints import (
+    CheckpointError,
+    Params,
+    count_non_finite,
+    dont_load_matcher,
+    dtype_of,
+    flatten,
+    is_posemb,
+    load_npz,
+    merge_params,
+    raise_problems,
+    shape_of,
+    top_keys,
+    unflatten,
+)
 from linvit_jax.models.variants import decode_variant
 
 
@@ -45,6 +57,7 @@ def convert_pre_linen(tree: Mapping[str, Any]) -> Params:
   names of the same type are renumbered 0, 1, 2, ... in order of their old number. Already-linen
   trees come back unchanged (numbers are already 0..n-1 per type).
   """
+
   def order(name: str) -> tuple[str, int]:
     m = _NUMBERED.fullmatch(name)
     return (m.group(1), int(m.group(2))) if m else (name, -1)
@@ -68,8 +81,9 @@ def _has_cls_slot(n: int) -> bool:
   return math.isqrt(n - 1) ** 2 == n - 1 and n > 1
 
 
-def fix_old_checkpoints(params: Mapping[str, Any], *, model_posemb_len: int | None = None
-                        ) -> Params:
+def fix_old_checkpoints(
+    params: Mapping[str, Any], *, model_posemb_len: int | None = None
+) -> Params:
   """Brings older ViT checkpoints (original ViT paper, AugReg, ViT-G era) to today's names.
 
   - pre-linen module numbering (see convert_pre_linen);
@@ -94,8 +108,12 @@ def fix_old_checkpoints(params: Mapping[str, Any], *, model_posemb_len: int | No
       old_location = True
 
   pe = params.get("pos_embedding")
-  if (pe is not None and np.ndim(pe) == 3 and _has_cls_slot(pe.shape[1])
-          and (old_location or pe.shape[1] != model_posemb_len)):
+  if (
+      pe is not None
+      and np.ndim(pe) == 3
+      and _has_cls_slot(pe.shape[1])
+      and (old_location or pe.shape[1] != model_posemb_len)
+  ):
     params["pos_embedding"] = pe[:, 1:]
     if "cls" in params:
       params["cls"] = params["cls"] + pe[:, :1]
@@ -122,23 +140,30 @@ def pyloop_to_scan(params: Mapping[str, Any]) -> Params:
   if not indices:
     return params
   if "encoderblock" in enc:
-    raise CheckpointError("'Transformer' has both 'encoderblock' (scan) and 'encoderblock_N' "
-                          "(python loop) blocks")
+    raise CheckpointError(
+        "'Transformer' has both 'encoderblock' (scan) and 'encoderblock_N' " "(python loop) blocks"
+    )
   if indices != list(range(len(indices))):
-    raise CheckpointError(f"'Transformer' blocks must be numbered 0..{len(indices) - 1} to be "
-                          f"stacked, found encoderblock_{indices}")
+    raise CheckpointError(
+        f"'Transformer' blocks must be numbered 0..{len(indices) - 1} to be "
+        f"stacked, found encoderblock_{indices}"
+    )
   blocks = [flatten(enc.pop(f"encoderblock_{i}")) for i in indices]
   for i, block in enumerate(blocks[1:], 1):
     if block.keys() != blocks[0].keys():
       diff = sorted(block.keys() ^ blocks[0].keys())
-      raise CheckpointError(f"cannot stack encoder blocks: encoderblock_{i} and "
-                            f"encoderblock_0 differ in params {diff}")
+      raise CheckpointError(
+          f"cannot stack encoder blocks: encoderblock_{i} and "
+          f"encoderblock_0 differ in params {diff}"
+      )
   stacked = {}
   for name in blocks[0]:
     shapes = {np.shape(b[name]) for b in blocks}
     if len(shapes) > 1:
-      raise CheckpointError(f"cannot stack encoder blocks: 'encoderblock_N/{name}' has "
-                            f"different shapes across blocks {sorted(shapes)}")
+      raise CheckpointError(
+          f"cannot stack encoder blocks: 'encoderblock_N/{name}' has "
+          f"different shapes across blocks {sorted(shapes)}"
+      )
     stacked[name] = np.stack([np.asarray(b[name]) for b in blocks])
   enc["encoderblock"] = unflatten(stacked)
   return params
@@ -156,8 +181,10 @@ def scan_to_pyloop(params: Mapping[str, Any]) -> Params:
   flat = flatten(enc.pop("encoderblock"))
   depths = {np.shape(v)[0] if np.ndim(v) else None for v in flat.values()}
   if len(depths) != 1 or None in depths:
-    raise CheckpointError("cannot unstack 'Transformer/encoderblock': its params disagree on "
-                          f"the leading (depth) axis, sizes {sorted(map(str, depths))}")
+    raise CheckpointError(
+        "cannot unstack 'Transformer/encoderblock': its params disagree on "
+        f"the leading (depth) axis, sizes {sorted(map(str, depths))}"
+    )
   for i in range(depths.pop()):
     enc[f"encoderblock_{i}"] = unflatten({k: np.asarray(v)[i] for k, v in flat.items()})
   return params
@@ -166,16 +193,23 @@ def scan_to_pyloop(params: Mapping[str, Any]) -> Params:
 # ------------------------------------------------------------------------------------------------
 # Position embeddings.
 
+
 def _square_side(n: int, what: str) -> int:
   side = math.isqrt(n)
   if side * side != n:
-    raise CheckpointError(f"{what} has {n} positions, not a square grid; pass its (h, w) "
-                          "explicitly to resample_posemb")
+    raise CheckpointError(
+        f"{what} has {n} positions, not a square grid; pass its (h, w) "
+        "explicitly to resample_posemb"
+    )
   return side
 
 
-def resample_posemb(old: np.ndarray, new: Any, old_hw: tuple[int, int] | None = None,
-                    new_hw: tuple[int, int] | None = None) -> np.ndarray:
+def resample_posemb(
+    old: np.ndarray,
+    new: Any,
+    old_hw: tuple[int, int] | None = None,
+    new_hw: tuple[int, int] | None = None,
+) -> np.ndarray:
   """Resizes a (1, h*w, D) learned posemb to another grid: bilinear, as big_vision does.
 
   `new` is the target array or its shape. Grids are square unless given as (h, w). Corners map to
@@ -187,13 +221,17 @@ def resample_posemb(old: np.ndarray, new: Any, old_hw: tuple[int, int] | None = 
   if old.ndim != 3 or len(new_shape) != 3 or old.shape[0] != 1 or new_shape[0] != 1:
     raise CheckpointError(f"pos_embedding must be (1, N, D): got {old.shape} -> {new_shape}")
   if old.shape[2] != new_shape[2]:
-    raise CheckpointError(f"pos_embedding width differs, cannot resample: checkpoint "
-                          f"{old.shape} vs model {new_shape}")
+    raise CheckpointError(
+        f"pos_embedding width differs, cannot resample: checkpoint "
+        f"{old.shape} vs model {new_shape}"
+    )
   oh, ow = old_hw or (_square_side(old.shape[1], f"checkpoint pos_embedding {old.shape}"),) * 2
   nh, nw = new_hw or (_square_side(new_shape[1], f"model pos_embedding {new_shape}"),) * 2
   if oh * ow != old.shape[1] or nh * nw != new_shape[1]:
-    raise CheckpointError(f"pos_embedding grids ({oh}, {ow}) -> ({nh}, {nw}) do not match "
-                          f"the shapes {old.shape} -> {new_shape}")
+    raise CheckpointError(
+        f"pos_embedding grids ({oh}, {ow}) -> ({nh}, {nw}) do not match "
+        f"the shapes {old.shape} -> {new_shape}"
+    )
   if (oh, ow) == (nh, nw):
     return old
   # scipy has no bfloat16; interpolate in float32 and cast back.
@@ -206,16 +244,23 @@ def resample_posemb(old: np.ndarray, new: Any, old_hw: tuple[int, int] | None = 
 # ------------------------------------------------------------------------------------------------
 # The one entry point models/vit.py's load() delegates to.
 
-def _check_against_config(params: Params, model_cfg: Mapping[str, Any],
-                          skipped: Callable[[str], bool], source: str) -> None:
+
+def _check_against_config(
+    params: Params, model_cfg: Mapping[str, Any], skipped: Callable[[str], bool], source: str
+) -> None:
   """Clear errors when the checkpoint is plainly a different ViT than `model_cfg` describes.
 
   Only what is checkable from the params and stated in the config is compared, and only for
   params that will actually be loaded (not dont_load'ed).
   """
-  cfg = {**decode_variant(model_cfg.get("variant")),
-         **{k: model_cfg[k] for k in ("patch_size", "width", "num_heads", "mlp_dim")
-            if model_cfg.get(k) is not None}}
+  cfg = {
+      **decode_variant(model_cfg.get("variant")),
+      **{
+          k: model_cfg[k]
+          for k in ("patch_size", "width", "num_heads", "mlp_dim")
+          if model_cfg.get(k) is not None
+      },
+  }
   flat = flatten(params)
   problems = []
   emb = flat.get("embedding/kernel")
@@ -224,26 +269,47 @@ def _check_against_config(params: Params, model_cfg: Mapping[str, Any],
       ps = cfg["patch_size"]
       ps = tuple(ps) if isinstance(ps, Sequence) else (ps, ps)
       if tuple(emb.shape[:2]) != tuple(ps):
-        problems.append(f"patch size {tuple(emb.shape[:2])} (embedding/kernel "
-                        f"{shape_of(emb)}) but the model config says {ps}")
+        problems.append(
+            f"patch size {tuple(emb.shape[:2])} (embedding/kernel "
+            f"{shape_of(emb)}) but the model config says {ps}"
+        )
     if "width" in cfg and emb.shape[-1] != cfg["width"]:
-      problems.append(f"width {emb.shape[-1]} (embedding/kernel {shape_of(emb)}) but the "
-                      f"model config says {cfg['width']}")
-  block = next((n.rsplit("/", 2)[0] for n in sorted(flat)
-                if re.fullmatch(r"Transformer/encoderblock(_0)?/MultiHeadDotProductAttention_0"
-                                r"/query/kernel", n)), None)
+      problems.append(
+          f"width {emb.shape[-1]} (embedding/kernel {shape_of(emb)}) but the "
+          f"model config says {cfg['width']}"
+      )
+  block = next(
+      (
+          n.rsplit("/", 2)[0]
+          for n in sorted(flat)
+          if re.fullmatch(
+              r"Transformer/encoderblock(_0)?/MultiHeadDotProductAttention_0" r"/query/kernel", n
+          )
+      ),
+      None,
+  )
   if block is not None and "num_heads" in cfg:
     name = block + "/query/kernel"
     q = flat[name]
     if not skipped(name) and q.shape[-2] != cfg["num_heads"]:
-      problems.append(f"{q.shape[-2]} heads ({name} {shape_of(q)}) but the model config "
-                      f"says num_heads={cfg['num_heads']}")
-  mlp = next((n for n in sorted(flat) if re.fullmatch(
-      r"Transformer/encoderblock(_0)?/MlpBlock_0/Dense_0/kernel", n)), None)
+      problems.append(
+          f"{q.shape[-2]} heads ({name} {shape_of(q)}) but the model config "
+          f"says num_heads={cfg['num_heads']}"
+      )
+  mlp = next(
+      (
+          n
+          for n in sorted(flat)
+          if re.fullmatch(r"Transformer/encoderblock(_0)?/MlpBlock_0/Dense_0/kernel", n)
+      ),
+      None,
+  )
   if mlp is not None and "mlp_dim" in cfg and not skipped(mlp):
     if flat[mlp].shape[-1] != cfg["mlp_dim"]:
-      problems.append(f"mlp_dim {flat[mlp].shape[-1]} ({mlp} {shape_of(flat[mlp])}) but the "
-                      f"model config says {cfg['mlp_dim']}")
+      problems.append(
+          f"mlp_dim {flat[mlp].shape[-1]} ({mlp} {shape_of(flat[mlp])}) but the "
+          f"model config says {cfg['mlp_dim']}"
+      )
   raise_problems(source, problems)
 
 
@@ -263,15 +329,21 @@ def infer_vit_config(path: str) -> dict[str, Any]:
   problems = []
   emb = flat.get("embedding/kernel")
   if emb is None or np.ndim(emb) != 4:
-    raise_problems(path, [f"no patch embedding 'embedding/kernel' [ph, pw, C, D] (top-level "
-                          f"keys: {top_keys(params)}): not a big_vision ViT checkpoint"])
+    raise_problems(
+        path,
+        [
+            f"no patch embedding 'embedding/kernel' [ph, pw, C, D] (top-level "
+            f"keys: {top_keys(params)}): not a big_vision ViT checkpoint"
+        ],
+    )
   scanned = isinstance(params.get("Transformer"), dict) and "encoderblock" in params["Transformer"]
   block = "Transformer/encoderblock" if scanned else "Transformer/encoderblock_0"
   query = flat.get(f"{block}/MultiHeadDotProductAttention_0/query/kernel")
   dense0 = flat.get(f"{block}/MlpBlock_0/Dense_0/kernel")
   if query is None or dense0 is None:
-    problems.append(f"no first encoder block with attention query and MLP kernels under "
-                    f"{block!r}")
+    problems.append(
+        f"no first encoder block with attention query and MLP kernels under " f"{block!r}"
+    )
   raise_problems(path, problems)
   if scanned:
     depth = int(query.shape[0])
@@ -291,15 +363,26 @@ def infer_vit_config(path: str) -> dict[str, Any]:
   if pe is not None and np.ndim(pe) == 3:
     side = math.isqrt(pe.shape[1])
     grid = (side, side) if side * side == pe.shape[1] else None
-  return dict(patch_size=tuple(int(x) for x in emb.shape[:2]), width=int(emb.shape[-1]),
-              depth=int(depth), num_heads=int(query.shape[-2]), mlp_dim=int(dense0.shape[-1]),
-              posemb="learn" if pe is not None else "sincos2d", pool_type=pool,
-              num_classes=int(head.shape[-1]) if head is not None else None,
-              rep_size=int(rep.shape[-1]) if rep is not None else False, posemb_grid=grid)
+  return dict(
+      patch_size=tuple(int(x) for x in emb.shape[:2]),
+      width=int(emb.shape[-1]),
+      depth=int(depth),
+      num_heads=int(query.shape[-2]),
+      mlp_dim=int(dense0.shape[-1]),
+      posemb="learn" if pe is not None else "sincos2d",
+      pool_type=pool,
+      num_classes=int(head.shape[-1]) if head is not None else None,
+      rep_size=int(rep.shape[-1]) if rep is not None else False,
+      posemb_grid=grid,
+  )
 
 
-def load_vit_params(init_params: Mapping[str, Any] | None, init_file: str,
-                    model_cfg: Mapping[str, Any], dont_load: Sequence[str] = ()) -> Params:
+def load_vit_params(
+    init_params: Mapping[str, Any] | None,
+    init_file: str,
+    model_cfg: Mapping[str, Any],
+    dont_load: Sequence[str] = (),
+) -> Params:
   """big_vision's `vit.load` semantics: a checkpoint made to fit the model `init_params` is from.
 
   Steps: read (any layout, `:subtree` selector) -> fix old names -> scan or per-block layout
@@ -319,8 +402,14 @@ def load_vit_params(init_params: Mapping[str, Any] | None, init_file: str,
 
   if init_params is None:
     flat = flatten(params)
-    raise_problems(init_file, [f"non-finite values at {k!r}: {n} of {np.size(v)} entries are "
-                               "NaN/Inf" for k, v in flat.items() if (n := count_non_finite(v))])
+    raise_problems(
+        init_file,
+        [
+            f"non-finite values at {k!r}: {n} of {np.size(v)} entries are " "NaN/Inf"
+            for k, v in flat.items()
+            if (n := count_non_finite(v))
+        ],
+    )
     return unflatten({k: np.asarray(v) for k, v in flat.items()})
 
   merged = flatten(merge_params(params, init_params, dont_load, source=init_file))
@@ -336,7 +425,6 @@ def load_vit_params(init_params: Mapping[str, Any] | None, init_file: str,
       try:
         value = resample_posemb(value, shape_of(init_val))
       except CheckpointError as e:
-        raise CheckpointError(f"checkpoint '{init_file}': cannot resample {name!r}: "
-                              f"{e}") from e
+        raise CheckpointError(f"checkpoint '{init_file}': cannot resample {name!r}: " f"{e}") from e
     out[name] = value.astype(dtype_of(init_val), copy=False)
   return unflatten(out)

@@ -24,6 +24,7 @@ import numpy as np
 
 def main() -> None:
   from linvit_jax import sharding  # before anything touches a JAX backend
+
   sharding.maybe_initialize_distributed()
 
   import jax
@@ -42,13 +43,19 @@ def main() -> None:
 
   total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, P()))(global_x)
 
-  psum = jax.jit(jax.shard_map(lambda x: jax.lax.psum(jnp.sum(x), "data"), mesh=mesh,
-                               in_specs=P("data"), out_specs=P()))(global_x)
+  psum = jax.jit(
+      jax.shard_map(
+          lambda x: jax.lax.psum(jnp.sum(x), "data"), mesh=mesh, in_specs=P("data"), out_specs=P()
+      )
+  )(global_x)
 
-  print(f"MULTIHOST_SUM process={pid} processes={jax.process_count()} "
-        f"devices={jax.device_count()} local_devices={local} "
-        f"sum={float(np.asarray(total.addressable_data(0))):g} "
-        f"psum={float(np.asarray(psum.addressable_data(0))):g}", flush=True)
+  print(
+      f"MULTIHOST_SUM process={pid} processes={jax.process_count()} "
+      f"devices={jax.device_count()} local_devices={local} "
+      f"sum={float(np.asarray(total.addressable_data(0))):g} "
+      f"psum={float(np.asarray(psum.addressable_data(0))):g}",
+      flush=True,
+  )
 
 
 if __name__ == "__main__":

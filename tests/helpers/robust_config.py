@@ -23,30 +23,48 @@ def make_teacher(path: str, seed: int = 0, **model_over) -> None:
   import numpy as np
   from linvit_jax import checkpoints
   from linvit_jax.models import vit
+
   kw = {**MODEL, **model_over}
-  model = vit.Model(num_classes=10, attention="softmax", posemb="learn", pool_type="tok",
-                    head_zeroinit=False, **kw)
+  model = vit.Model(
+      num_classes=10,
+      attention="softmax",
+      posemb="learn",
+      pool_type="tok",
+      head_zeroinit=False,
+      **kw,
+  )
   params = model.init(jax.random.PRNGKey(seed), np.zeros((1, 28, 28, 1), np.float32))["params"]
   checkpoints.save_npz(path, jax.device_get(params))
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, teacher="", steps=3, finetune_steps=3, checkpoint_every=1,
-                             feature_map="elu1", stages="distill_attention+finetune")
+  arg = config_lib.parse_arg(
+      arg,
+      teacher="",
+      steps=3,
+      finetune_steps=3,
+      checkpoint_every=1,
+      feature_map="elu1",
+      stages="distill_attention+finetune",
+  )
   c = config_lib.base_config()
   c.model.update(MODEL)
-  c.data.pp_train = ('decode(1)|value_range(-1,1)|'
-                     'onehot(10,key="label",key_result="labels")|keep("image","labels")')
+  c.data.pp_train = (
+      "decode(1)|value_range(-1,1)|"
+      'onehot(10,key="label",key_result="labels")|keep("image","labels")'
+  )
   c.data.pp_eval = c.data.pp_train
   c.data.eval_max_examples = 32
   c.data.eval_batch_size = 16
   c.data.shuffle_buffer = 64
   c.teacher.init = arg.teacher
   c.student.attention = arg.feature_map
-  c.distill_attention = config_lib.stage("distill_attention", steps=arg.steps, batch_size=8,
-                                         lr=1e-3, warmup_steps=1)
-  c.finetune = config_lib.stage("finetune", steps=arg.finetune_steps, batch_size=8, lr=1e-4,
-                                warmup_steps=1)
+  c.distill_attention = config_lib.stage(
+      "distill_attention", steps=arg.steps, batch_size=8, lr=1e-3, warmup_steps=1
+  )
+  c.finetune = config_lib.stage(
+      "finetune", steps=arg.finetune_steps, batch_size=8, lr=1e-4, warmup_steps=1
+  )
   c.train = config_lib.stage("train", steps=arg.steps, batch_size=8, lr=1e-3, warmup_steps=1)
   c.stages = arg.stages.split("+")
   for name in ("distill_attention", "finetune", "train"):

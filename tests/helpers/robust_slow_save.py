@@ -15,7 +15,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import tiny_task as tt  # noqa: E402  pylint: disable=wrong-import-position
+import tiny_task as tt  # noqa: E402
 
 TRAINABLE = r"Dense_1/.*"  # the ballast (and Dense_0) stay frozen: they are saved, not trained
 
@@ -29,16 +29,23 @@ def run(workdir: str, steps: int, ballast_mb: int) -> dict[str, np.ndarray]:
   def init_params(rng):
     params = tt.init_params(rng)
     # Random, so that the checkpoint's compression cannot shrink it.
-    params["ballast"] = jax.random.normal(jax.random.fold_in(rng, 7), (ballast_mb << 18,),
-                                          jnp.float32)
+    params["ballast"] = jax.random.normal(
+        jax.random.fold_in(rng, 7), (ballast_mb << 18,), jnp.float32
+    )
     return params
 
   mesh = sharding.make_mesh([("data", -1), ("fsdp", 1)])
   params, _ = train.run_stage(
       stage_cfg=tt.stage_cfg(steps, checkpoint_every=1, max_to_keep=steps + 1),
-      loss_fn=tt.loss_fn, init_params=init_params, trainable_mask=TRAINABLE,
-      frozen=tt.frozen_teacher(), workdir=workdir, mesh=mesh, batch_iter_fn=tt.batch_iter_fn(),
-      seed=0)
+      loss_fn=tt.loss_fn,
+      init_params=init_params,
+      trainable_mask=TRAINABLE,
+      frozen=tt.frozen_teacher(),
+      workdir=workdir,
+      mesh=mesh,
+      batch_iter_fn=tt.batch_iter_fn(),
+      seed=0,
+  )
   del params["ballast"]
   return tt.flat(params)
 
@@ -51,6 +58,7 @@ def main() -> None:
   ap.add_argument("--ballast_mb", type=int, default=64)
   args = ap.parse_args()
   import logging
+
   logging.basicConfig(level=logging.INFO)  # the runner says where it resumed
   sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
   np.savez(args.out, **run(args.workdir, args.steps, args.ballast_mb))

@@ -1,6 +1,6 @@
 """Sharding facts measured on 8 simulated CPU devices, written as JSON for tests/test_sharding.py.
 
-  XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/helpers/sharding_probe.py OUT
+XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/helpers/sharding_probe.py OUT
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ def _error(fn) -> str | None:
 def main(out: str) -> None:
   import jax
   import jax.numpy as jnp
-  import optax
   from linvit_jax import optim, sharding, train
   from linvit_jax import tree as tree_lib
   from linvit_jax.models import vit
@@ -38,26 +37,34 @@ def main(out: str) -> None:
 
   # A real ViT-Ti/16 parameter tree (zeros), fsdp over all 8 devices vs replicated.
   model = vit.Model(num_classes=1000, variant="Ti/16")
-  shapes = jax.eval_shape(lambda k: model.init(k, jnp.zeros((1, 224, 224, 3)))["params"],
-                          jax.random.PRNGKey(0))
+  shapes = jax.eval_shape(
+      lambda k: model.init(k, jnp.zeros((1, 224, 224, 3)))["params"], jax.random.PRNGKey(0)
+  )
   zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
   fsdp_mesh = sharding.make_mesh([("data", 1), ("fsdp", -1)])
   params = sharding.shard_tree(zeros, sharding.param_shardings(shapes, fsdp_mesh))
   per_device = sharding.bytes_per_device(params)
-  r["bytes"] = {"max_per_device": max(per_device.values()),
-                "min_per_device": min(per_device.values()),
-                "replicated": sum(z.nbytes for z in jax.tree.leaves(zeros)),
-                "num_devices": len(per_device)}
+  r["bytes"] = {
+      "max_per_device": max(per_device.values()),
+      "min_per_device": min(per_device.values()),
+      "replicated": sum(z.nbytes for z in jax.tree.leaves(zeros)),
+      "num_devices": len(per_device),
+  }
   block = sharding.param_shardings(shapes, fsdp_mesh)["Transformer"]["encoderblock_0"]
   r["specs"] = {
       "qkv_kernel": str(block["MultiHeadDotProductAttention_0"]["query"]["kernel"].spec),
       "mlp_kernel": str(block["MlpBlock_0"]["Dense_0"]["kernel"].spec),
-      "ln_scale": str(block["LayerNorm_0"]["scale"].spec)}
+      "ln_scale": str(block["LayerNorm_0"]["scale"].spec),
+  }
 
   # The optimizer state follows its params (mu/nu sharded like the kernel they mirror).
   mesh42 = sharding.make_mesh([("data", 4), ("fsdp", 2)])
-  small = {"dense": {"kernel": jax.ShapeDtypeStruct((64, 512), jnp.float32),
-                     "bias": jax.ShapeDtypeStruct((512,), jnp.float32)}}
+  small = {
+      "dense": {
+          "kernel": jax.ShapeDtypeStruct((64, 512), jnp.float32),
+          "bias": jax.ShapeDtypeStruct((512,), jnp.float32),
+      }
+  }
   mask = {"dense": {"kernel": True, "bias": True}}
   tx, _ = optim.make_optimizer({}, 10, mask)
   abstract = jax.eval_shape(lambda p: train.init_train_state(p, tx, jax.random.PRNGKey(0)), small)
@@ -66,14 +73,20 @@ def main(out: str) -> None:
   r["state_specs"] = {tree_lib.path_str(p): str(s.spec) for p, s in flat}
 
   # Global batch assembly: 16 rows over the 8 batch shards of the (4, 2) mesh.
-  local = {"image": np.arange(16 * 3, dtype=np.float32).reshape(16, 3),
-           "labels": np.arange(16, dtype=np.int32)}
+  local = {
+      "image": np.arange(16 * 3, dtype=np.float32).reshape(16, 3),
+      "labels": np.arange(16, dtype=np.int32),
+  }
   g = sharding.make_global_batch(local, mesh42)
-  r["batch"] = {"shape": list(g["image"].shape),
-                "shard_shapes": sorted({s.data.shape for s in g["image"].addressable_shards}),
-                "equal": bool(np.array_equal(np.asarray(g["image"]), local["image"])),
-                "rows": [sharding.process_batch_rows(16, mesh42).start,
-                         sharding.process_batch_rows(16, mesh42).stop]}
+  r["batch"] = {
+      "shape": list(g["image"].shape),
+      "shard_shapes": sorted({s.data.shape for s in g["image"].addressable_shards}),
+      "equal": bool(np.array_equal(np.asarray(g["image"]), local["image"])),
+      "rows": [
+          sharding.process_batch_rows(16, mesh42).start,
+          sharding.process_batch_rows(16, mesh42).stop,
+      ],
+  }
   r["batch_error"] = _error(lambda: sharding.check_batch_size(12, mesh42))
   r["batch_error_accum"] = _error(lambda: sharding.check_batch_size(16, mesh42, accum_steps=4))
   r["batch_ok"] = _error(lambda: sharding.check_batch_size(32, mesh42, accum_steps=4))

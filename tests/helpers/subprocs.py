@@ -19,8 +19,9 @@ def subprocess_env(num_devices: int = 1, **extra: str) -> dict[str, str]:
   numbers are compared bit for bit with this process's (optimization level 0 only saves compile
   time: the same results up to float rounding)."""
   env = dict(os.environ)
-  env["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={num_devices} "
-                      "--xla_backend_optimization_level=0")
+  env["XLA_FLAGS"] = (
+      f"--xla_force_host_platform_device_count={num_devices} " "--xla_backend_optimization_level=0"
+  )
   env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
   for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):

@@ -28,12 +28,17 @@ MIN_SHARD_SIZE = 1024  # small enough that the MLP kernels are fsdp-sharded in t
 def init_params(rng):
   import jax
   import jax.numpy as jnp
+
   k0, k1 = jax.random.split(rng)
   return {
-      "Dense_0": {"kernel": jax.random.normal(k0, (IN, HIDDEN), jnp.float32) / np.sqrt(IN),
-                  "bias": jnp.full((HIDDEN,), 0.01, jnp.float32)},
-      "Dense_1": {"kernel": jax.random.normal(k1, (HIDDEN, OUT), jnp.float32) / np.sqrt(HIDDEN),
-                  "bias": jnp.zeros((OUT,), jnp.float32)},
+      "Dense_0": {
+          "kernel": jax.random.normal(k0, (IN, HIDDEN), jnp.float32) / np.sqrt(IN),
+          "bias": jnp.full((HIDDEN,), 0.01, jnp.float32),
+      },
+      "Dense_1": {
+          "kernel": jax.random.normal(k1, (HIDDEN, OUT), jnp.float32) / np.sqrt(HIDDEN),
+          "bias": jnp.zeros((OUT,), jnp.float32),
+      },
   }
 
 
@@ -47,6 +52,7 @@ def frozen_teacher():
 def loss_fn(params, frozen, batch, rng, noise=0.1):
   import jax
   import jax.numpy as jnp
+
   x = batch["x"]
   target = x @ frozen["w"]
   if noise:
@@ -54,16 +60,22 @@ def loss_fn(params, frozen, batch, rng, noise=0.1):
   h = jax.nn.gelu(x @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"])
   y = h @ params["Dense_1"]["kernel"] + params["Dense_1"]["bias"]
   loss = jnp.mean((y - target) ** 2)
-  return loss, {"target_rms": jnp.sqrt(jnp.mean(target ** 2))}
+  return loss, {"target_rms": jnp.sqrt(jnp.mean(target**2))}
 
 
 def global_batch(step: int, batch_size: int = GLOBAL_BATCH) -> dict[str, np.ndarray]:
   return {"x": np.random.default_rng(step).normal(size=(batch_size, IN)).astype(np.float32)}
 
 
-def batch_iter_fn(rows: slice | None = None, batch_size: int = GLOBAL_BATCH, nan_steps=(),
-                  sleep: float = 0.0, progress_file: str | None = None):
+def batch_iter_fn(
+    rows: slice | None = None,
+    batch_size: int = GLOBAL_BATCH,
+    nan_steps=(),
+    sleep: float = 0.0,
+    progress_file: str | None = None,
+):
   """Per-process batches: this process's rows of the step's global batch."""
+
   def make(start_step):
     step = start_step
     while True:
@@ -77,15 +89,31 @@ def batch_iter_fn(rows: slice | None = None, batch_size: int = GLOBAL_BATCH, nan
         b["x"][0, 0] = np.nan
       yield {k: v[rows] if rows is not None else v for k, v in b.items()}
       step += 1
+
   return make
 
 
 def stage_cfg(steps=5, **over):
-  cfg = dict(name="tiny", steps=steps, batch_size=GLOBAL_BATCH,
-             optimizer=dict(name="adamw", lr=3e-3, wd=1e-4, b2=0.99, grad_clip=1.0,
-                            warmup_steps=2, schedule="cosine", accum_steps=1),
-             checkpoint_every=0, max_to_keep=2, log_every=1, max_nonfinite_in_a_row=3,
-             progress=False)
+  cfg = dict(
+      name="tiny",
+      steps=steps,
+      batch_size=GLOBAL_BATCH,
+      optimizer=dict(
+          name="adamw",
+          lr=3e-3,
+          wd=1e-4,
+          b2=0.99,
+          grad_clip=1.0,
+          warmup_steps=2,
+          schedule="cosine",
+          accum_steps=1,
+      ),
+      checkpoint_every=0,
+      max_to_keep=2,
+      log_every=1,
+      max_nonfinite_in_a_row=3,
+      progress=False,
+  )
   cfg.update(over)
   return cfg
 
@@ -100,22 +128,30 @@ def run_stage(workdir, steps=6, batch_iter_fn=None, **cfg):
   (params, history)."""
   from linvit_jax import sharding
   from linvit_jax import train
+
   return train.run_stage(
       stage_cfg=stage_cfg(steps, **{"checkpoint_every": 2, "max_to_keep": 10, **cfg}),
-      loss_fn=loss_fn, init_params=init_params, trainable_mask=TRAINABLE,
-      frozen=frozen_teacher(), workdir=str(workdir),
+      loss_fn=loss_fn,
+      init_params=init_params,
+      trainable_mask=TRAINABLE,
+      frozen=frozen_teacher(),
+      workdir=str(workdir),
       mesh=sharding.make_mesh([("data", -1), ("fsdp", 1)]),
-      batch_iter_fn=batch_iter_fn or _all_rows(), seed=0)
+      batch_iter_fn=batch_iter_fn or _all_rows(),
+      seed=0,
+  )
 
 
 def flat(tree) -> dict[str, np.ndarray]:
   import jax
   from jax.experimental import multihost_utils
   from linvit_jax import tree as tree_lib
+
   def fetch(x):  # multi-process: every process gathers the full value (a collective)
     if x.is_fully_addressable:
       return np.asarray(jax.device_get(x))
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
   return {tree_lib.path_str(p): fetch(x) for p, x in leaves}
 
@@ -132,12 +168,12 @@ def main(argv=None) -> None:
   args = ap.parse_args(argv)
 
   from linvit_jax import sharding
+
   sharding.maybe_initialize_distributed()
   import jax
   from linvit_jax import train
 
-  results = {"process_count": jax.process_count(), "device_count": jax.device_count(),
-             "runs": {}}
+  results = {"process_count": jax.process_count(), "device_count": jax.device_count(), "runs": {}}
   for spec in args.mesh or ["-1,1"]:
     data, fsdp = (int(v) for v in spec.split(","))
     mesh = sharding.make_mesh([("data", data), ("fsdp", fsdp)])
@@ -145,10 +181,16 @@ def main(argv=None) -> None:
     rows = sharding.process_batch_rows(GLOBAL_BATCH, mesh)
     params, history = train.run_stage(
         stage_cfg=stage_cfg(args.steps, checkpoint_every=args.checkpoint_every),
-        loss_fn=loss_fn, init_params=init_params, trainable_mask=TRAINABLE,
-        frozen=frozen_teacher(), workdir=os.path.join(args.workdir, tag), mesh=mesh,
+        loss_fn=loss_fn,
+        init_params=init_params,
+        trainable_mask=TRAINABLE,
+        frozen=frozen_teacher(),
+        workdir=os.path.join(args.workdir, tag),
+        mesh=mesh,
         batch_iter_fn=batch_iter_fn(rows, sleep=args.sleep, progress_file=args.progress_file),
-        seed=0, min_shard_size=MIN_SHARD_SIZE)
+        seed=0,
+        min_shard_size=MIN_SHARD_SIZE,
+    )
     kernel = params["Dense_0"]["kernel"]
     results["runs"][tag] = {
         "losses": [r["loss"] for r in history if "loss" in r],
