@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linvit_jax import tree as tree_lib
+from linvit_jax import gfile
 from linvit_jax.errors import UserError
 
 Params = dict[str, Any]
@@ -196,15 +197,7 @@ class SurgeryReport:
     }
 
   def to_json(self, path: str) -> None:
-    text = json.dumps(self.to_dict(), indent=1)
-    if "://" in path:  # gs:// etc., as the rest of the project writes to workdirs
-      import tensorflow as tf
-
-      with tf.io.gfile.GFile(path, "w") as f:
-        f.write(text)
-    else:
-      with open(path, "w") as f:
-        f.write(text)
+    gfile.write_text(path, json.dumps(self.to_dict(), indent=1))  # local or gs://
 
   def __str__(self) -> str:
     return self.table()
