@@ -7,8 +7,14 @@ Arms (see linvit_jax/ablation.py): teacher_ft, random, copy_attention, copy_same
 copy_same_distill, copy_all_distill, copy_same_distill_in_budget — each with the same fine-tune
 budget, over `seeds`. Writes ablation.md and ablation.png into the workdir. `patch=7` uses the
 17-token teacher (4×4 patches + cls) for the token-count study; the default is 50 tokens.
-Args: feature_map, patch (4 | 7), seeds (how many), finetune_steps, distill_steps, arms
-('+'-separated subset), tiny, report_only (write ablation.md/png from the finished runs).
+Args: feature_map, patch (4 | 7), seeds (how many: 0..seeds-1), seed_list ('+'-separated seeds,
+instead of `seeds`), finetune_steps, distill_steps, arms ('+'-separated subset), tiny, report_only
+(write ablation.md/png from the finished runs, run nothing).
+
+The table can be built in parts, one arm × seed per invocation if need be, in one workdir:
+finished runs are skipped, and the report covers every finished run there with the same budget:
+
+  python -m linvit_jax.ablation --config configs/ablation.py:arms=copy_same,seed_list=3 --workdir W
 """
 
 from linvit_jax import config_lib
@@ -21,6 +27,7 @@ def get_config(arg=None):
       feature_map="hedgehog",
       patch=4,
       seeds=3,
+      seed_list="",
       finetune_steps=150,
       distill_steps=100,
       arms="+".join(ARMS),
@@ -38,7 +45,11 @@ def get_config(arg=None):
   c.eval.curve_examples = min(c.eval.curve_examples, 1000)
   c.ablation = dict(
       arms=tuple(arg.arms.split("+")),
-      seeds=tuple(range(arg.seeds)),
+      seeds=(
+          tuple(int(x) for x in str(arg.seed_list).split("+"))
+          if str(arg.seed_list)
+          else tuple(range(arg.seeds))
+      ),
       finetune_steps=arg.finetune_steps,
       distill_steps=arg.distill_steps,
       eval_every=arg.eval_every,

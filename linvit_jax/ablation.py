@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import ml_collections as mlc
 import numpy as np
@@ -138,8 +138,88 @@ def plot_curves(results: Mapping[str, list[dict]], path: str, teacher_top1: floa
     fig.savefig(f, format="png", dpi=120)
 
 
+def run_budget(config: Mapping[str, Any], arm: str) -> dict[str, Any]:
+  """What must agree for two runs to sit in one table: model, operator, teacher, budget."""
+  c, spec = config, ARMS[arm]
+  distill = "distill_attention" in tuple(c["stages"])
+  return {
+      "attention": c["student"]["attention"],
+      "patch_size": list(c["model"]["patch_size"]),
+      "teacher": os.path.basename(c["teacher"]["init"]),
+      "finetune": (c["finetune"]["steps"], c["finetune"]["batch_size"]),
+      "distill_steps": c["distill_attention"]["steps"] if distill else None,
+      "arm_distills": bool(spec["distill"]),
+  }
+
+
+def finished_runs(workdir: str, arms: Sequence[str] = tuple(ARMS)) -> dict[str, dict[int, dict]]:
+  """Every finished run under `workdir` ({arm: {seed: results}}), whichever invocation made it."""
+  runs: dict[str, dict[int, dict]] = {}
+  for arm in arms:
+    arm_dir = os.path.join(workdir, arm)
+    if not gfile.exists(arm_dir):
+      continue
+    for name in gfile.listdir(arm_dir):
+      name = name.rstrip("/")
+      done = os.path.join(arm_dir, name, "results.json")
+      if not (name.startswith("seed") and name[4:].isdigit() and gfile.exists(done)):
+        continue
+      with gfile.open(done) as f:
+        runs.setdefault(arm, {})[int(name[4:])] = json.load(f)
+  return {arm: dict(sorted(by_seed.items())) for arm, by_seed in runs.items()}
+
+
+def write_report(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
+  """ablation.md + ablation.png from every finished run in `workdir` that matches this config's
+  model and budget (runs made by earlier invocations included: the table can grow over days)."""
+  a = config.ablation
+  results: dict[str, list[dict]] = {}
+  made_of, ignored = [], []
+  for arm, by_seed in finished_runs(workdir).items():
+    expected = arm_config(config, arm, 0, a.finetune_steps, a.distill_steps, a.eval_every)
+    want = run_budget(expected.to_dict(), arm)
+    for seed, r in by_seed.items():
+      if run_budget(r["config"], arm) != want:
+        ignored.append(f"{arm}/seed{seed}")
+        continue
+      results.setdefault(arm, []).append(r)
+      made_of.append((arm, seed, r.get("timing_s", {}).get("total", float("nan"))))
+  if not results:
+    raise ValueError(f"no finished ablation runs under {workdir!r} match this config")
+  teacher_top1 = next(
+      (r["teacher_top1"] for runs in results.values() for r in runs if "teacher_top1" in r), None
+  )
+  table = summarize(results, teacher_top1)
+  runs_md = "\n".join(
+      f"- `{arm}`: seeds {[s for a_, s, _ in made_of if a_ == arm]}, "
+      f"{sum(t for a_, _, t in made_of if a_ == arm) / 60:.1f} min in all"
+      for arm in results
+  )
+  if ignored:
+    runs_md += f"\n- ignored (another model or budget): {', '.join(ignored)}"
+  teacher = "n/a" if teacher_top1 is None else f"{100 * teacher_top1:.2f} %"
+  with gfile.open(os.path.join(workdir, "ablation.md"), "w") as f:
+    f.write(
+        f"# Ablation\n\nteacher top-1 (softmax, before any fine-tuning): {teacher}\n\n"
+        f"fine-tune budget: {a.finetune_steps} steps × batch {config.finetune.batch_size}; "
+        f"distillation: {a.distill_steps} steps; tokens: {_tokens(config)}\n\n{table}\n\n"
+        f"Made of these runs (each `{workdir}/<arm>/seed<N>/results.json`):\n\n{runs_md}\n"
+    )
+  plot_curves(results, os.path.join(workdir, "ablation.png"), teacher_top1)
+  print(table)
+  return {"table": table, "teacher_top1": teacher_top1, "results": results}
+
+
+def _tokens(config: mlc.ConfigDict) -> int:
+  size = config.data.image_size
+  size = (size, size) if isinstance(size, int) else size
+  grid = [s // p for s, p in zip(size, config.model.patch_size)]
+  return grid[0] * grid[1] + (config.model.pool_type == "tok")
+
+
 def run_ablation(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Runs every (arm, seed) in its own sub-workdir (each resumable) and writes the report."""
+  """Runs the config's (arm, seed)s, each in its own resumable sub-workdir, skipping finished
+  ones, then writes the report over every matching finished run in the workdir."""
   if "ablation" not in config:
     raise UserError(
         "the config has no `ablation` block (arms, seeds, finetune_steps, ...): "
@@ -148,40 +228,27 @@ def run_ablation(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   from linvit_jax import run as run_lib  # the single-run path, shared with main.py
 
   a = config.ablation
-  results: dict[str, list[dict]] = {}
-  teacher_top1 = None
+  unknown = sorted(set(a.arms) - set(ARMS))
+  if unknown:
+    raise UserError(f"unknown ablation arm(s) {unknown}; known: {list(ARMS)}")
+  finished = finished_runs(workdir)
+  teacher_top1 = next(
+      (r["teacher_top1"] for by in finished.values() for r in by.values() if "teacher_top1" in r),
+      None,
+  )
   # Seed-major: an interrupted ablation has every arm at the first seeds, not some arms at all.
   for seed in a.seeds:
     for arm in a.arms:
-      sub = os.path.join(workdir, arm, f"seed{seed}")
-      done = os.path.join(sub, "results.json")
-      if gfile.exists(done):  # finished earlier: a rerun of the ablation only fills the gaps
-        with gfile.open(done) as f:
-          r = json.load(f)
-      elif a.report_only:  # summarise what has finished, run nothing
-        continue
-      else:
-        cfg = arm_config(config, arm, seed, a.finetune_steps, a.distill_steps, a.eval_every)
-        cfg.eval.teacher = teacher_top1 is None  # one shared teacher: evaluate it once
-        r = run_lib.run(cfg, sub)
-        if teacher_top1 is not None:
-          r["teacher_top1"] = teacher_top1
-      results.setdefault(arm, []).append(r)
+      if a.report_only or seed in finished.get(arm, {}):
+        continue  # finished earlier: a rerun only fills the gaps
+      cfg = arm_config(config, arm, seed, a.finetune_steps, a.distill_steps, a.eval_every)
+      cfg.eval.teacher = teacher_top1 is None  # one shared teacher: evaluate it once
+      r = run_lib.run(cfg, os.path.join(workdir, arm, f"seed{seed}"))
       teacher_top1 = r.get("teacher_top1", teacher_top1)
+      if "teacher_top1" not in r and teacher_top1 is not None:
+        r["teacher_top1"] = teacher_top1
       print(f"[ablation] {arm} seed {seed}: top-1 {100 * r['student_top1']:.2f} %", flush=True)
-  if not results:
-    raise ValueError(f"no finished ablation runs under {workdir!r}")
-  table = summarize(results, teacher_top1)
-  with gfile.open(os.path.join(workdir, "ablation.md"), "w") as f:
-    f.write(
-        f"# Ablation\n\nteacher top-1 (softmax, before any fine-tuning): "
-        f"{100 * teacher_top1:.2f} %\n\nfine-tune budget: {a.finetune_steps} steps × batch "
-        f"{config.finetune.batch_size}; distillation: {a.distill_steps} steps; seeds "
-        f"{list(a.seeds)}\n\n{table}\n"
-    )
-  plot_curves(results, os.path.join(workdir, "ablation.png"), teacher_top1)
-  print(table)
-  return {"table": table, "teacher_top1": teacher_top1}
+  return write_report(config, workdir)
 
 
 if __name__ == "__main__":

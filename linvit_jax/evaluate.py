@@ -256,6 +256,12 @@ def cls_attention_maps(model: nn.Module, params: Any, images: jax.Array) -> np.n
 
   Softmax layers give softmax(q·kᵀ/√d); linear layers their normalised φ(q)φ(k)ᵀ weights.
   """
+  return np.asarray(_cls_attention_maps(model, params, jnp.asarray(images)))
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _cls_attention_maps(model, params, images):
+  # One compiled program (op by op it compiled every einsum and feature map separately, ~10 s).
   _, out, blocks = intermediates(model, params, images)
   p = per_block(params)["Transformer"]
   _, h, w, _ = out["stem"].shape
@@ -268,8 +274,8 @@ def cls_attention_maps(model: nn.Module, params: Any, images: jax.Array) -> np.n
     else:
       weights = attn_lib.softmax_weights(q, k)
     weights = weights[:, :, 0, -h * w :]  # drop the cls→cls entry when there is a cls token
-    maps.append(np.asarray(weights).reshape(weights.shape[0], weights.shape[1], h, w))
-  return np.stack(maps)
+    maps.append(weights.reshape(weights.shape[0], weights.shape[1], h, w))
+  return jnp.stack(maps)
 
 
 # ----------------------------------------------------------------------------- speed & resolution

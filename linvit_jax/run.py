@@ -443,6 +443,7 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
         teacher_model, teacher_params, student_model, student_params, fid_images
     )
 
+  t_convert = time.time()
   if teacher_params is not None and not config.student.init:
     student_params, report = surgery.transplant(
         teacher_params, student_params, config.surgery.policy
@@ -463,6 +464,7 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
       results["teacher_top1"] = top1(teacher_model, teacher_params)
     results["student_top1_converted"] = top1(student_model, student_params)
     fidelity("converted")
+  results["timing_s"]["convert_and_evaluate"] = time.time() - t_convert
 
   # --- stages ----------------------------------------------------------------------------------
   histories = {}
@@ -545,6 +547,7 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   results["student_attention"] = _attention_json(student_model)
 
   # --- speed and pictures ----------------------------------------------------------------------
+  t_report = time.time()
   tb = sample[: config.eval.throughput_batch]
   if len(tb) < config.eval.throughput_batch:
     tb = np.resize(tb, (config.eval.throughput_batch,) + tb.shape[1:])
@@ -565,6 +568,7 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
           student_params,
           sample,
       )
+  results["timing_s"]["speed_resolution_plots"] = time.time() - t_report
   results["timing_s"]["total"] = time.time() - t_start
   # A fingerprint of the exported model: its output on 4 fixed images (logits, or the pooled
   # representation of a headless backbone).
@@ -695,10 +699,13 @@ def format_summary(results: Mapping[str, Any]) -> str:
   if fids:
     lines.append("")
     lines.append("per-layer attention fidelity (teacher-forced), cosine / normalised MSE")
-    header = "  " + " ".join(f"{name[-22:]:>22s}" for name, _ in fids)
+    width = max([22] + [len(name) for name, _ in fids])  # whole stage names, never cut
+    header = "  " + " ".join(f"{name:>{width}s}" for name, _ in fids)
     lines.append("layer" + header[5:] if len(header) > 5 else header)
     for i in range(len(fids[0][1])):
-      cells = " ".join(f"{v[i]['cosine']:>10.3f} / {v[i]['nmse']:<9.3f}" for _, v in fids)
+      cells = " ".join(
+          ("%10.3f / %-9.3f" % (v[i]["cosine"], v[i]["nmse"])).rjust(width) for _, v in fids
+      )
       lines.append(f"{i:>5d}  {cells}")
   if "teacher_images_per_s" in results:
     lines.append("")

@@ -126,5 +126,10 @@ def build(
 
 def calibrate(teacher_model, teacher_params, student_model, student_params, images) -> Any:
   """Data-dependent init of fresh attention (see distill.calibrate_out_projection)."""
-  targets = distill.teacher_targets(teacher_model, teacher_params, images)
-  return distill.calibrate_out_projection(targets, student_model, student_params)
+
+  @jax.jit  # one compiled program: op by op, the teacher pass and the scales compiled per op
+  def calibrated(teacher_params, student_params, images):
+    targets = distill.teacher_targets(teacher_model, teacher_params, images)
+    return distill.calibrate_out_projection(targets, student_model, student_params)
+
+  return calibrated(teacher_params, student_params, images)

@@ -181,3 +181,35 @@ def test_hedgehog_exp_keys_keep_their_scale():
   sums = np.asarray(phi_k).sum(-1)  # [B, N, H]
   assert np.asarray(phi_k).max() <= 1.0 + 1e-6 and np.ptp(sums) > 0.1
   assert (sums[:, 0] >= np.median(sums, axis=1)).all()  # the strong key is among the largest
+
+
+@pytest.mark.parametrize("n,chunk", [(37, 8), (64, 64), (129, 32)])
+def test_chunked_softmax_gradient_equals_softmax_gradient(n, chunk):
+  # The flash-style custom_vjp recomputes each key block: its q/k/v gradients must be softmax's.
+  q, k, v = _qkv(jax.random.PRNGKey(5), n=n, scale=2.0)
+  ct = jax.random.normal(jax.random.PRNGKey(6), q.shape)
+
+  def grads(f):
+    return jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * ct), argnums=(0, 1, 2))(q, k, v)
+
+  ref = grads(A.softmax_attention)
+  got = grads(lambda q, k, v: A.chunked_softmax_attention(q, k, v, chunk_size=chunk))
+  for g, r in zip(got, ref):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=2e-5, rtol=1e-4)
+
+
+def test_chunked_softmax_backward_keeps_no_scores_under_an_outer_remat():
+  # A scanned ViT wraps each block in remat(policy=everything_saveable); an inner jax.checkpoint
+  # would be overridden and every key block's scores saved. The custom_vjp must stay O(N·block).
+  n, h, d, chunk = 1024, 2, 16, 128
+  x = jax.ShapeDtypeStruct((1, n, h, d), jnp.float32)
+  policy = jax.checkpoint_policies.everything_saveable
+
+  def temp_bytes(f):
+    g = jax.grad(lambda q, k, v: jnp.sum(jax.checkpoint(f, policy=policy)(q, k, v) ** 2), (0, 1, 2))
+    return jax.jit(g).lower(x, x, x).compile().memory_analysis().temp_size_in_bytes
+
+  scores = n * n * h * 4
+  chunked = temp_bytes(lambda q, k, v: A.chunked_softmax_attention(q, k, v, chunk_size=chunk))
+  assert chunked < 0.5 * scores, (chunked, scores)
+  assert temp_bytes(A.softmax_attention) > scores  # the check can fail: softmax keeps them

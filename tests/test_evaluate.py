@@ -38,3 +38,30 @@ def test_top1_hits_integer_and_multi_hot_labels():
   hits = evaluate.top1_hits(logits, multi_hot)
   assert hits.dtype == jnp.float32
   np.testing.assert_array_equal(hits, [1, 0, 0])
+
+
+@pytest.mark.parametrize("attention", ["softmax", "hedgehog"])
+def test_cls_attention_maps_are_distributions_and_jit_changes_nothing(attention):
+  import jax
+
+  from linvit_jax.models import vit
+
+  model = vit.Model(
+      10,
+      width=32,
+      depth=2,
+      mlp_dim=64,
+      num_heads=2,
+      patch_size=(7, 7),
+      attention=attention,
+      pool_type="tok",
+  )
+  images = jax.random.normal(jax.random.PRNGKey(0), (3, 28, 28, 1))
+  params = model.init(jax.random.PRNGKey(1), images)["params"]
+  maps = evaluate.cls_attention_maps(model, params, images)
+  assert maps.shape == (2, 3, 2, 4, 4)  # [layers, B, heads, h, w]
+  total = maps.sum(axis=(-1, -2))  # the cls→cls weight is left out, so each row sums below 1
+  assert np.all(maps >= 0) and np.all(total < 1) and np.all(total > 0.5)
+  with jax.disable_jit():
+    eager = evaluate.cls_attention_maps(model, params, images)
+  np.testing.assert_allclose(maps, eager, atol=1e-5)

@@ -1,0 +1,225 @@
+r"""The token-count study: the ablation at several token counts, and the seed paper's claims.
+
+  python -m linvit_jax.token_study workdirs/ablation_p7 workdirs/ablation_p4 \
+      --out docs --readme README.md
+
+Each argument is an ablation workdir (`python -m linvit_jax.ablation ...`), one teacher and token
+count each. Writes `ablation_tokens.png` (Δ to the teacher vs tokens, one line per arm, ± std over
+seeds) and `ablation.md` (each workdir's table, the runs it is made of, and a verdict per claim and
+token count) into --out; with --readme, the README's block between `<!-- ablation:begin -->` and
+`<!-- ablation:end -->` is replaced by the same tables, so no number in it is typed by hand.
+
+The claims (copy_attention = attention copied too, copy_same = MLPs etc. copied, attention fresh):
+  1. copy_attention ≤ random after the same fine-tune budget;
+  2. random < copy_same, by at most ~3 points;
+  3. copy_same + distillation ≥ the teacher.
+A difference within 2σ of the seed noise (σ of the difference of the means) is "not resolved".
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from linvit_jax import ablation, gfile
+
+ARM_ORDER = tuple(ablation.ARMS)
+
+
+def load(workdir: str) -> dict[str, Any]:
+  """One ablation workdir: tokens, teacher top-1 and per-arm final top-1 over seeds."""
+  runs = ablation.finished_runs(workdir)
+  if not runs:
+    raise ValueError(f"no finished ablation runs under {workdir!r}")
+  any_run = next(iter(next(iter(runs.values())).values()))
+  cfg = any_run["config"]
+  size = cfg["data"]["image_size"]
+  size = (size, size) if isinstance(size, int) else tuple(size)
+  grid = [s // p for s, p in zip(size, cfg["model"]["patch_size"])]
+  tokens = grid[0] * grid[1] + (cfg["model"]["pool_type"] == "tok")
+  teacher = next(
+      (r["teacher_top1"] for by in runs.values() for r in by.values() if "teacher_top1" in r), None
+  )
+  if teacher is None:
+    raise ValueError(f"{workdir!r}: no run evaluated the teacher (teacher_top1 missing)")
+  arms = {}
+  for arm, by_seed in runs.items():
+    budgets = {repr(ablation.run_budget(r["config"], arm)) for r in by_seed.values()}
+    if len(budgets) > 1:
+      raise ValueError(f"{workdir!r}: the {arm} runs differ in model or budget: {budgets}")
+    arms[arm] = {
+        "seeds": sorted(by_seed),
+        "top1": [100 * r["student_top1"] for r in by_seed.values()],
+        "before": [
+            100 * r.get("student_top1_before_finetune", float("nan")) for r in by_seed.values()
+        ],
+    }
+  return {"workdir": workdir, "tokens": tokens, "teacher": 100 * teacher, "arms": arms}
+
+
+def _mean_sem(values: Sequence[float]) -> tuple[float, float, float]:
+  a = np.asarray(values, np.float64)
+  std = float(a.std(ddof=1)) if len(a) > 1 else float("nan")
+  return float(a.mean()), std, std / math.sqrt(len(a)) if len(a) > 1 else float("nan")
+
+
+def _compare(diff: float, sigma: float, holds: bool) -> str:
+  if not math.isnan(sigma) and abs(diff) < 2 * sigma:
+    return "not resolved"
+  return "holds" if holds else "does not hold"
+
+
+def verdicts(study: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+  """[(claim, evidence, verdict)] for one token count; claims whose arms did not run are skipped."""
+  arms, out = study["arms"], []
+
+  def stats(arm):
+    return _mean_sem(arms[arm]["top1"])
+
+  if {"copy_attention", "random"} <= set(arms):
+    (ca, _, sa), (ra, _, sr) = stats("copy_attention"), stats("random")
+    d, s = ca - ra, math.hypot(sa, sr)
+    out.append(
+        (
+            "1. copy_attention ≤ random",
+            f"{ca:.2f} vs {ra:.2f} ({d:+.2f} ± {s:.2f})",
+            _compare(d, s, d <= 0),
+        )
+    )
+  if {"copy_same", "random"} <= set(arms):
+    (cs, _, ss), (ra, _, sr) = stats("copy_same"), stats("random")
+    d, s = cs - ra, math.hypot(ss, sr)
+    verdict = _compare(d, s, d > 0)
+    if verdict == "holds" and d > 3:
+      verdict = "does not hold: copy_same wins by more than 3 points"
+    out.append(
+        (
+            "2. random < copy_same, by ≤ ~3 points",
+            f"{cs:.2f} vs {ra:.2f} ({d:+.2f} ± {s:.2f})",
+            verdict,
+        )
+    )
+  if "copy_same_distill" in arms:
+    m, _, sem = stats("copy_same_distill")
+    d = m - study["teacher"]
+    out.append(
+        (
+            "3. copy_same + distillation ≥ teacher",
+            f"{m:.2f} vs {study['teacher']:.2f} ({d:+.2f} ± {sem:.2f})",
+            _compare(d, sem, d >= 0),
+        )
+    )
+  return out
+
+
+def tables(studies: Sequence[Mapping[str, Any]]) -> str:
+  """The markdown: Δ to the teacher per arm and token count, then the verdicts."""
+  studies = sorted(studies, key=lambda s: s["tokens"])
+  arms = [a for a in ARM_ORDER if any(a in s["arms"] for s in studies)]
+  head = "| arm | " + " | ".join(f"{s['tokens']} tokens" for s in studies) + " |"
+  lines = [
+      "Top-1 after fine-tuning (%, mean ± std over seeds; Δ to that token count's teacher):",
+      "",
+      head,
+      "|---|" + "---|" * len(studies),
+      "| teacher (softmax, no fine-tune) | "
+      + " | ".join(f"{s['teacher']:.2f}" for s in studies)
+      + " |",
+  ]
+  for arm in arms:
+    cells = []
+    for s in studies:
+      if arm not in s["arms"]:
+        cells.append("—")
+        continue
+      m, std, _ = _mean_sem(s["arms"][arm]["top1"])
+      n = len(s["arms"][arm]["top1"])
+      cells.append(f"{m:.2f} ± {std:.2f} ({m - s['teacher']:+.2f}, n={n})")
+    lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+  lines += ["", "| tokens | claim | evidence (top-1 %, Δ ± σ) | verdict |", "|---|---|---|---|"]
+  for s in studies:
+    for claim, evidence, verdict in verdicts(s):
+      lines.append(f"| {s['tokens']} | {claim} | {evidence} | {verdict} |")
+  return "\n".join(lines)
+
+
+def plot(studies: Sequence[Mapping[str, Any]], path: str) -> None:
+  from linvit_jax.evaluate import new_figure
+
+  studies = sorted(studies, key=lambda s: s["tokens"])
+  fig = new_figure(figsize=(6.5, 4))
+  ax = fig.subplots()
+  for arm in ARM_ORDER:
+    pts = [
+        (s["tokens"], *_mean_sem(s["arms"][arm]["top1"])[:2], s["teacher"])
+        for s in studies
+        if arm in s["arms"]
+    ]
+    if not pts:
+      continue
+    t, m, sd, teach = map(np.asarray, zip(*pts))
+    ax.errorbar(t, m - teach, yerr=np.nan_to_num(sd), marker="o", capsize=3, label=arm)
+  ax.axhline(0, color="k", ls="--", lw=1, label="teacher")
+  ax.set_xscale("log")
+  ax.set_xticks([s["tokens"] for s in studies], [str(s["tokens"]) for s in studies])
+  ax.set_xlabel("tokens per image (patches + cls)")
+  ax.set_ylabel("Δ top-1 to the teacher (points)")
+  ax.set_title("Same fine-tune budget: what copying buys at each token count")
+  ax.legend(fontsize=7)
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  with gfile.open(path, "wb") as f:
+    fig.savefig(f, format="png", dpi=120)
+
+
+def replace_block(text: str, block: str, name: str = "ablation") -> str:
+  """`text` with the lines between <!-- name:begin --> and <!-- name:end --> set to `block`."""
+  pattern = re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
+  if not pattern.search(text):
+    raise ValueError(f"no <!-- {name}:begin --> ... <!-- {name}:end --> block to replace")
+  return pattern.sub(lambda m: m.group(1) + block.rstrip("\n") + "\n" + m.group(2), text)
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("workdirs", nargs="+", help="ablation workdirs, one per token count")
+  p.add_argument("--out", required=True, help="folder for ablation.md and ablation_tokens.png")
+  p.add_argument("--readme", default="", help="README whose ablation block is regenerated")
+  args = p.parse_args(argv)
+  studies = [load(w) for w in args.workdirs]
+  md = tables(studies)
+  sections = []
+  for s in sorted(studies, key=lambda s: s["tokens"]):
+    with gfile.open(os.path.join(s["workdir"], "ablation.md")) as f:
+      body = f.read().split("\n", 1)[1].strip()  # drop its "# Ablation" title
+    curves = f"ablation_{s['tokens']}tokens.png"
+    if gfile.exists(os.path.join(s["workdir"], "ablation.png")):
+      gfile.makedirs(args.out)
+      gfile.copy(os.path.join(s["workdir"], "ablation.png"), os.path.join(args.out, curves))
+      body += f"\n\n![fine-tune curves, {s['tokens']} tokens]({curves})"
+    sections.append(f"## {s['tokens']} tokens (`{s['workdir']}`)\n\n{body}\n")
+  gfile.makedirs(args.out)
+  plot(studies, os.path.join(args.out, "ablation_tokens.png"))
+  with gfile.open(os.path.join(args.out, "ablation.md"), "w") as f:
+    f.write(
+        "# Ablation and token-count study\n\nGenerated by `python -m linvit_jax.token_study "
+        + " ".join(args.workdirs)
+        + f" --out {args.out}` from the runs listed below; not edited by hand.\n\n"
+        + md
+        + "\n\n![Δ to teacher vs tokens](ablation_tokens.png)\n\n"
+        + "\n".join(sections)
+    )
+  if args.readme:
+    text = gfile.read_text(args.readme)
+    gfile.write_text(args.readme, replace_block(text, md))
+  print(md)
+  return md
+
+
+if __name__ == "__main__":
+  main()
