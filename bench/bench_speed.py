@@ -67,32 +67,32 @@ class Group:
 
 
 def _plan_cpu() -> list[Group]:
-  """What fits ~25 minutes on 2 idle CPU cores (117 GFLOP/s matmul). Batch 8 where the issue asks
-  for it, except that the whole ViT runs batch 1 above 224 px and single layers batch 1 above
-  448 px (a ViT-S forward+backward at 1024 px, batch 8, is ~90 s per call here). The layer sweep
-  times every operator at every size; the ViT times all of them at 224 px and above that only what
-  the targets need, compiling softmax / chunked / elu1 everywhere for their memory."""
+  """What fits ~25 minutes on 2 idle CPU cores (~110-170 GFLOP/s matmul). The whole ViT runs
+  batch 8 at 224 px and batch 1 above (a ViT-S forward+backward at 1024 px is ~40 s per image
+  for softmax here); it times every operator at 224 px and above that what the targets need,
+  compiling softmax / chunked / elu1 everywhere for their memory. Single layers (batch 8 / 1) at
+  224 and 1024 px, every operator. Above 448 px fewer rounds (the cases are seconds each)."""
   groups = []
-  layer_batch = {224: 8, 448: 8, 896: 1, 1024: 1, 1792: 1}
-  for size in SIZES:
+  for size, batch in ((224, 8), (1024, 1)):
     for mode in MODES:
-      groups.append(
-          Group("layer", size, layer_batch[size], mode, run=ALL_CPU, reps=7 if size <= 448 else 5)
-      )
+      groups.append(Group("layer", size, batch, mode, run=ALL_CPU, reps=7 if size <= 448 else 5))
   vit_run = {
       224: ALL_CPU,
       448: ("softmax", "chunked_softmax", "elu1", "hedgehog"),
-      896: ("elu1",),
-      1024: ("softmax", "chunked_softmax", "elu1"),
-      1792: ("elu1",),
+      896: ("elu1", "hedgehog"),
+      1024: ("softmax", "chunked_softmax", "elu1", "hedgehog"),
+      1792: ("elu1", "hedgehog"),
   }
   for size in SIZES:
     for mode in MODES:
       run = vit_run[size]
       memory = tuple(op for op in ("softmax", "chunked_softmax", "elu1") if op not in run)
       # relu costs what elu1 costs and favor what hedgehog costs (same shapes, an elementwise map
-      # or a Dh x F projection); above 224 px the layer sweep compares all four.
-      groups.append(Group("vit", size, 8 if size == 224 else 1, mode, run=run, memory=memory))
+      # or a Dh x F projection); the 224 px groups and the layer sweep compare all four.
+      reps = 5 if size <= 448 else (3 if mode == "fwd" else 2)
+      groups.append(
+          Group("vit", size, 8 if size == 224 else 1, mode, run=run, memory=memory, reps=reps)
+      )
   return groups
 
 

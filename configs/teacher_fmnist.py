@@ -2,12 +2,17 @@ r"""Trains the demo's softmax ViT teacher on the embedded Fashion-MNIST (no teac
 
 This is the config that produced the shipped `linvit_jax/assets/teacher_fmnist_vit.npz`:
 
-  python -m linvit_jax.main --config configs/teacher_fmnist.py --workdir workdirs/teacher
+  python -m linvit_jax.main --config configs/teacher_fmnist.py:epochs=3 --workdir workdirs/teacher
   cp workdirs/teacher/student.npz linvit_jax/assets/teacher_fmnist_vit.npz
+
+and the 17-token teacher of the token-count study (`teacher_fmnist_vit_p7.npz`):
+
+  python -m linvit_jax.main --config configs/teacher_fmnist.py:epochs=2,patch=7 \
+      --workdir workdirs/teacher_p7
 
 Model: width 128, depth 4, 4 heads, MLP 256, patch 4 on 28×28 → 7×7 = 49 patches + cls = 50 tokens
 (enough tokens that attention routing is not trivial, cheap enough for 2 CPU cores).
-`:epochs=` sets the training length (default 4).
+`:epochs=` sets the training length (default 4), `:patch=` the patch size (4 or 7).
 """
 
 from linvit_jax import config_lib

@@ -706,7 +706,7 @@ def format_summary(results: Mapping[str, Any]) -> str:
       cells = " ".join(
           ("%10.3f / %-9.3f" % (v[i]["cosine"], v[i]["nmse"])).rjust(width) for _, v in fids
       )
-      lines.append(f"{i:>5d}  {cells}")
+      lines.append(f"{i:>5d}  {cells}".rstrip())
   if "teacher_images_per_s" in results:
     lines.append("")
     lines.append(

@@ -49,3 +49,31 @@ def test_speed_steps_and_report_at_toy_size(tmp_path):
   assert "## Targets (CPU" in text and "distillation step" in text
   assert (tmp_path / "cpu_speed.png").exists() and (tmp_path / "cpu_memory.png").exists()
   json.loads((results / "cpu_speed.json").read_text())  # complete, valid JSON
+
+
+def test_distill_real_bench_on_a_small_checkpoint(tmp_path):
+  # The real-ViT step benchmark's code path on the 4-layer big_vision fixture (64 px, batch 2).
+  from bench import bench_distill_real
+
+  out = tmp_path / "distill_real.json"
+  result = bench_distill_real.main(
+      [
+          "--init",
+          "tests/data/vit_w192_d4_p16_i64_tok_learn.npz",
+          "--batch",
+          "2",
+          "--res",
+          "64",
+          "--reps",
+          "1",
+          "--only",
+          "teacher_fwd,distill_step,no_routing",
+          "--out",
+          str(out),
+      ]
+  )
+  by = {r["name"]: r for r in result["rows"]}
+  assert set(by) == {"teacher_fwd", "distill_step", "no_routing"}
+  assert all(r["images_per_s"] > 0 for r in by.values())
+  assert 0 < result["shares"]["teacher forward (of distill_step)"] < 1
+  assert json.loads(out.read_text())["batch"] == 2
