@@ -148,6 +148,7 @@ def student_attention_outputs(
     *,
     rng: Array | None = None,
     with_qk: bool = False,
+    with_phi: bool = False,
 ):
   """Teacher-forced student attention: layer l's attention applied to `attn_inputs[l]`.
 
@@ -157,9 +158,12 @@ def student_attention_outputs(
     attn_inputs: [L,B,N,D], the teacher's attention inputs (`teacher_targets(...)["attn_input"]`).
     rng: only for FAVOR+ with redraw (one key per layer is folded in).
     with_qk: also return the student's q and k, each [L,B,N,H,Dh].
+    with_phi: (with `with_qk`) also return per layer the (φ(q), φ(k)) the layer's linear operator
+      used, each [B,N,H,F], or None for a softmax layer.
 
   Returns:
-    outputs [L,B,N,D] (after the out projection), or (outputs, q, k) with `with_qk`.
+    outputs [L,B,N,D] (after the out projection), or (outputs, q, k) with `with_qk`, or
+    (outputs, q, k, phis) with both.
   """
   model = as_model(student_model)
   specs = vit.layer_specs(model)
@@ -172,7 +176,9 @@ def student_attention_outputs(
     y, state = _attention_module(model, spec).apply(
         {"params": p}, x, rngs=rngs, mutable=["intermediates"]
     )
-    return y, state["intermediates"]["q"][0], state["intermediates"]["k"][0]
+    inter = state["intermediates"]
+    phi = (inter["phi_q"][0], inter["phi_k"][0]) if "phi_q" in inter else None
+    return y, inter["q"][0], inter["k"][0], phi
 
   keys = None if rng is None else jax.random.split(rng, depth)
   if _is_scanned(student_params):
@@ -180,9 +186,10 @@ def student_attention_outputs(
       raise ValueError("a scanned student must use one attention operator in every layer")
     stacked = student_params["Transformer"]["encoderblock"][ATTN]
     if keys is None:
-      ys, qs, ks = jax.vmap(lambda p, x: apply_one(specs[0], p, x, None))(stacked, attn_inputs)
+      ys, qs, ks, phi = jax.vmap(lambda p, x: apply_one(specs[0], p, x, None))(stacked, attn_inputs)
     else:
-      ys, qs, ks = jax.vmap(functools.partial(apply_one, specs[0]))(stacked, attn_inputs, keys)
+      ys, qs, ks, phi = jax.vmap(functools.partial(apply_one, specs[0]))(stacked, attn_inputs, keys)
+    phis = [None if phi is None else (phi[0][l], phi[1][l]) for l in range(depth)]
   else:
     outs = [
         apply_one(
@@ -193,7 +200,10 @@ def student_attention_outputs(
         )
         for l in range(depth)
     ]
-    ys, qs, ks = (jnp.stack(t) for t in zip(*outs))
+    ys, qs, ks = (jnp.stack(t) for t in list(zip(*outs))[:3])
+    phis = [o[3] for o in outs]
+  if with_qk and with_phi:
+    return ys, qs, ks, phis
   return (ys, qs, ks) if with_qk else ys
 
 
@@ -267,6 +277,7 @@ def routing_loss(
     rng: Array | None = None,
     temperature: float = 1.0,
     kind: str = "xent",
+    student_phi: tuple[Array, Array] | None = None,
 ) -> Array:
   """Cross-entropy / KL from the teacher's attention probabilities to the student's weights.
 
@@ -278,7 +289,8 @@ def routing_loss(
   averaged over batch, heads and s query tokens sampled uniformly without replacement (the same
   for the whole batch), so the cost is O(N·s), not O(N²). Only q/k projections and feature maps
   get a gradient. One layer: q/k are [B,N,H,Dh]; `fmap_params` is the layer's attention subtree
-  (or just its feature_map_q/feature_map_k entries).
+  (or just its feature_map_q/feature_map_k entries). `student_phi`: the (φ(q), φ(k)) the
+  student's forward already computed (sown by `Attention`); then φ is not recomputed from q/k.
   """
   if kind not in ("xent", "kl"):
     raise ValueError(f"unknown routing loss kind {kind!r}; known: xent, kl")
@@ -289,7 +301,11 @@ def routing_loss(
   if idx is not None:
     teacher_q, student_q = teacher_q[:, idx], student_q[:, idx]
   p = attn_lib.softmax_weights(teacher_q, teacher_k, temperature)
-  if spec.kind == "linear":
+  if spec.kind == "linear" and student_phi is not None:
+    phi_q, phi_k = student_phi
+    phi_q = phi_q if idx is None else phi_q[:, idx]
+    w = attn_lib.linear_weights(phi_q, phi_k, spec.eps)
+  elif spec.kind == "linear":
     phi_q, phi_k = attn_lib.feature_maps_of(spec, student_q, student_k, fmap_params)
     w = attn_lib.linear_weights(phi_q, phi_k, spec.eps)
   else:
@@ -311,8 +327,10 @@ def routing_losses(
     num_queries: int = _DEFAULTS["routing_queries"],
     temperature: float = 1.0,
     kind: str = "xent",
+    student_phi: Sequence[tuple[Array, Array] | None] | None = None,
 ) -> tuple[Array, Array]:
-  """`routing_loss` for every layer (one query sample per layer). Returns (mean, per-layer [L])."""
+  """`routing_loss` for every layer (one query sample per layer). Returns (mean, per-layer [L]).
+  `student_phi`: per layer the forward's (φ(q), φ(k)) or None (`student_attention_outputs`)."""
   specs = vit.layer_specs(as_model(student_model))
   keys = [None] * len(specs) if rng is None else list(jax.random.split(rng, len(specs)))
   per_layer = jnp.stack(
@@ -328,6 +346,7 @@ def routing_losses(
               keys[l],
               temperature,
               kind,
+              None if student_phi is None else student_phi[l],
           )
           for l, spec in enumerate(specs)
       ]
@@ -652,8 +671,8 @@ def distill_loss(
   images = batch["image"]
   rng_route, rng_fmap = (None, None) if rng is None else tuple(jax.random.split(rng))
   targets = teacher_targets(teacher, teacher_params, images)
-  sa, q, k = student_attention_outputs(
-      student, student_params, targets["attn_input"], rng=rng_fmap, with_qk=True
+  sa, q, k, phis = student_attention_outputs(
+      student, student_params, targets["attn_input"], rng=rng_fmap, with_qk=True, with_phi=True
   )
 
   m = output_metrics(sa, targets["sa"])
@@ -677,6 +696,7 @@ def distill_loss(
         num_queries=c.routing_queries,
         temperature=c.routing_temperature,
         kind=c.routing_kind,
+        student_phi=phis,
     )
     metrics["routing"] = route
     _layer_metrics(metrics, "routing", route_layers)

@@ -419,3 +419,30 @@ def test_config_block_is_validated():
     distill.distill_config(w_rout=1.0)
   with pytest.raises(ValueError, match="routing_kind"):
     distill.make_distill_loss(TINY, {**TINY, "attention": "elu1"}, {"routing_kind": "js"})
+
+
+def test_routing_with_the_forwards_phi_equals_recomputing_it(tiny):
+  # distill_loss reuses the φ(q), φ(k) the student's forward sowed instead of recomputing them
+  # from q/k (which, with φ folded into the projections, costs two extra projections per layer).
+  teacher, t_params, student, s_params, images = tiny
+  rng = jax.random.PRNGKey(3)
+
+  def routing(sp, reuse):
+    targets = distill.teacher_targets(teacher, t_params, images)
+    _, q, k, phis = distill.student_attention_outputs(
+        student, sp, targets["attn_input"], with_qk=True, with_phi=True
+    )
+    assert len(phis) == 2 and all(p is not None for p in phis)
+    return distill.routing_losses(
+        targets, q, k, student, sp, rng, num_queries=8, student_phi=phis if reuse else None
+    )[0]
+
+  @_jit
+  def both(sp):
+    return [jax.value_and_grad(lambda p, r=r: routing(p, r))(sp) for r in (True, False)]
+
+  (v1, g1), (v0, g0) = both(s_params)
+  np.testing.assert_allclose(float(v1), float(v0), rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-4)
+  assert any(np.any(np.asarray(a) != 0) for a in jax.tree.leaves(g1))

@@ -299,6 +299,10 @@ class Attention(nn.Module):
       else:
         phi_q = fmap_q(q, is_query=True)
         phi_k = fmap_k(k, is_query=False)
+      # Sown for the routing loss, which then needs neither q/k (2 extra projections when φ is
+      # folded into them) nor a second pass of the feature maps.
+      self.sow("intermediates", "phi_q", phi_q)
+      self.sow("intermediates", "phi_k", phi_k)
       y = linear_attention(phi_q, phi_k, v, spec.eps)
 
     return nn.DenseGeneral(
