@@ -77,3 +77,22 @@ def test_distill_real_bench_on_a_small_checkpoint(tmp_path):
   assert all(r["images_per_s"] > 0 for r in by.values())
   assert 0 < result["shares"]["teacher forward (of distill_step)"] < 1
   assert json.loads(out.read_text())["batch"] == 2
+
+
+def test_gpu_script_runs_its_plan_into_the_named_folder(tmp_path):
+  # bench/gpu.sh is run once when a GPU is lent: the same script at toy size on CPU must work.
+  import os
+  import subprocess
+  import sys
+
+  out = tmp_path / "gpu_out"
+  env = dict(os.environ, PLAN="smoke", PY=sys.executable, BUDGET_S="300")
+  done = subprocess.run(
+      ["bash", "bench/gpu.sh", str(out)], env=env, capture_output=True, text=True, timeout=600
+  )
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  assert json.loads((out / "gpu_speed.json").read_text())["rows"]
+  assert json.loads((out / "gpu_steps.json").read_text())["rows"]
+  assert "## GPU (bench/gpu.sh)" in (out / "RESULTS.md").read_text()
+  no_dir = subprocess.run(["bash", "bench/gpu.sh"], env=env, capture_output=True, text=True)
+  assert no_dir.returncode != 0 and "usage" in no_dir.stderr
