@@ -69,9 +69,15 @@ def _mean_sem(values: Sequence[float]) -> tuple[float, float, float]:
 
 
 def _compare(diff: float, sigma: float, holds: bool) -> str:
-  if not math.isnan(sigma) and abs(diff) < 2 * sigma:
+  if math.isnan(sigma):  # one seed: no noise estimate, the sign alone
+    return ("holds" if holds else "does not hold") + " (1 seed)"
+  if abs(diff) < 2 * sigma:
     return "not resolved"
   return "holds" if holds else "does not hold"
+
+
+def _pm(sigma: float) -> str:
+  return "" if math.isnan(sigma) else f" ± {sigma:.2f}"
 
 
 def verdicts(study: Mapping[str, Any]) -> list[tuple[str, str, str]]:
@@ -87,7 +93,7 @@ def verdicts(study: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     out.append(
         (
             "1. copy_attention ≤ random",
-            f"{ca:.2f} vs {ra:.2f} ({d:+.2f} ± {s:.2f})",
+            f"{ca:.2f} vs {ra:.2f} ({d:+.2f}{_pm(s)})",
             _compare(d, s, d <= 0),
         )
     )
@@ -95,12 +101,12 @@ def verdicts(study: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     (cs, _, ss), (ra, _, sr) = stats("copy_same"), stats("random")
     d, s = cs - ra, math.hypot(ss, sr)
     verdict = _compare(d, s, d > 0)
-    if verdict == "holds" and d > 3:
+    if verdict.startswith("holds") and d > 3:
       verdict = "does not hold: copy_same wins by more than 3 points"
     out.append(
         (
             "2. random < copy_same, by ≤ ~3 points",
-            f"{cs:.2f} vs {ra:.2f} ({d:+.2f} ± {s:.2f})",
+            f"{cs:.2f} vs {ra:.2f} ({d:+.2f}{_pm(s)})",
             verdict,
         )
     )
@@ -110,7 +116,7 @@ def verdicts(study: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     out.append(
         (
             "3. copy_same + distillation ≥ teacher",
-            f"{m:.2f} vs {study['teacher']:.2f} ({d:+.2f} ± {sem:.2f})",
+            f"{m:.2f} vs {study['teacher']:.2f} ({d:+.2f}{_pm(sem)})",
             _compare(d, sem, d >= 0),
         )
     )
@@ -139,7 +145,8 @@ def tables(studies: Sequence[Mapping[str, Any]]) -> str:
         continue
       m, std, _ = _mean_sem(s["arms"][arm]["top1"])
       n = len(s["arms"][arm]["top1"])
-      cells.append(f"{m:.2f} ± {std:.2f} ({m - s['teacher']:+.2f}, n={n})")
+      spread = f" ± {std:.2f}" if n > 1 else ""
+      cells.append(f"{m:.2f}{spread} ({m - s['teacher']:+.2f}, n={n})")
     lines.append(f"| {arm} | " + " | ".join(cells) + " |")
   lines += ["", "| tokens | claim | evidence (top-1 %, Δ ± σ) | verdict |", "|---|---|---|---|"]
   for s in studies:
