@@ -174,6 +174,7 @@ def plot(studies: Sequence[Mapping[str, Any]], path: str) -> None:
   ax.axhline(0, color="k", ls="--", lw=1, label="teacher")
   ax.set_xscale("log")
   ax.set_xticks([s["tokens"] for s in studies], [str(s["tokens"]) for s in studies])
+  ax.set_xticks([], minor=True)  # no "2×10¹"-style minor labels between the token counts
   ax.set_xlabel("tokens per image (patches + cls)")
   ax.set_ylabel("Δ top-1 to the teacher (points)")
   ax.set_title("Same fine-tune budget: what copying buys at each token count")
