@@ -186,9 +186,7 @@ def write_report(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
       made_of.append((arm, seed, r.get("timing_s", {}).get("total", float("nan"))))
   if not results:
     raise ValueError(f"no finished ablation runs under {workdir!r} match this config")
-  teacher_top1 = next(
-      (r["teacher_top1"] for runs in results.values() for r in runs if "teacher_top1" in r), None
-  )
+  teacher_top1 = shared_teacher_top1(results)
   table = summarize(results, teacher_top1)
   runs_md = "\n".join(
       f"- `{arm}`: seeds {[s for a_, s, _ in made_of if a_ == arm]}, "
@@ -202,7 +200,7 @@ def write_report(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
     f.write(
         f"# Ablation\n\nteacher top-1 (softmax, before any fine-tuning): {teacher}\n\n"
         f"fine-tune budget: {a.finetune_steps} steps × batch {config.finetune.batch_size}; "
-        f"distillation: {a.distill_steps} steps; tokens: {_tokens(config)}\n\n{table}\n\n"
+        f"distillation: {a.distill_steps} steps; tokens: {tokens(config)}\n\n{table}\n\n"
         f"Made of these runs (each `{workdir}/<arm>/seed<N>/results.json`):\n\n{runs_md}\n"
     )
   plot_curves(results, os.path.join(workdir, "ablation.png"), teacher_top1)
@@ -210,11 +208,21 @@ def write_report(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   return {"table": table, "teacher_top1": teacher_top1, "results": results}
 
 
-def _tokens(config: mlc.ConfigDict) -> int:
-  size = config.data.image_size
+def tokens(config: Mapping[str, Any]) -> int:
+  """Tokens per image (patches + cls) of a run config (ConfigDict or its results.json dict)."""
+  size = config["data"]["image_size"]
   size = (size, size) if isinstance(size, int) else size
-  grid = [s // p for s, p in zip(size, config.model.patch_size)]
-  return grid[0] * grid[1] + (config.model.pool_type == "tok")
+  grid = [s // p for s, p in zip(size, config["model"]["patch_size"])]
+  return grid[0] * grid[1] + (config["model"]["pool_type"] == "tok")
+
+
+def shared_teacher_top1(runs: Mapping[str, Any]) -> float | None:
+  """The teacher's top-1 that one run of an ablation evaluated ({arm: [results] or {seed: results}})."""
+  for by in runs.values():
+    for r in by.values() if isinstance(by, Mapping) else by:
+      if "teacher_top1" in r:
+        return r["teacher_top1"]
+  return None
 
 
 def run_ablation(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -232,10 +240,7 @@ def run_ablation(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   if unknown:
     raise UserError(f"unknown ablation arm(s) {unknown}; known: {list(ARMS)}")
   finished = finished_runs(workdir)
-  teacher_top1 = next(
-      (r["teacher_top1"] for by in finished.values() for r in by.values() if "teacher_top1" in r),
-      None,
-  )
+  teacher_top1 = shared_teacher_top1(finished)
   # Seed-major: an interrupted ablation has every arm at the first seeds, not some arms at all.
   for seed in a.seeds:
     for arm in a.arms:
@@ -245,8 +250,6 @@ def run_ablation(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
       cfg.eval.teacher = teacher_top1 is None  # one shared teacher: evaluate it once
       r = run_lib.run(cfg, os.path.join(workdir, arm, f"seed{seed}"))
       teacher_top1 = r.get("teacher_top1", teacher_top1)
-      if "teacher_top1" not in r and teacher_top1 is not None:
-        r["teacher_top1"] = teacher_top1
       print(f"[ablation] {arm} seed {seed}: top-1 {100 * r['student_top1']:.2f} %", flush=True)
   return write_report(config, workdir)
 

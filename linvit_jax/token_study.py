@@ -37,14 +37,7 @@ def load(workdir: str) -> dict[str, Any]:
   if not runs:
     raise ValueError(f"no finished ablation runs under {workdir!r}")
   any_run = next(iter(next(iter(runs.values())).values()))
-  cfg = any_run["config"]
-  size = cfg["data"]["image_size"]
-  size = (size, size) if isinstance(size, int) else tuple(size)
-  grid = [s // p for s, p in zip(size, cfg["model"]["patch_size"])]
-  tokens = grid[0] * grid[1] + (cfg["model"]["pool_type"] == "tok")
-  teacher = next(
-      (r["teacher_top1"] for by in runs.values() for r in by.values() if "teacher_top1" in r), None
-  )
+  teacher = ablation.shared_teacher_top1(runs)
   if teacher is None:
     raise ValueError(f"{workdir!r}: no run evaluated the teacher (teacher_top1 missing)")
   arms = {}
@@ -59,7 +52,12 @@ def load(workdir: str) -> dict[str, Any]:
             100 * r.get("student_top1_before_finetune", float("nan")) for r in by_seed.values()
         ],
     }
-  return {"workdir": workdir, "tokens": tokens, "teacher": 100 * teacher, "arms": arms}
+  return {
+      "workdir": workdir,
+      "tokens": ablation.tokens(any_run["config"]),
+      "teacher": 100 * teacher,
+      "arms": arms,
+  }
 
 
 def _mean_sem(values: Sequence[float]) -> tuple[float, float, float]:
@@ -201,17 +199,16 @@ def main(argv: Sequence[str] | None = None) -> str:
   args = p.parse_args(argv)
   studies = [load(w) for w in args.workdirs]
   md = tables(studies)
+  gfile.makedirs(args.out)
   sections = []
   for s in sorted(studies, key=lambda s: s["tokens"]):
     with gfile.open(os.path.join(s["workdir"], "ablation.md")) as f:
       body = f.read().split("\n", 1)[1].strip()  # drop its "# Ablation" title
     curves = f"ablation_{s['tokens']}tokens.png"
     if gfile.exists(os.path.join(s["workdir"], "ablation.png")):
-      gfile.makedirs(args.out)
       gfile.copy(os.path.join(s["workdir"], "ablation.png"), os.path.join(args.out, curves))
       body += f"\n\n![fine-tune curves, {s['tokens']} tokens]({curves})"
     sections.append(f"## {s['tokens']} tokens (`{s['workdir']}`)\n\n{body}\n")
-  gfile.makedirs(args.out)
   plot(studies, os.path.join(args.out, "ablation_tokens.png"))
   with gfile.open(os.path.join(args.out, "ablation.md"), "w") as f:
     f.write(
