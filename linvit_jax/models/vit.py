@@ -8,6 +8,10 @@ the same `out` keys as big_vision, so big_vision checkpoints load unchanged. Two
   {"kind": "linear", "feature_map": "favor", "num_features": 128}.
 * `gelu_approximate`: big_vision uses flax's tanh-approximated GELU (the default, True);
   DINOv2-style checkpoints were trained with the exact erf GELU.
+* `layernorm_epsilon` (flax's and big_vision's 1e-6; Hugging Face ViT/DeiT use 1e-12) and
+  `reg_tokens`: learned prefix tokens (`reg`, [1, R, D]) placed after the cls token and before the
+  patches, without position embedding: DINOv2's registers, or DeiT's distillation token (whose
+  position embedding is folded into it). Models without them are big_vision's exactly.
 """
 
 from __future__ import annotations
@@ -68,11 +72,12 @@ class Encoder1DBlock(nn.Module):
   dtype_mm: str = "float32"
   attention: attn_lib.AttentionSpec = attn_lib.AttentionSpec()
   gelu_approximate: bool = True
+  layernorm_epsilon: float = 1e-6
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool = True):
     out = {}
-    y = nn.LayerNorm(name="LayerNorm_0")(x)
+    y = nn.LayerNorm(epsilon=self.layernorm_epsilon, name="LayerNorm_0")(x)
     # Teacher forcing feeds each student attention layer the teacher's own LayerNorm output.
     self.sow("intermediates", "attn_input", y)
     y = out["sa"] = attn_lib.Attention(
@@ -84,7 +89,7 @@ class Encoder1DBlock(nn.Module):
     y = nn.Dropout(rate=self.dropout)(y, deterministic)
     x = out["+sa"] = x + y
 
-    y = nn.LayerNorm(name="LayerNorm_1")(x)
+    y = nn.LayerNorm(epsilon=self.layernorm_epsilon, name="LayerNorm_1")(x)
     y = out["mlp"] = MlpBlock(
         mlp_dim=self.mlp_dim,
         dropout=self.dropout,
@@ -109,6 +114,7 @@ class Encoder(nn.Module):
   dtype_mm: str = "float32"
   attention: tuple[attn_lib.AttentionSpec, ...] = ()
   gelu_approximate: bool = True
+  layernorm_epsilon: float = 1e-6
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool = True):
@@ -120,6 +126,7 @@ class Encoder(nn.Module):
         num_heads=self.num_heads,
         dropout=self.dropout,
         gelu_approximate=self.gelu_approximate,
+        layernorm_epsilon=self.layernorm_epsilon,
     )
     if self.scan:
       if len(set(specs)) != 1:
@@ -147,7 +154,7 @@ class Encoder(nn.Module):
         block = Encoder1DBlock(name=f"encoderblock_{lyr}", attention=specs[lyr], **common)
         x, out[f"block{lyr:02d}"] = block(x, deterministic)
     out["pre_ln"] = x  # alias for the last block's output, without the number in it
-    return nn.LayerNorm(name="encoder_norm")(x), out
+    return nn.LayerNorm(epsilon=self.layernorm_epsilon, name="encoder_norm")(x), out
 
 
 class MAPHead(nn.Module):
@@ -156,6 +163,7 @@ class MAPHead(nn.Module):
   mlp_dim: Optional[int] = None
   num_heads: int = 12
   gelu_approximate: bool = True
+  layernorm_epsilon: float = 1e-6
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -165,7 +173,7 @@ class MAPHead(nn.Module):
     x = attn_lib.Attention(num_heads=self.num_heads, name="MultiHeadDotProductAttention_0")(
         probe, x
     )
-    y = nn.LayerNorm(name="LayerNorm_0")(x)
+    y = nn.LayerNorm(epsilon=self.layernorm_epsilon, name="LayerNorm_0")(x)
     x = x + MlpBlock(
         mlp_dim=self.mlp_dim, gelu_approximate=self.gelu_approximate, name="MlpBlock_0"
     )(y)
@@ -173,7 +181,8 @@ class MAPHead(nn.Module):
 
 
 class _Model(nn.Module):
-  """ViT model (big_vision's fields, plus `attention` and `gelu_approximate`)."""
+  """ViT model (big_vision's fields, plus `attention`, `gelu_approximate`, `layernorm_epsilon`
+  and `reg_tokens`)."""
 
   num_classes: Optional[int] = None
   patch_size: Sequence[int] = (16, 16)
@@ -191,6 +200,13 @@ class _Model(nn.Module):
   dtype_mm: str = "float32"
   attention: Any = "softmax"
   gelu_approximate: bool = True
+  layernorm_epsilon: float = 1e-6
+  reg_tokens: int = 0
+
+  @property
+  def num_prefix_tokens(self) -> int:
+    """Tokens before the patches in `out["encoded"]`: the cls token, then the registers."""
+    return int(self.pool_type == "tok") + self.reg_tokens
 
   @nn.compact
   def __call__(self, image: jax.Array, *, train: bool = False):
@@ -218,6 +234,9 @@ class _Model(nn.Module):
       raise ValueError(f"unknown posemb type {self.posemb!r}; known: learn, sincos2d")
     x = out["with_posemb"] = x + pe
 
+    if self.reg_tokens:
+      reg = self.param("reg", nn.initializers.zeros, (1, self.reg_tokens, c), x.dtype)
+      x = jnp.concatenate([jnp.tile(reg, [n, 1, 1]), x], axis=1)
     if self.pool_type == "tok":
       cls = self.param("cls", nn.initializers.zeros, (1, 1, c), x.dtype)
       x = jnp.concatenate([jnp.tile(cls, [n, 1, 1]), x], axis=1)
@@ -233,25 +252,29 @@ class _Model(nn.Module):
         dtype_mm=self.dtype_mm,
         attention=attn_lib.parse_layer_specs(self.attention, self.depth),
         gelu_approximate=self.gelu_approximate,
+        layernorm_epsilon=self.layernorm_epsilon,
         name="Transformer",
     )(x, deterministic=not train)
     encoded = out["encoded"] = x
+    # Pooling and the 2d map see the patches only (timm's rule for prefix tokens), cls aside.
+    patches = encoded[:, self.num_prefix_tokens :]
 
     if self.pool_type == "map":
       x = out["head_input"] = MAPHead(
-          num_heads=self.num_heads, mlp_dim=self.mlp_dim, gelu_approximate=self.gelu_approximate
+          num_heads=self.num_heads,
+          mlp_dim=self.mlp_dim,
+          gelu_approximate=self.gelu_approximate,
+          layernorm_epsilon=self.layernorm_epsilon,
       )(x)
     elif self.pool_type == "gap":
-      x = out["head_input"] = jnp.mean(x, axis=1)
+      x = out["head_input"] = jnp.mean(patches, axis=1)
     elif self.pool_type == "0":
       x = out["head_input"] = x[:, 0]
     elif self.pool_type == "tok":
       x = out["head_input"] = x[:, 0]
-      encoded = encoded[:, 1:]
-    elif self.pool_type == "none":
-      pass
-    else:
+    elif self.pool_type != "none":
       raise ValueError(f"unknown pool_type {self.pool_type!r}; known: gap, map, tok, 0, none")
+    encoded = patches
 
     x_2d = jnp.reshape(encoded, [n, h, w, -1])
     if self.rep_size:

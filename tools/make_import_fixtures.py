@@ -1,0 +1,286 @@
+"""Makes the tiny PyTorch-ecosystem ViTs that prove `linvit_jax.models.foreign` (test data).
+
+Run once, by hand, in an environment that has a CPU torch with transformers and timm (CI never
+runs it: the tests compare against the committed outputs, without torch):
+
+  python -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch==2.13.0 transformers timm
+  /tmp/torchenv/bin/python tools/make_import_fixtures.py tests/data/foreign
+
+Each model is built by its own framework at a tiny size (width 32, 2 blocks), its parameters
+redrawn at a scale that makes every term matter (LayerScale, LayerNorm affine, biases, registers),
+and saved the way the framework saves it: a Hugging Face folder (config.json, model.safetensors,
+preprocessor_config.json) or a timm folder (config.json with `architecture`, `model_args`,
+`pretrained_cfg`; model.safetensors). `reference.npz` beside it holds NHWC input images and the
+framework's own outputs on them (final normalised tokens; pooled output or logits where the model
+has them; the same at a second resolution where the family resamples its position table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+torch.manual_seed(0)
+RNG = np.random.default_rng(0)
+
+
+def _randomise(model: torch.nn.Module, scale: float = 0.2) -> None:
+  """Every parameter redrawn: LayerNorm scales around 1, LayerScale gammas spread over decades."""
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if name.endswith(("lambda1", "gamma")):  # LayerScale: DINOv2's spans 2e-4 .. 11
+        p.copy_(torch.exp(torch.randn_like(p) * 1.5) * 0.3)
+      elif ("norm" in name or "layernorm" in name) and name.endswith("weight"):
+        p.copy_(1 + 0.3 * torch.randn_like(p))
+      else:
+        p.copy_(torch.randn_like(p) * scale)
+
+
+def _images(n: int, size: int) -> np.ndarray:
+  return RNG.normal(size=(n, size, size, 3)).astype(np.float32)
+
+
+def _nchw(x: np.ndarray) -> torch.Tensor:
+  return torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
+
+
+def _save_hf(model, out: str, processor: dict) -> None:
+  model.save_pretrained(out, safe_serialization=True)
+  with open(os.path.join(out, "preprocessor_config.json"), "w") as f:
+    json.dump(processor, f, indent=1)
+
+
+IMAGENET = dict(image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])
+HALF = dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+
+
+def hf_dinov2(root: str) -> None:
+  from transformers import Dinov2Config, Dinov2Model
+
+  cfg = Dinov2Config(
+      hidden_size=32,
+      num_hidden_layers=2,
+      num_attention_heads=2,
+      mlp_ratio=2,
+      image_size=28,
+      patch_size=7,
+      layer_norm_eps=1e-6,
+      hidden_act="gelu",
+  )
+  model = Dinov2Model(cfg).eval()
+  _randomise(model)
+  out = os.path.join(root, "hf_dinov2")
+  _save_hf(model, out, dict(IMAGENET, do_normalize=True, crop_size={"height": 28, "width": 28}))
+  x, x2 = _images(2, 28), _images(2, 42)
+  with torch.no_grad():
+    y = model(pixel_values=_nchw(x)).last_hidden_state.numpy()
+    y2 = model(pixel_values=_nchw(x2)).last_hidden_state.numpy()
+  np.savez(os.path.join(out, "reference.npz"), images=x, encoded=y, images_42=x2, encoded_42=y2)
+
+
+def hf_dinov2_registers(root: str) -> None:
+  from transformers import Dinov2WithRegistersConfig, Dinov2WithRegistersModel
+
+  cfg = Dinov2WithRegistersConfig(
+      hidden_size=32,
+      num_hidden_layers=2,
+      num_attention_heads=2,
+      mlp_ratio=2,
+      image_size=28,
+      patch_size=7,
+      num_register_tokens=3,
+      hidden_act="gelu",
+  )
+  model = Dinov2WithRegistersModel(cfg).eval()
+  _randomise(model)
+  out = os.path.join(root, "hf_dinov2_registers")
+  _save_hf(model, out, dict(IMAGENET, do_normalize=True))
+  x, x2, x3 = _images(2, 28), _images(2, 42), _images(2, 21)
+  with torch.no_grad():
+    y = model(pixel_values=_nchw(x)).last_hidden_state.numpy()
+    y2 = model(pixel_values=_nchw(x2)).last_hidden_state.numpy()
+    y3 = model(pixel_values=_nchw(x3)).last_hidden_state.numpy()
+  np.savez(
+      os.path.join(out, "reference.npz"),
+      images=x,
+      encoded=y,
+      images_42=x2,
+      encoded_42=y2,
+      images_21=x3,
+      encoded_21=y3,
+  )
+
+
+def hf_vit(root: str) -> None:
+  from transformers import ViTConfig, ViTForImageClassification
+
+  cfg = ViTConfig(
+      hidden_size=32,
+      num_hidden_layers=2,
+      num_attention_heads=2,
+      intermediate_size=64,
+      image_size=28,
+      patch_size=7,
+      num_labels=5,
+  )  # layer_norm_eps 1e-12, exact GELU: HF ViT's defaults
+  model = ViTForImageClassification(cfg).eval()
+  _randomise(model)
+  out = os.path.join(root, "hf_vit")
+  _save_hf(model, out, dict(HALF, do_normalize=True))
+  x = _images(2, 28)
+  with torch.no_grad():
+    r = model(pixel_values=_nchw(x), output_hidden_states=True)
+    y = model.vit.layernorm(r.hidden_states[-1]).numpy()
+  np.savez(os.path.join(out, "reference.npz"), images=x, encoded=y, logits=r.logits.numpy())
+
+
+def hf_siglip(root: str) -> None:
+  from transformers import SiglipVisionConfig, SiglipVisionModel
+
+  cfg = SiglipVisionConfig(
+      hidden_size=32,
+      num_hidden_layers=2,
+      num_attention_heads=2,
+      intermediate_size=64,
+      image_size=28,
+      patch_size=7,
+  )  # gelu_pytorch_tanh, LayerNorm 1e-6, MAP head: SigLIP's defaults
+  model = SiglipVisionModel(cfg).eval()
+  _randomise(model)
+  out = os.path.join(root, "hf_siglip")
+  _save_hf(model, out, dict(HALF, do_normalize=True))
+  x = _images(2, 28)
+  with torch.no_grad():
+    r = model(pixel_values=_nchw(x))
+  np.savez(
+      os.path.join(out, "reference.npz"),
+      images=x,
+      encoded=r.last_hidden_state.numpy(),
+      pooled=r.pooler_output.numpy(),
+  )
+
+
+def _save_timm(model, out: str, architecture: str, model_args: dict, mean, std) -> None:
+  from safetensors.torch import save_file
+
+  os.makedirs(out, exist_ok=True)
+  save_file(
+      {k: v.contiguous() for k, v in model.state_dict().items()},
+      os.path.join(out, "model.safetensors"),
+  )
+  cfg = dict(
+      architecture=architecture,
+      num_classes=model.num_classes,
+      num_features=model.num_features,
+      global_pool=model.global_pool,
+      model_args=model_args,
+      pretrained_cfg=dict(
+          input_size=[3, 28, 28],
+          mean=list(mean),
+          std=list(std),
+          interpolation="bicubic",
+          crop_pct=1.0,
+      ),
+  )
+  with open(os.path.join(out, "config.json"), "w") as f:
+    json.dump(cfg, f, indent=1)
+
+
+def timm_dinov2_registers(root: str) -> None:
+  from timm.models.vision_transformer import VisionTransformer
+
+  # As timm's vit_*_reg4_dinov2: registers, no position embedding on the prefix, LayerScale.
+  args = dict(
+      img_size=28,
+      patch_size=7,
+      embed_dim=32,
+      depth=2,
+      num_heads=2,
+      mlp_ratio=2,
+      reg_tokens=2,
+      no_embed_class=True,
+      init_values=1e-5,
+      num_classes=0,
+  )
+  model = VisionTransformer(**args).eval()
+  _randomise(model)
+  out = os.path.join(root, "timm_dinov2_registers")
+  _save_timm(
+      model,
+      out,
+      "vit_small_patch14_reg4_dinov2",
+      args,
+      IMAGENET["image_mean"],
+      IMAGENET["image_std"],
+  )
+  x = _images(2, 28)
+  with torch.no_grad():
+    y = model.forward_features(_nchw(x)).numpy()
+  np.savez(os.path.join(out, "reference.npz"), images=x, encoded=y)
+
+
+def timm_vit_head(root: str) -> None:
+  from timm.models.vision_transformer import VisionTransformer
+
+  # As timm's augreg vit_*: cls token with a position, no LayerScale, a classifier head.
+  args = dict(
+      img_size=28, patch_size=7, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2, num_classes=5
+  )
+  model = VisionTransformer(**args).eval()
+  _randomise(model)
+  out = os.path.join(root, "timm_vit")
+  _save_timm(model, out, "vit_tiny_patch16_224.augreg_in21k", args, [0.5] * 3, [0.5] * 3)
+  x = _images(2, 28)
+  with torch.no_grad():
+    y = model.forward_features(_nchw(x)).numpy()
+    logits = model(_nchw(x)).numpy()
+  np.savez(os.path.join(out, "reference.npz"), images=x, encoded=y, logits=logits)
+
+
+def timm_siglip(root: str) -> None:
+  from timm.models.vision_transformer import VisionTransformer
+
+  # As timm's vit_*_siglip_*: no cls token, tanh GELU, attention-pool (MAP) head.
+  args = dict(
+      img_size=28,
+      patch_size=7,
+      embed_dim=32,
+      depth=2,
+      num_heads=2,
+      mlp_ratio=2,
+      class_token=False,
+      global_pool="map",
+      act_layer="gelu_tanh",
+      num_classes=0,
+  )
+  model = VisionTransformer(**args).eval()
+  _randomise(model)
+  out = os.path.join(root, "timm_siglip")
+  _save_timm(model, out, "vit_base_patch16_siglip_224.webli", args, [0.5] * 3, [0.5] * 3)
+  x = _images(2, 28)
+  with torch.no_grad():
+    y = model.forward_features(_nchw(x))
+    pooled = model.forward_head(y, pre_logits=True).numpy()
+  np.savez(os.path.join(out, "reference.npz"), images=x, encoded=y.numpy(), pooled=pooled)
+
+
+def main(root: str) -> None:
+  for make in (
+      hf_dinov2,
+      hf_dinov2_registers,
+      hf_vit,
+      hf_siglip,
+      timm_dinov2_registers,
+      timm_vit_head,
+      timm_siglip,
+  ):
+    make(root)
+    print("wrote", make.__name__)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1] if len(sys.argv) > 1 else "tests/data/foreign")
