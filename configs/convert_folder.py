@@ -1,16 +1,23 @@
-r"""Convert any big_vision ViT checkpoint to linear attention on a folder of images, label-free.
+r"""Convert any ViT checkpoint to linear attention on a folder of images, label-free.
 
   python -m linvit_jax.main \
     --config configs/convert_folder.py:init=/path/vit.npz,images=/path/photos,res=224,gelu=exact,norm=imagenet \
     --workdir workdirs/convert
+  python -m linvit_jax.main \
+    --config configs/convert_folder.py:init=/path/dinov2-small,images=/path/photos \
+    --workdir workdirs/convert_dinov2
 
-`init` alone decides the architecture: width, depth, heads, MLP, patch, pool type, position
-embedding, head or none are read from the checkpoint's names and shapes
+`init` is a big_vision .npz, or a Hugging Face / timm model folder or .safetensors file
+(DINOv2 with or without registers, ViT/DeiT, SigLIP vision towers, timm ViTs: see
+`linvit_jax.models.foreign`). `init` alone decides the architecture: width, depth, heads, MLP,
+patch, pool type, position embedding, registers, head or none are read from the checkpoint
 (`vit_checkpoint.infer_vit_config`); a 'gap' / '0' / 'none' pool stores nothing that tells them
-apart, so `pool=` can say which (default 'gap' when there is no cls token). Two things a
-checkpoint cannot tell: `gelu=exact|tanh` (big_vision trains with tanh; DINOv2-style models with
-the exact erf) and `norm=imagenet|minus_one_one` (input normalisation: ImageNet mean/std, or
-big_vision's [-1, 1]).
+apart, so `pool=` can say which (default 'gap' when there is no cls token). Two things a big_vision
+npz cannot tell: `gelu=exact|tanh` (big_vision trains with tanh; DINOv2-style models with the exact
+erf) and `norm=imagenet|minus_one_one|source` (input normalisation: ImageNet mean/std, big_vision's
+[-1, 1], or the source's own mean/std). Left empty (the default), both come from the source's
+config (config.json / preprocessor_config.json, or the JSON import_weights writes beside an npz)
+and, where it says nothing, are exact and imagenet.
 
 `images` is a folder of jpg/png photos (recursive; sub-folders are not needed: no label is read).
 A stable hash of each file's path holds out `holdout` of them (default 20 %, at least one file);
@@ -50,8 +57,8 @@ def get_config(arg=None):
       init="",
       images="",
       res=224,
-      gelu="exact",
-      norm="imagenet",
+      gelu="",
+      norm="",
       feature_map="hedgehog_exp",
       max_images=10_000,
       distill_fraction=1.0,
@@ -70,10 +77,10 @@ def get_config(arg=None):
     raise ValueError("convert_folder needs init=<big_vision .npz checkpoint>")
   if not arg.images:
     raise ValueError("convert_folder needs images=<folder of jpg/png photos>")
-  if arg.gelu not in ("exact", "tanh"):
-    raise ValueError(f"gelu={arg.gelu!r}: expected exact or tanh")
-  if arg.norm not in NORMS:
-    raise ValueError(f"norm={arg.norm!r}: expected one of {sorted(NORMS)}")
+  if arg.gelu not in ("", "exact", "tanh"):
+    raise ValueError(f"gelu={arg.gelu!r}: expected exact or tanh (or empty: from the source)")
+  if arg.norm not in ("", "source", *NORMS):
+    raise ValueError(f"norm={arg.norm!r}: expected one of {sorted(NORMS) + ['source']}")
   if not 0 < arg.distill_fraction <= 1:
     raise ValueError(f"distill_fraction={arg.distill_fraction}: expected in (0, 1]")
   if "://" not in arg.images and not os.path.isdir(arg.images):
@@ -87,9 +94,21 @@ def get_config(arg=None):
       )
     arch["pool_type"] = arg.pool
 
+  source_pre = arch.get("preprocessing")
+  if arg.norm == "source" and not source_pre:
+    raise ValueError(f"norm=source: {arg.init!r} does not say how its inputs are normalised")
+  if arg.norm in NORMS:
+    norm = NORMS[arg.norm]
+  elif source_pre:  # norm "" or "source": the source's mean/std, on 0..255 pixels
+    mean = ", ".join(f"{255 * m:.6g}" for m in source_pre["mean"])
+    std = ", ".join(f"{255 * s:.6g}" for s in source_pre["std"])
+    norm = f"vgg_value_range(mean=({mean}), std=({std}))"
+  else:
+    norm = NORMS["imagenet"]
+  gelu_approximate = arch.get("gelu_approximate", False) if not arg.gelu else arg.gelu == "tanh"
+
   c = config_lib.base_config()
   res = arg.res
-  norm = NORMS[arg.norm]
   split = f"@{arg.holdout}"
   c.data = dict(
       dataset="image_folder",
@@ -118,7 +137,9 @@ def get_config(arg=None):
       posemb=arch["posemb"],
       pool_type=arch["pool_type"],
       rep_size=arch["rep_size"],
-      gelu_approximate=arg.gelu == "tanh",
+      gelu_approximate=gelu_approximate,
+      layernorm_epsilon=arch.get("layernorm_epsilon", 1e-6),
+      reg_tokens=arch["reg_tokens"],
       scan=False,
   )
   c.teacher.init = arg.init

@@ -213,7 +213,8 @@ def tokens(config: Mapping[str, Any]) -> int:
   size = config["data"]["image_size"]
   size = (size, size) if isinstance(size, int) else size
   grid = [s // p for s, p in zip(size, config["model"]["patch_size"])]
-  return grid[0] * grid[1] + (config["model"]["pool_type"] == "tok")
+  model = config["model"]
+  return grid[0] * grid[1] + (model["pool_type"] == "tok") + model.get("reg_tokens", 0)
 
 
 def shared_teacher_top1(runs: Mapping[str, Any]) -> float | None:

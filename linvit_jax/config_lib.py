@@ -198,6 +198,8 @@ def base_config() -> mlc.ConfigDict:
       remat_policy="nothing_saveable",
       dtype_mm="float32",
       gelu_approximate=True,
+      layernorm_epsilon=1e-6,  # Hugging Face ViT/DeiT: 1e-12
+      reg_tokens=0,  # learned prefix tokens after cls: DINOv2 registers, DeiT's distillation token
   )
 
   # init: big_vision npz (a path, gs://, or a big_vision short name such as "i1k-s16-300ep");

@@ -190,7 +190,8 @@ def _end_to_end(teacher, teacher_params, student, student_params, images):
   s_logits, s_out = student.apply({"params": student_params}, images)
   t_enc, s_enc = t_out["encoded"], s_out["encoded"]
   has_cls = teacher.pool_type == "tok"
-  tokens = _cosine(s_enc[:, 1:] if has_cls else s_enc, t_enc[:, 1:] if has_cls else t_enc)
+  first_patch = teacher.num_prefix_tokens  # cls and registers are not patches
+  tokens = _cosine(s_enc[:, first_patch:], t_enc[:, first_patch:])
   m = {
       "patch_cosine": jnp.mean(tokens),
       "patch_cosine_min_image": jnp.min(jnp.mean(tokens, axis=1)),

@@ -15,15 +15,53 @@ from __future__ import annotations
 
 import errno
 import functools
+import importlib
 import logging as std_logging
 import os
+import re
 import sys
+import tempfile
+import traceback
 from collections.abc import Callable
 from typing import Any
 
 # TensorFlow's C++ start-up lines (CPU features, oneDNN, CUDA probes) say nothing to a user; set
 # before anything imports TensorFlow. An explicit TF_CPP_MIN_LOG_LEVEL wins.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# What TF_CPP_MIN_LOG_LEVEL does not silence: lines its C++ libraries write straight to fd 2 while
+# they load, before absl logging is initialised (on CPUs where TF turns its oneDNN ops on).
+_TF_STARTUP_NOISE = re.compile(
+    r"All log messages before absl::InitializeLog\(\) is called"
+    r"|^[IW]\d{4} [\d:. ]+\d+ \w+\.cc:\d+\] "
+    r"|oneDNN custom operations are on"
+    r"|This TensorFlow binary is optimized"
+    r"|Unable to register cu(DNN|FFT|BLAS) factory"
+    r"|TF-TRT Warning"
+)
+
+
+def import_quietly(module: str) -> None:
+  """Imports `module` with TensorFlow's start-up lines dropped from stderr (fd 2, where its C++
+  code writes them), so that a CLI error stays one line on every CPU; other lines pass through."""
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as captured:
+    sys.stderr.flush()
+    os.dup2(captured.fileno(), 2)
+    try:
+      importlib.import_module(module)
+    except ImportError:
+      pass  # not installed: whoever needs it says so
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+    captured.seek(0)
+    text = captured.read().decode(errors="replace")
+  for line in text.splitlines():
+    if line.strip() and not _TF_STARTUP_NOISE.search(line):
+      sys.stderr.write(line + "\n")
+
 
 from absl import app
 from absl import flags
@@ -124,6 +162,14 @@ def _check_config_file(argv: list[str]) -> None:
       )
 
 
+def _raised_by_config_code(e: BaseException) -> bool:
+  """Whether an error came from a config file's (or this library's) code rather than from
+  ml_collections applying a `--config.<field>` override: only the latter is a missing field."""
+  own = (os.sep + "ml_collections" + os.sep, os.sep + "absl" + os.sep, os.path.abspath(__file__))
+  frames = traceback.extract_tb(e.__traceback__)
+  return any(not any(o in os.path.abspath(f.filename) for o in own) for f in frames)
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with one-line errors where ml_collections gives tracebacks: a config
   field that does not exist, and a ValueError/TypeError from a config file's get_config (e.g. a
@@ -132,8 +178,11 @@ def _parse_flags(argv: list[str]) -> list[str]:
   _check_config_file(argv)
   try:
     return FLAGS(argv)
-  except (KeyError, AttributeError) as e:  # --config.<field> that the config does not have
-    detail: Any = e
+  except (KeyError, AttributeError) as e:
+    if _raised_by_config_code(e):  # get_config itself failed (e.g. reading a checkpoint)
+      message = _user_error_message(e) or f"{type(e).__name__}: {e}"
+      _fail(f"while loading the config: {message}")
+    detail: Any = e  # --config.<field> that the config does not have
     while isinstance(detail, BaseException) and detail.args:  # KeyError inside AttributeError
       detail = detail.args[0]
     overrides = " ".join(a for a in argv[1:] if a.startswith("--config."))
@@ -150,6 +199,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 def cli(command: Command = convert) -> None:
   """Parses --config/--workdir and runs `command(config, workdir)`; known user errors end in
   `error: <message>` on stderr and exit code 2 (128 + signal after Ctrl-C or SIGTERM)."""
+  import_quietly("tensorflow")  # before a config or the data pipeline imports it loudly
   try:
     app.run(functools.partial(main, command=command), flags_parser=_parse_flags)
   except KeyError as e:  # a config field that does not exist

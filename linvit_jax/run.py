@@ -615,7 +615,9 @@ def _resolution_scaling(
     row = {
         "factor": factor,
         "image_size": new,
-        "tokens": grid[0] * grid[1] + (1 if config.model.pool_type == "tok" else 0),
+        "tokens": grid[0] * grid[1]
+        + (1 if config.model.pool_type == "tok" else 0)
+        + config.model.reg_tokens,
     }
     # The normalised sample, resized (resizing commutes with the affine normalisation).
     images = np.asarray(

@@ -76,7 +76,10 @@ def test_infer_vit_config_rejects_non_vit(tmp_path):
 def test_real_vit_s14_inferred_and_matches_reference():
   """The shared DINOv2-style ViT-S/14: inferred config + exact GELU reproduce big_vision's outputs."""
   arch = vit_checkpoint.infer_vit_config(REAL + ".npz")
+  # The JSON beside the npz says how inputs are normalised (ImageNet mean/std).
+  assert arch.pop("preprocessing")["mean"] == [0.485, 0.456, 0.406]
   assert arch == dict(
+      reg_tokens=0,
       patch_size=(14, 14),
       width=384,
       depth=12,

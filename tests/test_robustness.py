@@ -531,8 +531,8 @@ def _ckpt_depth(path):
 
 
 def _ckpt_directory(path):
-  os.makedirs(path)
-  return "is a directory, expected an .npz file"
+  os.makedirs(path)  # read as a Hugging Face / timm model folder, which this is not
+  return "a folder without config.json"
 
 
 def _ckpt_not_found(path):

@@ -559,10 +559,11 @@ def _timm_heads(width: int, config: dict[str, Any], num_heads: int | None, sourc
   m = re.match(r"vit_([a-z0-9]+)_", name)
   if m and m.group(1) in _TIMM_HEADS:
     return _TIMM_HEADS[m.group(1)]
+  why = f"its architecture {name!r} names no known size" if name else "no config.json says"
   raise CheckpointError(
-      f"checkpoint '{source}': a timm state dict does not store its number of heads and "
-      f"{'architecture ' + repr(name) if name else 'no config.json'} does not name a known size; "
-      "pass num_heads (import_weights --num_heads N, or num_heads= in the config)"
+      f"checkpoint '{source}': a timm state dict does not store its number of heads and {why}; "
+      "convert it with `python -m linvit_jax.import_weights SRC OUT.npz --num_heads N` and use "
+      "OUT.npz"
   )
 
 
@@ -722,9 +723,13 @@ def read(path: str, num_heads: int | None = None) -> Imported:
         f"checkpoint '{path}/config.json': neither a Hugging Face config (model_type) nor a "
         "timm one (architecture)"
     )
+  beside = _read_json(os.path.join(os.path.dirname(os.path.abspath(path)), "config.json"))
+  if beside and "model_type" in beside:
+    return _from_hf(os.path.dirname(os.path.abspath(path)), beside)
   tensors = read_safetensors(path)
   if "patch_embed.proj.weight" in tensors:
-    return _from_timm(path, tensors, {}, num_heads, None)
+    timm_config = beside if beside and "architecture" in beside else {}
+    return _from_timm(path, tensors, timm_config, num_heads, None)
   if any(
       k.endswith(("patch_embeddings.projection.weight", "patch_embedding.weight")) for k in tensors
   ):

@@ -6,12 +6,16 @@ Everything works on nested dicts of numpy arrays (no 'params' top key) and is pu
 never mutated.
 
 The one path in is `load_vit_params` (what `vit.load` delegates to):
-  load_npz -> fix_old_checkpoints -> pyloop/scan layout -> merge_params -> resample_posemb -> cast
+  read_vit_checkpoint -> pyloop/scan layout -> merge_params -> resample the posemb -> cast
+where `read_vit_checkpoint` is load_npz -> fix_old_checkpoints for a big_vision .npz, and
+models/foreign.py for a Hugging Face / timm folder or .safetensors file.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -34,6 +38,7 @@ from linvit_jax.checkpoints import (
     top_keys,
     unflatten,
 )
+from linvit_jax.models import foreign
 from linvit_jax.models.variants import decode_variant
 
 
@@ -241,6 +246,47 @@ def resample_posemb(
   return grid.reshape(new_shape).astype(old.dtype)
 
 
+def resample_posemb_as(method: str, old: np.ndarray, new_shape: tuple[int, ...]) -> np.ndarray:
+  """The position table resized the way its source framework does ('big_vision': bilinear;
+  'torch_bicubic[_antialias]': torch's F.interpolate, as Hugging Face and timm do)."""
+  if method == "big_vision" or tuple(old.shape) == tuple(new_shape):
+    return resample_posemb(old, new_shape)
+  if old.shape[2] != new_shape[2]:
+    raise CheckpointError(f"pos_embedding width differs: {old.shape} vs model {new_shape}")
+  side = _square_side(new_shape[1], f"model pos_embedding {tuple(new_shape)}")
+  return foreign.resample_posemb_torch(old, (side, side), method.endswith("antialias"))
+
+
+def _sidecar(path: str) -> dict[str, Any]:
+  """The JSON beside an .npz (`x.npz` -> `x.json`) when it describes the model (written by
+  import_weights, or by hand as in big_vision-layout conversions): {} otherwise."""
+  if "://" in path or not path.endswith(".npz"):
+    return {}
+  side = foreign.sidecar_path(path)
+  if not os.path.isfile(side):
+    return {}
+  try:
+    with open(side) as f:
+      info = json.load(f)
+  except ValueError:
+    return {}
+  return info if isinstance(info, dict) and isinstance(info.get("model_config"), dict) else {}
+
+
+def read_vit_checkpoint(path: str, model_posemb_len: int | None = None) -> tuple[Params, str]:
+  """A ViT checkpoint in the current big_vision layout, and how its posemb is to be resampled.
+
+  A big_vision .npz (any layout `fix_old_checkpoints` knows), or a Hugging Face / timm folder or
+  .safetensors file (models/foreign.py).
+  """
+  if foreign.is_foreign(path):
+    imported = foreign.read(path)
+    return imported.params, imported.posemb_resample
+  params = fix_old_checkpoints(load_npz(path), model_posemb_len=model_posemb_len)
+  method = _sidecar(path).get("posemb_resample", "big_vision")
+  return params, method if method in foreign.RESAMPLERS else "big_vision"
+
+
 # ------------------------------------------------------------------------------------------------
 # The one entry point models/vit.py's load() delegates to.
 
@@ -322,8 +368,19 @@ def infer_vit_config(path: str) -> dict[str, Any]:
   'gap' / '0' / 'none' model stores nothing that tells them apart), num_classes (head/kernel,
   None when there is no head), rep_size (pre_logits/kernel). Also `posemb_grid`: the stored
   position-embedding grid (h, w), the resolution the checkpoint was trained at, for information.
-  Any layout `load_vit_params` reads (old names, scanned) works.
+  Any layout `load_vit_params` reads (old names, scanned) works. `reg_tokens` from a `reg` param.
+
+  What shapes cannot tell (the GELU form, the LayerNorm epsilon, the input normalisation as
+  `preprocessing` {mean, std} on 0..1 pixels) comes from the source's own config for a Hugging
+  Face / timm source, or from the JSON beside an .npz (`x.json`, as import_weights writes it);
+  those keys are absent when nothing says.
   """
+  if foreign.is_foreign(path):
+    imported = foreign.read(path)
+    arch = dict(imported.arch)
+    if imported.preprocessing:
+      arch["preprocessing"] = imported.preprocessing
+    return arch
   params = fix_old_checkpoints(load_npz(path))
   flat = flatten(params)
   problems = []
@@ -363,7 +420,19 @@ def infer_vit_config(path: str) -> dict[str, Any]:
   if pe is not None and np.ndim(pe) == 3:
     side = math.isqrt(pe.shape[1])
     grid = (side, side) if side * side == pe.shape[1] else None
+  declared = _sidecar(path)
+  known = {
+      k: declared["model_config"][k]
+      for k in ("gelu_approximate", "layernorm_epsilon")
+      if k in declared.get("model_config", {})
+  }
+  if isinstance(declared.get("preprocessing"), dict) and "mean" in declared["preprocessing"]:
+    pre = declared["preprocessing"]
+    known["preprocessing"] = {"mean": list(pre["mean"]), "std": list(pre["std"])}
+  reg = flat.get("reg")
   return dict(
+      known,
+      reg_tokens=int(reg.shape[1]) if reg is not None else 0,
       patch_size=tuple(int(x) for x in emb.shape[:2]),
       width=int(emb.shape[-1]),
       depth=int(depth),
@@ -393,7 +462,7 @@ def load_vit_params(
   """
   init_pe = (init_params or {}).get("pos_embedding")
   posemb_len = shape_of(init_pe)[1] if init_pe is not None and len(shape_of(init_pe)) == 3 else None
-  params = fix_old_checkpoints(load_npz(init_file), model_posemb_len=posemb_len)
+  params, posemb_method = read_vit_checkpoint(init_file, model_posemb_len=posemb_len)
   if isinstance(params.get("Transformer"), dict):
     convert = pyloop_to_scan if model_cfg.get("scan") else scan_to_pyloop
     params = convert(params)
@@ -423,7 +492,7 @@ def load_vit_params(
     value = np.asarray(value)
     if is_posemb(name) and value.shape != shape_of(init_val):
       try:
-        value = resample_posemb(value, shape_of(init_val))
+        value = resample_posemb_as(posemb_method, value, shape_of(init_val))
       except CheckpointError as e:
         raise CheckpointError(f"checkpoint '{init_file}': cannot resample {name!r}: " f"{e}") from e
     out[name] = value.astype(dtype_of(init_val), copy=False)
