@@ -145,3 +145,34 @@ def test_rerun_in_same_workdir_resumes(demo_run):
   np.testing.assert_allclose(
       again["student_logits_sample"], results["student_logits_sample"], atol=1e-6
   )
+
+
+def test_tensorflow_startup_lines_are_dropped_on_any_cpu(tmp_path):
+  """What TensorFlow's C++ code writes to fd 2 while loading (oneDNN on some CPUs) is dropped,
+  other stderr lines pass: simulated by a module that writes both, so no CPU is needed for it."""
+  (tmp_path / "noisy_tf.py").write_text(
+      "import os\n"
+      "os.write(2, b'WARNING: All log messages before absl::InitializeLog() is called are "
+      "written to STDERR\\n')\n"
+      "os.write(2, b'I0000 00:00:1796121495.514117    4644 port.cc:153] oneDNN custom operations "
+      "are on. You may see slightly different numerical results\\n')\n"
+      "os.write(2, b'a real warning\\n')\n"
+  )
+  code = (
+      f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from linvit_jax import main; "
+      "main.import_quietly('noisy_tf'); print('after', file=sys.stderr)"
+  )
+  r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+  assert r.returncode == 0, r.stderr
+  assert r.stderr == "a real warning\nafter\n", r.stderr
+
+
+def test_error_inside_a_config_file_is_not_called_a_missing_field(tmp_path):
+  """Only a missing --config.<field> is a config field error; an AttributeError raised by a
+  config file's own code says what it is."""
+  cfg = tmp_path / "broken.py"
+  cfg.write_text("def get_config(arg=None):\n  return b'x'.dtype\n")
+  r = _cli("--config", str(cfg), "--workdir", str(tmp_path / "w"))
+  assert r.returncode == 2, r.stderr
+  assert r.stderr.count("\n") == 1 and "no such config field" not in r.stderr, r.stderr
+  assert "while loading the config: AttributeError" in r.stderr and "dtype" in r.stderr
