@@ -1,8 +1,11 @@
 """linvit_jax: copy the same, distill the difference — softmax ViT → linear-attention ViT in JAX."""
 
+import re
+
 from setuptools import find_packages, setup
 
 # Ranges are the ones this project was tested with (jax 0.10.x, flax 0.12.x on CPython 3.11).
+# A plain list of strings: the notebook's install cell reads it with ast.literal_eval.
 INSTALL_REQUIRES = [
     "jax>=0.10,<0.11",
     "flax>=0.12,<0.13",
@@ -21,6 +24,11 @@ INSTALL_REQUIRES = [
     "importlib_resources>=6",
 ]
 
+# jax's version range, as INSTALL_REQUIRES gives it: the accelerator extras pin the same jax.
+JAX_VERSIONS = next(r for r in INSTALL_REQUIRES if re.match(r"jax(?![\w.-])", r))[len("jax") :]
+# `pip install 'linvit_jax[tpu]'` / `'linvit_jax[cuda12]'`: plain `jax` runs on CPU only.
+ACCELERATOR_EXTRAS = {extra: [f"jax[{extra}]{JAX_VERSIONS}"] for extra in ("tpu", "cuda12")}
+
 setup(
     name="linvit_jax",
     version="0.1.0",
@@ -32,9 +40,11 @@ setup(
     packages=find_packages(include=["linvit_jax", "linvit_jax.*"]) + ["linvit_jax.configs"],
     package_dir={"linvit_jax.configs": "configs"},
     package_data={"linvit_jax": ["assets/*.npz", "assets/*.json", "assets/*.md"]},
+    license="Apache-2.0",
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require={
+        **ACCELERATOR_EXTRAS,
         "test": [
             "pytest>=8,<10",
             "pytest-xdist>=3.5,<4",
