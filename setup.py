@@ -20,6 +20,8 @@ INSTALL_REQUIRES = [
     "matplotlib>=3.8,<4",
     "absl-py>=2.1,<3",
     "scikit-image>=0.22",
+    # student.safetensors export (numpy API: no torch)
+    "safetensors>=0.4,<1",
     # tensorflow-datasets 4.9.x imports it but declares it only for Python < 3.9.
     "importlib_resources>=6",
 ]

@@ -239,7 +239,7 @@ def base_config() -> mlc.ConfigDict:
       plots=True,
       sample_pp="",
   )
-  c.export = dict(npz=True)
+  c.export = dict(npz=True, safetensors=True)  # student.npz / student.safetensors (+ config, card)
   return c
 
 

@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import errno
 import functools
-import importlib
 import logging as std_logging
 import os
-import re
 import sys
-import tempfile
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -29,39 +26,6 @@ from typing import Any
 # before anything imports TensorFlow. An explicit TF_CPP_MIN_LOG_LEVEL wins.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-# What TF_CPP_MIN_LOG_LEVEL does not silence: lines its C++ libraries write straight to fd 2 while
-# they load, before absl logging is initialised (on CPUs where TF turns its oneDNN ops on).
-_TF_STARTUP_NOISE = re.compile(
-    r"All log messages before absl::InitializeLog\(\) is called"
-    r"|^[IW]\d{4} [\d:. ]+\d+ \w+\.cc:\d+\] "
-    r"|oneDNN custom operations are on"
-    r"|This TensorFlow binary is optimized"
-    r"|Unable to register cu(DNN|FFT|BLAS) factory"
-    r"|TF-TRT Warning"
-)
-
-
-def import_quietly(module: str) -> None:
-  """Imports `module` with TensorFlow's start-up lines dropped from stderr (fd 2, where its C++
-  code writes them), so that a CLI error stays one line on every CPU; other lines pass through."""
-  saved = os.dup(2)
-  with tempfile.TemporaryFile() as captured:
-    sys.stderr.flush()
-    os.dup2(captured.fileno(), 2)
-    try:
-      importlib.import_module(module)
-    except ImportError:
-      pass  # not installed: whoever needs it says so
-    finally:
-      sys.stderr.flush()
-      os.dup2(saved, 2)
-      os.close(saved)
-    captured.seek(0)
-    text = captured.read().decode(errors="replace")
-  for line in text.splitlines():
-    if line.strip() and not _TF_STARTUP_NOISE.search(line):
-      sys.stderr.write(line + "\n")
-
 
 from absl import app
 from absl import flags
@@ -69,6 +33,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from linvit_jax import config_files
+from linvit_jax import quiet_tf
 from linvit_jax.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -199,7 +164,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 def cli(command: Command = convert) -> None:
   """Parses --config/--workdir and runs `command(config, workdir)`; known user errors end in
   `error: <message>` on stderr and exit code 2 (128 + signal after Ctrl-C or SIGTERM)."""
-  import_quietly("tensorflow")  # before a config or the data pipeline imports it loudly
+  quiet_tf.import_quietly("tensorflow")  # before a config or the data pipeline imports it loudly
   try:
     app.run(functools.partial(main, command=command), flags_parser=_parse_flags)
   except KeyError as e:  # a config field that does not exist

@@ -23,6 +23,7 @@ from linvit_jax import compile_cache
 from linvit_jax import config_lib
 from linvit_jax import distill
 from linvit_jax import evaluate
+from linvit_jax import export
 from linvit_jax import gfile
 from linvit_jax import sharding
 from linvit_jax import stages
@@ -78,7 +79,7 @@ def _exported_student_config(config: mlc.ConfigDict) -> dict[str, Any] | None:
   text = gfile.read_text(path)
   if text is None:
     return None
-  exported = json.loads(text)
+  exported = export.model_fields(json.loads(text))
   ours = json.loads(json.dumps(model_kwargs(config)))  # tuples → lists, as in the json
   differ = [
       f"{k}: {exported[k]!r} there, {ours[k]!r} in config.model"
@@ -578,10 +579,16 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
 
   # --- export ------------------------------------------------------------------------------------
   if is_main:
-    if config.export.npz:
-      checkpoints.save_npz(os.path.join(workdir, "student.npz"), jax.device_get(student_params))
-    student_cfg = {**model_kwargs(config), "attention": results["student_attention"]}
-    _write_json(os.path.join(workdir, "student_config.json"), student_cfg)
+    student_cfg = export.student_config(
+        model_kwargs(config), results["student_attention"], config, results
+    )
+    export.save(
+        workdir,
+        student_params,
+        student_cfg,
+        npz=config.export.npz,
+        safetensors=config.export.safetensors,
+    )
     _write_json(os.path.join(workdir, "results.json"), results)
   return results
 

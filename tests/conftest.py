@@ -9,3 +9,33 @@ from tests.helpers import bv_checkpoint
 def bv_fixture():
   """(model_config, flat params, reference outputs) of the big_vision-made checkpoint."""
   return bv_checkpoint.load()
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_conversion(tmp_path_factory):
+  """`linvit_jax.convert` of the tiny Hugging Face DINOv2-with-registers (tests/data/foreign) on
+  6 synthetic photos, 2 + 2 steps at 28 px: (the returned Student, its workdir)."""
+  import os
+
+  import numpy as np
+  from PIL import Image
+
+  import linvit_jax
+
+  tmp = tmp_path_factory.mktemp("tiny_hf")
+  (tmp / "photos").mkdir()
+  rs = np.random.RandomState(0)
+  for i in range(6):
+    smooth = (rs.rand(8, 9, 3) * 255).astype(np.uint8)
+    Image.fromarray(smooth).resize((60, 50), Image.BICUBIC).save(tmp / "photos" / f"p{i}.png")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  student = linvit_jax.convert(
+      os.path.join(root, "tests", "data", "foreign", "hf_dinov2_registers"),
+      images=str(tmp / "photos"),
+      workdir=str(tmp / "work"),
+      res=28,
+      tiny=True,
+      batch=4,
+      max_images=8,
+  )
+  return student, tmp / "work"

@@ -227,32 +227,15 @@ def test_cli_pickle_init_is_one_line_not_a_config_field(tmp_path):
   assert "PyTorch pickle" in last and "no such config field" not in last, proc.stderr
 
 
-def test_convert_folder_from_hugging_face_dinov2_with_registers(tmp_path):
-  """A Hugging Face folder goes straight into convert_folder: registers, exact GELU and the
-  source's mean/std picked up; the exported student keeps its registers and reloads."""
-  from PIL import Image
-
-  import configs.convert_folder as cf
-  from linvit_jax import run as run_lib
-
-  (tmp_path / "photos").mkdir()
-  rs = np.random.RandomState(0)
-  for i in range(6):
-    smooth = (rs.rand(8, 9, 3) * 255).astype(np.uint8)
-    Image.fromarray(smooth).resize((60, 50), Image.BICUBIC).save(tmp_path / "photos" / f"p{i}.png")
-  folder = os.path.join(FOREIGN, "hf_dinov2_registers")
-  config = cf.get_config(
-      f"init={folder},images={tmp_path / 'photos'},res=28,tiny=True,batch=4,max_images=8"
-  )
-  assert config.model.reg_tokens == 3 and config.model.gelu_approximate is False
-  assert "vgg_value_range(mean=(123.675" in config.data.pp_train
-  config.eval.resolution_factors = (1,)
-  config.eval.plots = False
-  results = run_lib.run(config, str(tmp_path / "work"))
+def test_convert_folder_from_hugging_face_dinov2_with_registers(tiny_hf_conversion):
+  """A Hugging Face folder goes straight into convert_folder (through the Python API):
+  registers, exact GELU and the source's mean/std picked up; the student keeps its registers."""
+  student, workdir = tiny_hf_conversion
+  run_config = json.loads((workdir / "config.json").read_text())
+  assert run_config["model"]["reg_tokens"] == 3 and run_config["model"]["gelu_approximate"] is False
+  assert "vgg_value_range(mean=(123.675" in run_config["data"]["pp_train"]
+  results = json.loads((workdir / "results.json").read_text())
   e2e = results["end_to_end_converted"]
   assert 0.3 < e2e["cls_cosine"] <= 1.0001 and 0.3 < e2e["patch_cosine"] <= 1.0001
-  with open(tmp_path / "work" / "student_config.json") as f:
-    student_cfg = json.load(f)
-  assert student_cfg["reg_tokens"] == 3
-  flat = checkpoints.flatten(checkpoints.load_npz(str(tmp_path / "work" / "student.npz")))
-  assert flat["reg"].shape == (1, 3, 32)
+  assert student.config["model"]["reg_tokens"] == 3
+  assert student.params["reg"].shape == (1, 3, 32)

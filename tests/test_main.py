@@ -122,8 +122,10 @@ def test_exported_student_loads_back_with_same_logits(demo_run):
   from linvit_jax import run as run_lib
   from linvit_jax.models import vit
 
+  from linvit_jax import export
+
   with open(os.path.join(workdir, "student_config.json")) as f:
-    student_cfg = json.load(f)
+    student_cfg = export.model_fields(json.load(f))
   model = vit.Model(**student_cfg)
   sample = run_lib._sample_images(config, 4)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), sample[:1])["params"]
@@ -159,8 +161,8 @@ def test_tensorflow_startup_lines_are_dropped_on_any_cpu(tmp_path):
       "os.write(2, b'a real warning\\n')\n"
   )
   code = (
-      f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from linvit_jax import main; "
-      "main.import_quietly('noisy_tf'); print('after', file=sys.stderr)"
+      f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from linvit_jax import quiet_tf; "
+      "quiet_tf.import_quietly('noisy_tf'); print('after', file=sys.stderr)"
   )
   r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
   assert r.returncode == 0, r.stderr
