@@ -11,22 +11,32 @@ scaling, not multiplied by it), gradient clip 1.0, inception crop 224 + flip). T
 with the same semantics is used for fine-tuning here. Not used: big_vision's randaug/mixup for
 i21k (regularisers for from-scratch pre-training; a short KD fine-tune does not need them). Top-1 in
 the report counts a hit when the top-scoring class is any positive label.
-Our choices: distillation 10k steps (lr 1e-3, attention only), fine-tuning 50k steps (lr 1e-4).
+`init` decides the architecture (teacher.architecture="init", read by the driver) unless
+`variant=` describes it here (with `pool=`, `posemb=`, `rep_size=`); `pool=` also says gap / 0 /
+none for a checkpoint without cls token or MAP head. A teacher whose head has another class count
+is loaded without it (`head=fresh`: a new head trained on labels).
+Recipe: `copy_all` + `hedgehog_exp` with distillation lr 1e-3, the project's measured best
+(`policy=copy_same` gets its measured lr 3e-2). Distillation 10k steps (attention only),
+fine-tuning 50k steps (lr 1e-4).
 """
 
 from linvit_jax import config_lib
+
+DISTILL_LR = {"copy_all": 1e-3, "copy_same": 3e-2}  # measured (README, docs/distill_stability.md)
 
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(
       arg,
-      variant="B/16",
-      feature_map="hedgehog",
+      variant="",
+      feature_map="hedgehog_exp",
       init="",
       files="",
       eval_files="",
       num_classes=18291,
-      policy="copy_same",
+      policy="copy_all",
+      lr_distill=0.0,
+      head="keep",
       pool="gap",
       posemb="learn",
       rep_size=False,
@@ -36,6 +46,8 @@ def get_config(arg=None):
       batch=4096,
       fsdp=1,
   )
+  if arg.head not in ("keep", "fresh"):
+    raise ValueError(f"head={arg.head!r}: expected keep or fresh (a new head of num_classes)")
   c = config_lib.base_config()
   c.mesh = (("data", -1), ("fsdp", arg.fsdp))
   common = (
@@ -61,15 +73,14 @@ def get_config(arg=None):
   )
   if arg.eval_files:  # a held-out set of files; otherwise the first 50k training examples
     c.data.eval_dataset = f"jft:{arg.eval_files}"
-  c.model = dict(
-      c.model.to_dict(),
-      variant=arg.variant,
-      num_classes=arg.num_classes,
-      pool_type=arg.pool,
-      posemb=arg.posemb,
-      rep_size=arg.rep_size,
-  )
+  c.model = dict(c.model.to_dict(), num_classes=arg.num_classes, pool_type=arg.pool)
+  if arg.variant:  # the architecture described here, not read from the checkpoint
+    c.model.update(variant=arg.variant, posemb=arg.posemb, rep_size=arg.rep_size)
+  else:
+    c.teacher.architecture = "init"
   c.teacher.init = arg.init
+  if arg.head == "fresh":
+    c.teacher.dont_load = c.student.dont_load = ("head/.*",)
   c.student.attention = arg.feature_map
   c.surgery.policy = arg.policy
   c.distill.routing_queries = 64
@@ -77,7 +88,7 @@ def get_config(arg=None):
       "distill_attention",
       steps=arg.distill_steps,
       batch_size=arg.batch,
-      lr=1e-3,
+      lr=arg.lr_distill or DISTILL_LR.get(arg.policy, 1e-3),
       warmup_steps=arg.distill_steps // 20,
       wd=0.0,
       grad_clip=1.0,

@@ -205,7 +205,11 @@ def base_config() -> mlc.ConfigDict:
   # init: big_vision npz (a path, gs://, or a big_vision short name such as "i1k-s16-300ep");
   # "" → no teacher (train a model). dont_load: regexes (re.fullmatch on "a/b/kernel" paths) of
   # checkpoint params not loaded, e.g. ("head/.*",) for an i21k head of another class count.
-  c.teacher = dict(init="", dont_load=())
+  # architecture: "config" (config.model describes the teacher) or "init" (the driver reads it
+  # from teacher.init: width, depth, heads, MLP, patch, position embedding, registers, pool type
+  # where the checkpoint has a cls token or MAP head, the head's classes unless dont_load skips
+  # the head, and the GELU form / LayerNorm epsilon where the source declares them).
+  c.teacher = dict(init="", dont_load=(), architecture="config")
   # init: a student exported by an earlier run (its student.npz; student_config.json beside it
   # gives its per-layer attention) instead of surgery from the teacher: with `stages=()` this is
   # evaluate-only, with stages it continues training. dont_load: student params that keep their

@@ -33,6 +33,7 @@ from linvit_jax.errors import UserError
 from linvit_jax.data import input_pipeline
 from linvit_jax.models import attention as attn_lib
 from linvit_jax.models import vit
+from linvit_jax.models import vit_checkpoint
 
 # Folded into the seed's key for a converted student's init (see `run`).
 STUDENT_INIT_SALT = 0x5EED
@@ -130,6 +131,12 @@ def validate(config: mlc.ConfigDict) -> None:
       raise ConfigError(
           f"config.{name}.w_label={config[name].w_label} but the model has no "
           "head (model.num_classes is None): set w_label=0 (label-free)"
+      )
+    if kind != "distill_attention" and config[name].w_logit_kd and teacher_head_skipped(config):
+      raise ConfigError(
+          f"config.{name}.w_logit_kd={config[name].w_logit_kd}: teacher.dont_load="
+          f"{tuple(config.teacher.dont_load)} leaves the teacher's head out, so it has no logits "
+          "to distil; set it to 0 (the student's new head trains on labels)"
       )
     if kind != "distill_attention" and config[name].label_loss not in distill.LABEL_LOSSES:
       raise ConfigError(
@@ -372,10 +379,39 @@ def _to_softmax_layers(teacher_params, student_model, student_params, layers: li
   return model, params
 
 
+def teacher_head_skipped(config: mlc.ConfigDict) -> bool:
+  """Whether teacher.dont_load leaves the teacher's head out (a new head: no teacher logits)."""
+  return bool(config.teacher.init) and checkpoints.dont_load_matcher(config.teacher.dont_load)(
+      "head/kernel"
+  )
+
+
+def resolve_architecture(config: mlc.ConfigDict) -> mlc.ConfigDict:
+  """With `teacher.architecture="init"`, a copy of config whose model block is read from the
+  teacher checkpoint (vit_checkpoint.model_config_from_init); otherwise config itself."""
+  if config.teacher.architecture == "config":
+    return config
+  if config.teacher.architecture != "init":
+    raise ConfigError(
+        f"config.teacher.architecture={config.teacher.architecture!r}: expected 'config' or 'init'"
+    )
+  if not config.teacher.init:
+    raise ConfigError("config.teacher.architecture='init' needs config.teacher.init")
+  model = vit_checkpoint.model_config_from_init(
+      config.model.to_dict(), config.teacher.init, teacher_head_skipped(config)
+  )
+  resolved = config.copy_and_resolve_references()
+  with resolved.unlocked():
+    resolved.model = mlc.ConfigDict(model)
+    resolved.teacher.architecture = "config"  # resolved: config.json says what ran
+  return resolved
+
+
 def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs a config in workdir and returns the results dict (also written to results.json)."""
   sharding.maybe_initialize_distributed()
   compile_cache.enable(config.compile_cache or None)
+  config = resolve_architecture(config)
   validate(config)
   try:  # before any compute: a mesh the devices cannot form or a batch it cannot split
     mesh = sharding.make_mesh(config.mesh)
@@ -411,6 +447,8 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   teacher_params = None
   if config.teacher.init:  # read and checked before any compute: a bad checkpoint fails fast
     teacher_shapes = jax.eval_shape(teacher_model.init, rng, sample[:1])["params"]
+    if config.teacher.dont_load:  # params not loaded keep an init value: a real one, not a shape
+      teacher_shapes = jax.jit(teacher_model.init)(rng, sample[:1])["params"]
     teacher_params = vit.load(
         teacher_shapes,
         config.teacher.init,
@@ -461,7 +499,8 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
           teacher_model, teacher_params, student_model, student_params, sample[:64]
       )
   if teacher_params is not None:
-    if config.eval.teacher:  # the ablation evaluates its shared teacher once, not per arm
+    if config.eval.teacher and not teacher_head_skipped(config):  # (a new head: no teacher top-1)
+      # the ablation evaluates its shared teacher once, not per arm
       results["teacher_top1"] = top1(teacher_model, teacher_params)
     results["student_top1_converted"] = top1(student_model, student_params)
     fidelity("converted")

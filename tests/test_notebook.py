@@ -112,12 +112,34 @@ def _install_helpers(monkeypatch, repo_url_env=None):
   return ns
 
 
+def _badge_repository():
+  """owner/name of the repository the README's "Open in Colab" badge opens the notebook from."""
+  with open(os.path.join(ROOT, "README.md")) as f:
+    repos = set(
+        re.findall(
+            r"\(https://colab\.research\.google\.com/github/([^/\s)]+/[^/\s)]+)/blob/[^/\s)]+/"
+            r"notebooks/linvit_colab\.ipynb\)",
+            f.read(),
+        )
+    )
+  assert len(repos) == 1, f"README: one repository in its 'Open in Colab' links, not {repos}"
+  return repos.pop()
+
+
 def test_repo_url_is_one_setting_without_placeholder(monkeypatch):
+  """A fresh Colab session opened from the badge installs with no setting: REPO_URL defaults to
+  the badge's repository (a fork changes both), $LINVIT_REPO_URL overrides it."""
   cell = _install_cell()
   settings = [line for line in cell.source.splitlines() if line.startswith("REPO_URL = ")]
-  assert settings[0] == 'REPO_URL = ""  # @param {type:"string"}', "Colab's form shows it"
+  setting = re.fullmatch(r'REPO_URL = "([^"]*)"  # @param \{type:"string"\}', settings[0])
+  assert setting, f"Colab's form shows it: {settings[0]}"
   assert cell.source.index(settings[0]) < cell.source.index("\nimport "), "the cell's first line"
-  assert _install_helpers(monkeypatch)["REPO_URL"] == ""
+  default = setting.group(1)
+  github = re.fullmatch(r"https://github\.com/([^/]+/[^/]+?)(?:\.git)?", default)
+  assert github, f"REPO_URL {default!r}: a GitHub repository's git URL"
+  assert github.group(1) == _badge_repository(), "REPO_URL: the repository the badge opens"
+  assert "fork" in cell.source, "the cell says that a fork changes REPO_URL"
+  assert _install_helpers(monkeypatch)["REPO_URL"] == default
   url = "https://example.org/me/linvit_jax.git"
   assert _install_helpers(monkeypatch, repo_url_env=url)["REPO_URL"] == url
 
@@ -292,6 +314,35 @@ def test_parameters_default_to_the_shipped_teacher(monkeypatch):
   assert ns["FEATURE_MAP"] == "hedgehog" and ns["DISTILL_STEPS"] >= 100
 
 
+def test_workdir_is_a_parameter(tmp_path, monkeypatch):
+  """WORKDIR is a field of Colab's form: a Google Drive folder there survives a disconnect. Empty,
+  it is a new temporary folder; $LINVIT_NOTEBOOK_WORKDIR overrides it (the tests' hook)."""
+  monkeypatch.delenv("LINVIT_NOTEBOOK_WORKDIR", raising=False)
+  monkeypatch.delenv("LINVIT_NOTEBOOK_TEACHER", raising=False)
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where mkdtemp makes the default
+  nb = _read()
+  parameters = _parameters_cell(nb)
+  settings = [line for line in parameters.source.splitlines() if line.startswith("WORKDIR = ")]
+  assert settings[0] == 'WORKDIR = ""  # @param {type:"string"}', "Colab's form shows it"
+
+  def workdir(source):
+    ns = {}
+    exec(source, ns)  # plain assignments and imports only
+    return ns["WORKDIR"]
+
+  default = workdir(parameters.source)
+  assert os.path.dirname(default) == str(tmp_path) and os.path.isdir(default), default
+  drive = "/content/drive/MyDrive/linvit_jax/workdir"
+  assert workdir(parameters.source.replace('WORKDIR = ""', f'WORKDIR = "{drive}"', 1)) == drive
+  monkeypatch.setenv("LINVIT_NOTEBOOK_WORKDIR", str(tmp_path / "env"))
+  assert workdir(parameters.source) == str(tmp_path / "env")
+  # The markdown before the parameters says how a Drive folder is mounted, and that a rerun resumes.
+  markdown = nb.cells[nb.cells.index(parameters) - 1]
+  assert markdown.cell_type == "markdown" and "`WORKDIR`" in markdown.source
+  assert "drive.mount('/content/drive')" in markdown.source and drive in markdown.source
+  assert "resumes" in markdown.source
+
+
 def _stand_in_teacher(path):
   """A random softmax ViT with the demo teacher's architecture, for when the asset is absent."""
   import jax
@@ -368,4 +419,4 @@ def test_notebook_executes_in_small_mode(tmp_path, monkeypatch):
   flat = checkpoints.flatten(checkpoints.load_npz(str(workdir / "student.npz")))
   assert any("feature_map_q" in k for k in flat)  # hedgehog's own params are exported
   with open(workdir / "student_config.json") as f:
-    assert json.load(f)["attention"] == "hedgehog"
+    assert json.load(f)["model"]["attention"] == "hedgehog"

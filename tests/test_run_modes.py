@@ -150,3 +150,63 @@ def test_sequence_fields_are_settable_from_the_command_line(override, field, exp
   for part in field.split("."):
     value = value[part]
   assert value == expected
+
+
+def test_architecture_read_from_the_teacher_checkpoint(converted, tmp_path):
+  """teacher.architecture='init': the model block comes from the checkpoint (here the demo's own
+  teacher, so the run is the same as with the config's model block)."""
+  workdir, results = converted
+  config = _tiny(stages=(), **{"teacher.architecture": "init", "model.width": 999})
+  again = run_lib.run(config, str(tmp_path))
+  assert again["config"]["model"]["width"] == 128  # read from the file, not the config's 999
+  assert again["config"]["teacher"]["architecture"] == "config"  # resolved, as config.json says
+  np.testing.assert_allclose(
+      again["student_logits_sample"], results["student_logits_sample"], atol=1e-6
+  )
+  with pytest.raises(run_lib.ConfigError, match="architecture='bogus'"):
+    run_lib.run(_tiny(**{"teacher.architecture": "bogus"}), str(tmp_path / "b"))
+
+
+def test_teacher_without_its_head_needs_no_logit_distillation(tmp_path):
+  config = _tiny(**{"teacher.dont_load": ("head/.*",)})
+  with pytest.raises(run_lib.ConfigError, match=r"config.finetune.w_logit_kd=.*teacher's head out"):
+    run_lib.run(config, str(tmp_path))
+
+
+def test_i21k_route_new_head_end_to_end_from_the_cli(tmp_path):
+  """A teacher whose head is skipped (an i21k checkpoint's), run by the CLI: the teacher's head
+  gets a concrete init (calibration used to crash on its abstract shape), no teacher top-1 is
+  reported, the student's new head trains on labels only."""
+  import json
+  import subprocess
+
+  workdir = tmp_path / "w"
+  r = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "linvit_jax.main",
+          "--config",
+          "configs/demo.py:tiny=True",
+          "--workdir",
+          str(workdir),
+          "--config.teacher.dont_load=head/.*",
+          "--config.student.dont_load=head/.*",
+          "--config.finetune.w_logit_kd=0",
+          "--config.eval.plots=False",
+          "--config.eval.resolution_factors=()",
+      ],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
+  assert r.returncode == 0, r.stderr[-3000:]
+  results = json.loads((workdir / "results.json").read_text())
+  assert results.get("teacher_top1") is None and results["student_kept_fresh"] == [
+      "head/bias",
+      "head/kernel",
+  ]
+  # The new head starts at zero (head_zeroinit) and the fine-tune moved it: it trained on labels.
+  head = checkpoints.flatten(checkpoints.load_npz(str(workdir / "student.npz")))["head/kernel"]
+  assert np.abs(head).max() > 0 and results["student_top1"] is not None

@@ -446,6 +446,31 @@ def infer_vit_config(path: str) -> dict[str, Any]:
   )
 
 
+def model_config_from_init(
+    model_cfg: Mapping[str, Any], init: str, head_skipped: bool = False
+) -> dict[str, Any]:
+  """`model_cfg` with what `init` decides read from it (`infer_vit_config`).
+
+  Kept from `model_cfg`: the pool type when the checkpoint cannot tell ('gap' / '0' / 'none':
+  no cls token, no MAP head), the number of classes when the head is skipped (`head_skipped`: a
+  new head, e.g. an i21k teacher on i1k), the GELU form and LayerNorm epsilon unless the source
+  declares them, and every field that is not architecture (dropout, scan, dtype, ...).
+  """
+  arch = infer_vit_config(init)
+  out = dict(model_cfg, variant="")
+  for key in ("width", "depth", "mlp_dim", "num_heads", "posemb", "rep_size", "reg_tokens"):
+    out[key] = arch[key]
+  out["patch_size"] = tuple(arch["patch_size"])
+  if arch["pool_type"] in ("tok", "map") or model_cfg.get("pool_type") not in ("gap", "0", "none"):
+    out["pool_type"] = arch["pool_type"]
+  if not head_skipped:
+    out["num_classes"] = arch["num_classes"]
+  for key in ("gelu_approximate", "layernorm_epsilon"):
+    if key in arch:
+      out[key] = arch[key]
+  return out
+
+
 def load_vit_params(
     init_params: Mapping[str, Any] | None,
     init_file: str,
