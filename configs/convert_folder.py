@@ -37,8 +37,15 @@ pretrained ViTs"):
   5. fidelity report (per layer, end to end, curves vs images seen, cls attention maps), speed and
      memory at res and 2·res, export (student.npz + student_config.json).
 
+Downstream check (in every report unless `knn=`): weighted k-NN top-1 (DINO's protocol: k 20,
+cosine, votes exp(sim / 0.07)) on the final pooled feature, teacher vs student, and the retention
+ratio, on `knn=` a labelled set: the embedded Fashion-MNIST upsampled to `res` (default,
+`fashion_mnist_local`), a TFDS name (`knn_data_dir=`), or `image_folder:<DIR>` with one sub-folder
+per class (`knn_train` / `knn_eval` images of each split: its `train@H` / `holdout@H` path-hash
+split, H = `holdout`); `knn=none` turns it off.
+
 Args: init, images, res, gelu, norm, feature_map (hedgehog_exp | hedgehog | elu1 | relu | favor),
-max_images,
+knn, knn_data_dir, knn_train, knn_eval, max_images,
 distill_fraction, policy, softmax_layers, pool (gap | 0 | none, only without a cls token), batch,
 lr_distill, lr_align, align_trainable, holdout, eval_images, tiny (a few steps, for the tests).
 """
@@ -71,6 +78,10 @@ def get_config(arg=None):
       align_trainable="attention",
       holdout=0.2,
       eval_images=32,
+      knn="fashion_mnist_local",
+      knn_data_dir="",
+      knn_train=1000,
+      knn_eval=500,
       tiny=False,
   )
   if not arg.init:
@@ -189,7 +200,18 @@ def get_config(arg=None):
   c.eval.attention_map_images = 4
   c.eval.resolution_factors = (1, 2)
   c.eval.resolution_fidelity_images = min(16, arg.eval_images)
+  if arg.knn != "none":
+    folder = arg.knn.startswith("image_folder")
+    c.eval.knn.update(
+        dataset=arg.knn,
+        data_dir=arg.knn_data_dir,
+        train_split=f"train@{arg.holdout}" if folder else "train",
+        eval_split=f"holdout@{arg.holdout}" if folder else "test",
+        train_examples=arg.knn_train,
+        eval_examples=arg.knn_eval,
+    )
   if arg.tiny:
+    c.eval.knn.update(train_examples=64, eval_examples=32, batch_size=32)
     c.eval.fidelity_images = c.eval.curve_images = c.eval.resolution_fidelity_images = 4
     c.eval.throughput_batch = 2
     c.eval.attention_map_images = 2

@@ -152,6 +152,23 @@ def distill() -> dict:
   )
 
 
+def knn() -> dict:
+  """The `eval.knn` block: k-NN classification on the final pooled feature (evaluate.knn_top1)."""
+  return dict(
+      dataset="",  # "" = off; a TFDS name, image_folder:<DIR> (class sub-folders), fashion_mnist_local
+      data_dir="",
+      train_split="train",  # the reference bank's split
+      eval_split="test",  # the classified split
+      pp="",  # "" = the run's pp_eval image ops (resize, crop, normalisation) + the label
+      label_key="label",  # an integer class id in the examples
+      train_examples=1000,  # first N of train_split (0: all)
+      eval_examples=500,  # first N of eval_split (0: all)
+      k=20,  # neighbours voting (DINO: 20)
+      temperature=0.07,  # vote weight exp(cosine / temperature) (DINO: 0.07)
+      batch_size=64,
+  )
+
+
 def base_config() -> mlc.ConfigDict:
   """Every field a run understands, with defaults; config files override what they need."""
   c = mlc.ConfigDict()
@@ -215,9 +232,13 @@ def base_config() -> mlc.ConfigDict:
   # evaluate-only, with stages it continues training. dont_load: student params that keep their
   # fresh init instead of being copied (from student.init, or from the teacher by surgery).
   # softmax_layers: k layers that linearize worst (after the first distill_attention stage) keep
-  # softmax attention with the teacher's weights: a hybrid student.
+  # softmax attention with the teacher's weights: a hybrid student. attention: the student's
+  # operator: a feature map (elu1, relu, hedgehog, hedgehog_exp, favor), a spec, or one per layer.
   c.student = dict(attention="elu1", init="", dont_load=(), softmax_layers=0)
-  c.surgery = dict(policy="copy_same", calibrate=True)  # calibrate: data-dependent out-proj init
+  # policy: what surgery copies from the teacher: copy_same (all but attention), copy_all,
+  # copy_attention_only, copy_none. calibrate: data-dependent out-projection init of fresh
+  # attention.
+  c.surgery = dict(policy="copy_same", calibrate=True)
 
   c.distill = distill()
 
@@ -230,6 +251,7 @@ def base_config() -> mlc.ConfigDict:
 
   # sample_pp: "" → the fidelity sample is the first eval images (pp_eval); a pp string → random
   # views of the eval split drawn with it under a fixed seed (few held-out files, many crops).
+  # knn: downstream check of the final pooled feature, teacher vs student (DINO's weighted k-NN).
   c.eval = dict(
       teacher=True,
       curve_examples=2000,
@@ -242,8 +264,11 @@ def base_config() -> mlc.ConfigDict:
       resolution_fidelity_images=16,
       plots=True,
       sample_pp="",
+      knn=knn(),
   )
-  c.export = dict(npz=True, safetensors=True)  # student.npz / student.safetensors (+ config, card)
+  # npz: write student.npz (big_vision layout). safetensors: write student.safetensors (config in
+  # its metadata). student_config.json and the model card README.md are always written.
+  c.export = dict(npz=True, safetensors=True)
   return c
 
 
@@ -299,3 +324,94 @@ def fmnist_conversion(
     c.eval.fidelity_images, c.eval.throughput_batch, c.eval.curve_examples = 16, 8, 32
     c.data.shuffle_buffer = 256
   return c
+
+
+# ------------------------------------------------------------------------------ config reference
+
+
+def field_docs() -> dict[str, str]:
+  """One line per field, read from this file's own comments where base_config defines the field.
+
+  Keys are dotted paths; '*' stands for any stage block ("*.steps", "*.optimizer.lr"). A trailing
+  `# comment` documents the keyword on its line; a `# name: meaning` comment block above
+  `c.<block> = dict(` documents `<block>.name`.
+  """
+  import ast
+  import inspect
+  import re
+  import sys
+
+  source = inspect.getsource(sys.modules[__name__])
+  lines = source.splitlines()
+  tree = ast.parse(source)
+  docs: dict[str, str] = {}
+
+  def trailing(lineno: int) -> str:
+    line = lines[lineno - 1]
+    return line.split("  # ", 1)[1].strip() if "  # " in line else ""
+
+  def named(text: str, names: set[str], prefix: str) -> bool:
+    """'a: meaning. b: meaning' comments, split at the names of the block's own fields."""
+    alternatives = "|".join(sorted(names))
+    found = re.findall(rf"\b({alternatives}): (.*?)(?=\s(?:{alternatives}): |$)", text)
+    for name, meaning in found:
+      docs.setdefault(prefix + name, meaning.strip())
+    return bool(found)
+
+  def keywords(call: ast.Call, prefix: str) -> None:
+    names = {kw.arg for kw in call.keywords if kw.arg}
+    for kw in call.keywords:
+      text = trailing(kw.value.end_lineno)
+      if kw.arg and text and not named(text, names, prefix):
+        docs.setdefault(prefix + kw.arg, text)
+
+  def block_comment(lineno: int, call: ast.Call, prefix: str) -> None:
+    i, text = lineno - 2, []
+    while i >= 0 and lines[i].strip().startswith("#"):
+      text.insert(0, lines[i].strip()[1:].strip())
+      i -= 1
+    named(" ".join(text), {kw.arg for kw in call.keywords if kw.arg}, prefix)
+
+  scopes = {"base_config": "", "distill": "distill.", "stage": "*.", "stage_bookkeeping": "*."}
+  for node in tree.body:
+    if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "OPTIMIZER_DEFAULTS":
+      keywords(node.value, "*.optimizer.")
+    if isinstance(node, ast.FunctionDef) and node.name in scopes:
+      for sub in ast.walk(node):
+        if isinstance(sub, ast.Assign) and isinstance(sub.targets[0], ast.Attribute):
+          name = sub.targets[0].attr
+          if isinstance(sub.value, ast.Call) and getattr(sub.value.func, "id", "") == "dict":
+            block_comment(sub.lineno, sub.value, f"{name}.")
+            keywords(sub.value, f"{name}.")
+          elif text := trailing(sub.lineno):
+            docs.setdefault(name, text)
+        elif isinstance(sub, ast.Call) and getattr(sub.func, "id", "") == "dict":
+          keywords(sub, scopes[node.name])
+  return docs
+
+
+def describe(config: mlc.ConfigDict) -> str:
+  """Every field of `config`, one per line: `path = value  # meaning` (the meaning where the base
+  config documents the field)."""
+  docs = field_docs()
+  flat: list[tuple[str, Any]] = []
+
+  def walk(node: Any, prefix: str) -> None:
+    for key in sorted(node.keys()) if hasattr(node, "keys") else ():
+      value = node[key]
+      if isinstance(value, mlc.ConfigDict):
+        walk(value, f"{prefix}{key}.")
+      else:
+        flat.append((prefix + key, value))
+
+  walk(config, "")
+  stages = {
+      k for k in config.keys() if isinstance(config[k], mlc.ConfigDict) and "kind" in config[k]
+  }
+  out = []
+  for path, value in flat:
+    head, _, rest = path.partition(".")
+    doc = docs.get(path) or (docs.get(f"*.{rest}") if head in stages else None)
+    line = f"{path} = {value!r}"
+    out.append(f"{line:<60s}  # {doc}" if doc else line)
+  return "\n".join(out)

@@ -123,6 +123,52 @@ def top1(
   return evaluate(params, correct_fn(model, label_key), batches, mesh)["top1"]
 
 
+# ----------------------------------------------------------------------------- k-NN (downstream)
+
+
+def pooled_features(
+    model: nn.Module, params: Any, batches: Iterable[Mapping[str, np.ndarray]], label_key: str
+) -> tuple[np.ndarray, np.ndarray]:
+  """The model's pooled final feature (`head_input`: the cls token, MAP or mean pool) and the
+  integer labels of every real (unmasked) example: ([N, D] float32, [N] int)."""
+  fn = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False)[1]["head_input"])
+  feats, labels = [], []
+  for batch in batches:
+    keep = np.asarray(batch.get("_mask", np.ones(len(batch["image"]), bool)), bool)
+    feats.append(np.asarray(fn(params, batch["image"]), np.float32)[keep])
+    labels.append(np.asarray(batch[label_key])[keep])
+  return np.concatenate(feats), np.concatenate(labels).astype(np.int64)
+
+
+def knn_top1(
+    train_feats: np.ndarray,
+    train_labels: np.ndarray,
+    test_feats: np.ndarray,
+    test_labels: np.ndarray,
+    k: int = 20,
+    temperature: float = 0.07,
+    chunk: int = 1024,
+) -> float:
+  """Weighted k-NN top-1, DINO's protocol: cosine similarity on L2-normalised features, the k
+  nearest training features vote for their class with weight exp(similarity / temperature)."""
+  if len(train_feats) < k:
+    raise ValueError(f"k-NN with k={k} needs at least k training features, got {len(train_feats)}")
+  num_classes = int(max(train_labels.max(), test_labels.max())) + 1
+
+  def unit(x):
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+  bank, hits = unit(train_feats.astype(np.float64)), 0
+  for start in range(0, len(test_feats), chunk):
+    sims = unit(test_feats[start : start + chunk].astype(np.float64)) @ bank.T
+    top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+    weights = np.exp(np.take_along_axis(sims, top, 1) / temperature)
+    votes = np.zeros((len(sims), num_classes))
+    np.add.at(votes, (np.arange(len(sims))[:, None], train_labels[top]), weights)
+    hits += int(np.sum(votes.argmax(1) == test_labels[start : start + chunk]))
+  return hits / len(test_feats)
+
+
 # ----------------------------------------------------------------------------- internals of a model
 
 

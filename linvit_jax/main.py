@@ -44,6 +44,12 @@ config_flags.DEFINE_config_file(
     lock_config=True,
 )
 flags.DEFINE_string("workdir", None, "Where checkpoints, metrics and exports go (local or gs://).")
+flags.DEFINE_bool(
+    "print_config",
+    False,
+    "Print the resolved config (every field, with its meaning where the base config gives one) "
+    "and exit; no --workdir needed.",
+)
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
@@ -77,6 +83,15 @@ def main(argv: list[str], command: Command = convert) -> None:
   del argv
   if FLAGS.config is None:
     raise UserError("--config is required, e.g. --config configs/demo.py")
+  if FLAGS.print_config:
+    from linvit_jax import config_lib
+    from linvit_jax import run as run_lib
+
+    config = FLAGS.config
+    if "ablation" not in config:  # an ablation's arms resolve their own teachers
+      config = run_lib.resolve_architecture(config)
+    print(config_lib.describe(config))
+    return
   if not FLAGS.workdir:
     raise UserError("--workdir is required, e.g. --workdir workdirs/demo")
   if not any(a.lstrip("-").split("=")[0] in ("v", "verbosity") for a in sys.argv[1:]):

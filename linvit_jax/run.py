@@ -151,6 +151,15 @@ def validate(config: mlc.ConfigDict) -> None:
   check("surgery.policy", surgery.get_policy, config.surgery.policy)
   if any(config[name].kind == "distill_attention" for name in config.stages):
     check("distill", distill.make_distill_loss, teacher_model, student_model, config)
+  knn = config.eval.knn
+  if knn.dataset:
+    if not config.teacher.init:
+      raise ConfigError(
+          "config.eval.knn compares student and teacher: config.teacher.init is empty"
+      )
+    if knn.k <= 0 or knn.temperature <= 0:
+      raise ConfigError(f"config.eval.knn: k={knn.k} and temperature={knn.temperature} must be > 0")
+    check("eval.knn.pp", input_pipeline.get_preprocess_fn, _knn_pp(config))
   if config.data.pp_train:
     check("data.pp_train", input_pipeline.get_preprocess_fn, config.data.pp_train)
   if config.data.pp_eval:
@@ -236,6 +245,80 @@ def _read_sample(config: mlc.ConfigDict) -> np.ndarray:
         f" split {config.data.eval_split!r} (data_dir "
         f"{config.data.data_dir or 'default'!r}): {reason[:600]}"
     ) from e
+
+
+def _knn_pp(config: mlc.ConfigDict) -> str:
+  knn = config.eval.knn
+  if knn.pp:
+    return knn.pp
+  image_ops = export.inference_pp(config.data.pp_eval).rsplit("|", 1)[0]  # drop keep("image")
+  return f'{image_ops}|keep("image","{knn.label_key}")'
+
+
+def _knn_batches(config: mlc.ConfigDict, split: str, limit: int) -> Iterator[dict]:
+  knn = config.eval.knn
+  it = input_pipeline.make_eval_iterator(
+      dataset=knn.dataset,
+      split=split,
+      pp=_knn_pp(config),
+      global_batch_size=knn.batch_size,
+      data_dir=knn.data_dir or None,
+      process_index=0,
+      process_count=1,
+  )
+  seen = 0
+  for batch in it:
+    if limit and seen >= limit:
+      return
+    seen += int(np.sum(batch["_mask"]))
+    yield batch
+
+
+def check_knn_set(config: mlc.ConfigDict) -> None:
+  """Reads the k-NN reference labels before any model compute: an unreadable set, or one whose
+  reference split holds fewer than two classes, is a ConfigError naming eval.knn."""
+  knn = config.eval.knn
+  try:
+    labels = [
+        np.asarray(b[knn.label_key])[np.asarray(b["_mask"], bool)]
+        for b in _knn_batches(config, knn.train_split, knn.train_examples)
+    ]
+  except (FileNotFoundError, ValueError, KeyError, AssertionError, OSError) as e:
+    raise ConfigError(
+        f"config.eval.knn.dataset={knn.dataset!r} ({knn.train_split!r}): cannot read labelled "
+        f"examples: {' '.join(str(e).split())[:400]}"
+    ) from e
+  classes = np.unique(np.concatenate(labels)) if labels else np.array([])
+  if len(classes) < 2:
+    raise ConfigError(
+        f"config.eval.knn.dataset={knn.dataset!r}: split {knn.train_split!r} holds "
+        f"{len(classes)} class(es); k-NN classification needs at least 2"
+    )
+  count = sum(len(x) for x in labels)
+  if count < knn.k:
+    raise ConfigError(
+        f"config.eval.knn.k={knn.k}: more neighbours than the {count} reference examples"
+    )
+
+
+def knn_retention(config, teacher_model, teacher_params, student_model, student_params) -> dict:
+  """Weighted k-NN top-1 of teacher and student on eval.knn's set, and their ratio."""
+  knn = config.eval.knn
+  out = {"dataset": knn.dataset, "k": knn.k}
+  for who, model, params in (
+      ("teacher", teacher_model, teacher_params),
+      ("student", student_model, student_params),
+  ):
+    train = evaluate.pooled_features(
+        model, params, _knn_batches(config, knn.train_split, knn.train_examples), knn.label_key
+    )
+    test = evaluate.pooled_features(
+        model, params, _knn_batches(config, knn.eval_split, knn.eval_examples), knn.label_key
+    )
+    out[f"{who}_top1"] = evaluate.knn_top1(*train, *test, k=knn.k, temperature=knn.temperature)
+    out["train_examples"], out["eval_examples"] = len(train[0]), len(test[0])
+  out["retention"] = out["student_top1"] / max(out["teacher_top1"], 1e-12)
+  return out
 
 
 def keep_fresh(params: Any, fresh: Any, patterns: Sequence[str]) -> tuple[Any, list[str]]:
@@ -432,6 +515,8 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   teacher_model, student_model = build_models(config)
   rng = jax.random.PRNGKey(config.seed)
   sample = _read_sample(config)
+  if config.eval.knn.dataset and teacher_model is not None:
+    check_knn_set(config)
   fid_images = sample[: config.eval.fidelity_images]
   curve_images = sample[: max(1, min(len(sample), config.eval.get("curve_images", 16)))]
   labelled = _labelled(config)
@@ -585,6 +670,10 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   results["histories"] = histories
   results["images_seen"] = images_seen
   results["student_attention"] = _attention_json(student_model)
+  if config.eval.knn.dataset and teacher_params is not None:
+    results["knn"] = knn_retention(
+        config, teacher_model, teacher_params, student_model, student_params
+    )
 
   # --- speed and pictures ----------------------------------------------------------------------
   t_report = time.time()
@@ -743,6 +832,13 @@ def format_summary(results: Mapping[str, Any]) -> str:
       lines.append(f"{tag:<28s}{cls}{v['patch_cosine']:11.4f}{min(v['block_cosine']):11.4f}")
   if results.get("softmax_layers"):
     lines.append(f"hybrid: layers {results['softmax_layers']} keep softmax attention")
+  if results.get("knn"):
+    k = results["knn"]
+    lines.append(
+        f"k-NN top-1 (k={k['k']}, {k['dataset']}, {k['train_examples']} reference / "
+        f"{k['eval_examples']} classified): teacher {pct(k['teacher_top1'])}, student "
+        f"{pct(k['student_top1'])}, retention {100 * k['retention']:.1f} %"
+    )
   fids = [(k[9:], v) for k, v in results.items() if k.startswith("fidelity_")]
   if fids:
     lines.append("")

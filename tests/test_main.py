@@ -12,6 +12,7 @@ import pytest
 from linvit_jax import checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BV = os.path.join(ROOT, "tests", "data", "vit_w192_d4_p16_i64_tok_learn.npz")
 
 
 def _cli(*args, timeout=300):
@@ -56,7 +57,13 @@ def test_cli_user_errors_are_one_line_with_exit_2(case, tmp_path):
       ),
       "missing_workdir": (["--config", "configs/demo.py:tiny=True"], "--workdir is required"),
       "unprepared_tfds": (
-          ["--config", f"configs/imagenet_vit.py:data_dir={tmp_path}", "--workdir", workdir],
+          # a local teacher: the architecture is read from it before the data is opened
+          [
+              "--config",
+              f"configs/imagenet_vit.py:data_dir={tmp_path},init={BV}",
+              "--workdir",
+              workdir,
+          ],
           "is not prepared in",
       ),
       "unknown_field": (
@@ -178,3 +185,26 @@ def test_error_inside_a_config_file_is_not_called_a_missing_field(tmp_path):
   assert r.returncode == 2, r.stderr
   assert r.stderr.count("\n") == 1 and "no such config field" not in r.stderr, r.stderr
   assert "while loading the config: AttributeError" in r.stderr and "dtype" in r.stderr
+
+
+def test_print_config_lists_every_field_with_its_meaning():
+  r = _cli("--config", "configs/demo.py:feature_map=elu1", "--print_config")
+  assert r.returncode == 0, r.stderr
+  lines = r.stdout.splitlines()
+  from linvit_jax import config_lib
+
+  import configs.demo
+
+  expected = config_lib.describe(configs.demo.get_config("feature_map=elu1")).splitlines()
+  assert lines[-len(expected) :] == expected  # every field, as the file resolves it
+  by_field = {line.split(" = ")[0]: line for line in lines if " = " in line}
+  assert "student.attention = 'elu1'" in by_field["student.attention"]
+  assert "# the student's operator" in by_field["student.attention"]
+  assert "# the peak of the schedule" in by_field["finetune.optimizer.lr"]  # stage blocks too
+  assert "# regexes" in by_field["teacher.dont_load"]
+
+
+def test_print_config_resolves_the_architecture_from_init():
+  r = _cli("--config", "configs/imagenet_vit.py:init=tests/data/foreign/timm_vit", "--print_config")
+  assert r.returncode == 0, r.stderr
+  assert "model.width = 32" in r.stdout and "model.num_heads = 2" in r.stdout

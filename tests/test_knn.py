@@ -1,0 +1,93 @@
+"""The downstream measure: DINO's weighted k-NN (evaluate.knn_top1) and its place in a run."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from linvit_jax import evaluate
+from linvit_jax import run as run_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_knn_separable_clusters_and_chance():
+  rs = np.random.RandomState(0)
+  centers = rs.randn(4, 16) * 5
+  train_y, test_y = rs.randint(0, 4, 400), rs.randint(0, 4, 200)
+  train_x = centers[train_y] + rs.randn(400, 16)
+  test_x = centers[test_y] + rs.randn(200, 16)
+  assert evaluate.knn_top1(train_x, train_y, test_x, test_y) == 1.0
+  shuffled = evaluate.knn_top1(train_x, rs.permutation(train_y), test_x, test_y)
+  assert 0.1 < shuffled < 0.45  # chance is 0.25
+
+
+def test_knn_votes_are_weighted_by_similarity():
+  """One very close neighbour of class 1 outvotes two distant ones of class 0 (a majority vote
+  would not): the exp(sim / T) weights of DINO's protocol."""
+  train = np.array([[1.0, 0.0], [0.6, 0.8], [0.6, -0.8]])
+  labels = np.array([1, 0, 0])
+  test = np.array([[1.0, 0.01]])
+  assert evaluate.knn_top1(train, labels, test, np.array([1]), k=3, temperature=0.07) == 1.0
+  assert evaluate.knn_top1(train, labels, test, np.array([1]), k=3, temperature=100.0) == 0.0
+  with pytest.raises(ValueError, match="at least k"):
+    evaluate.knn_top1(train, labels, test, np.array([1]), k=4)
+
+
+def _labelled_folder(root, classes=("a", "b"), per_class=12):
+  rs = np.random.RandomState(1)
+  for c, name in enumerate(classes):
+    os.makedirs(os.path.join(root, name), exist_ok=True)
+    for i in range(per_class):
+      pixels = np.zeros((40, 40, 3), np.uint8)
+      pixels[..., c % 3] = 200  # each class its own colour, plus noise
+      pixels = np.clip(pixels + rs.randint(0, 40, pixels.shape), 0, 255).astype(np.uint8)
+      Image.fromarray(pixels).save(os.path.join(root, name, f"{i}.png"))
+
+
+def _config(tmp_path, knn_folder, **knn):
+  import configs.convert_folder as cf
+
+  photos = tmp_path / "photos"
+  _labelled_folder(str(photos), per_class=4)
+  folder = os.path.join(ROOT, "tests", "data", "foreign", "hf_dinov2")
+  c = cf.get_config(
+      f"init={folder},images={photos},res=28,tiny=True,batch=4,max_images=8,"
+      f"knn=image_folder:{knn_folder},holdout=0.5"
+  )
+  c.stages = ()
+  c.eval.plots, c.eval.resolution_factors = False, ()
+  c.eval.knn.update({"k": 5, **knn})
+  return c
+
+
+def test_knn_on_a_labelled_folder_in_the_report(tmp_path):
+  _labelled_folder(str(tmp_path / "labelled"))
+  config = _config(tmp_path, tmp_path / "labelled")
+  results = run_lib.run(config, str(tmp_path / "work"))
+  knn = results["knn"]
+  assert knn["dataset"].endswith("labelled") and knn["k"] == 5
+  assert knn["train_examples"] + knn["eval_examples"] == 24
+  assert knn["teacher_top1"] == 1.0  # two colours: trivially separable for any feature
+  assert 0 <= knn["retention"] <= 1.0 + 1e-9
+  assert "k-NN top-1 (k=5" in run_lib.format_summary(results)
+  card = json.loads((tmp_path / "work" / "student_config.json").read_text())
+  assert card["fidelity"]["knn"]["teacher_top1"] == 1.0
+
+
+def test_knn_set_with_one_class_fails_before_compute(tmp_path, monkeypatch):
+  _labelled_folder(str(tmp_path / "one"), classes=("only",))
+  config = _config(tmp_path, tmp_path / "one")
+  monkeypatch.setattr(run_lib.surgery, "transplant", lambda *a, **k: pytest.fail("computed"))
+  with pytest.raises(run_lib.ConfigError, match=r"eval.knn.dataset=.*1 class\(es\)"):
+    run_lib.run(config, str(tmp_path / "work"))
+
+
+def test_knn_bad_values_are_named(tmp_path):
+  _labelled_folder(str(tmp_path / "labelled"))
+  with pytest.raises(run_lib.ConfigError, match=r"eval.knn: k=0"):
+    run_lib.run(_config(tmp_path, tmp_path / "labelled", k=0), str(tmp_path / "w"))
+  with pytest.raises(run_lib.ConfigError, match=r"eval.knn.k=50: more neighbours"):
+    run_lib.run(_config(tmp_path, tmp_path / "labelled", k=50), str(tmp_path / "w2"))
