@@ -44,7 +44,13 @@ ratio, on `knn=` a labelled set: the embedded Fashion-MNIST upsampled to `res` (
 per class (`knn_train` / `knn_eval` images of each split: its `train@H` / `holdout@H` path-hash
 split, H = `holdout`); `knn=none` turns it off.
 
+Levers inside each linear layer (attention.AttentionSpec options, off by default): `exact_prefix`
+(the cls and register queries get exact softmax over all keys, O(N)), `center_keys` (keys centred
+per image and head before φ: softmax ignores a shift shared by all keys, a feature map does not),
+`conv_v` (a zero-initialised depthwise 3×3 convolution of v over the patch grid).
+
 Args: init, images, res, gelu, norm, feature_map (hedgehog_exp | hedgehog | elu1 | relu | favor),
+exact_prefix, center_keys, conv_v,
 knn, knn_data_dir, knn_train, knn_eval, max_images,
 distill_fraction, policy, softmax_layers, pool (gap | 0 | none, only without a cls token), batch,
 lr_distill, lr_align, align_trainable, holdout, eval_images, tiny (a few steps, for the tests).
@@ -78,6 +84,9 @@ def get_config(arg=None):
       align_trainable="attention",
       holdout=0.2,
       eval_images=32,
+      exact_prefix=False,
+      center_keys=False,
+      conv_v=False,
       knn="fashion_mnist_local",
       knn_data_dir="",
       knn_train=1000,
@@ -154,7 +163,12 @@ def get_config(arg=None):
       scan=False,
   )
   c.teacher.init = arg.init
-  c.student.attention = arg.feature_map
+  levers = dict(exact_prefix_rows=arg.exact_prefix, center_keys=arg.center_keys, conv_v=arg.conv_v)
+  student = c.student.to_dict()
+  student["attention"] = arg.feature_map
+  if any(levers.values()):  # attention.AttentionSpec's options inside each linear layer
+    student["attention"] = dict(kind="linear", feature_map=arg.feature_map, **levers)
+  c.student = student
   c.student.softmax_layers = arg.softmax_layers
   c.surgery.policy = arg.policy
 

@@ -106,7 +106,12 @@ def block_params(params: Params, layer: int) -> Params:
 
 
 def _attention_module(model: nn.Module, spec: attn_lib.AttentionSpec) -> attn_lib.Attention:
-  return attn_lib.Attention(num_heads=model.num_heads, spec=spec, dtype_mm=model.dtype_mm)
+  return attn_lib.Attention(
+      num_heads=model.num_heads,
+      spec=spec,
+      dtype_mm=model.dtype_mm,
+      num_prefix_tokens=model.num_prefix_tokens,
+  )
 
 
 def _f32(x: Array) -> Array:

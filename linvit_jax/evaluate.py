@@ -315,7 +315,7 @@ def _cls_attention_maps(model, params, images):
   maps = []
   for name, spec in zip(block_names(params), vit.layer_specs(model)):
     q, k = blocks[name]["q"][:, :1], blocks[name]["k"]
-    if spec.kind == "linear":
+    if spec.kind == "linear" and not (spec.exact_prefix_rows and model.num_prefix_tokens):
       phi_q, phi_k = attn_lib.feature_maps_of(spec, q, k, p[name]["MultiHeadDotProductAttention_0"])
       weights = attn_lib.linear_weights(phi_q, phi_k, spec.eps)
     else:

@@ -58,13 +58,15 @@ ACTIONS = ("copy", "keep")
 
 _BLOCK = r"Transformer/encoderblock_\d+"
 _ATTN = _BLOCK + r"/MultiHeadDotProductAttention_0"
-FEATURE_MAP_RULE: Rule = (_ATTN + r"/feature_map_[qk]/.*", "keep")
+# What only a linear student has (feature maps, the conv_v lever): never in a softmax teacher.
+FEATURE_MAP_RULE: Rule = (_ATTN + r"/(feature_map_[qk]|conv_v)/.*", "keep")
 ATTENTION_PROJECTIONS = _ATTN + r"/(query|key|value|out)/.*"
 
 # Operator-agnostic parts of a big_vision ViT: identical function in the softmax and linear model.
 _OPERATOR_AGNOSTIC: Policy = [
     (r"embedding/.*", "copy"),
     (r"cls", "copy"),
+    (r"reg", "copy"),  # registers / DeiT's distillation token: prefix tokens, like cls
     (r"pos_embedding", "copy"),
     (_BLOCK + r"/LayerNorm_\d+/.*", "copy"),
     (_BLOCK + r"/MlpBlock_0/.*", "copy"),

@@ -28,6 +28,7 @@ import numpy as np
 from linvit_jax.models import feature_maps
 
 KINDS = ("softmax", "chunked_softmax", "linear")
+LINEAR_LEVERS = ("exact_prefix_rows", "center_keys", "conv_v")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,12 +42,22 @@ class AttentionSpec:
   favor_seed: int = 0
   favor_redraw: bool = False
   chunk_size: int = 512  # chunked_softmax only: keys per block
+  # Levers inside a linear layer (each O(N)):
+  exact_prefix_rows: bool = False  # the prefix tokens' queries (cls, registers) get exact softmax
+  center_keys: bool = False  # keys centred per image and head before φ (softmax is shift-invariant)
+  conv_v: bool = False  # a zero-initialised depthwise 3×3 conv of v over the patch grid, added
 
   def __post_init__(self):
     if self.kind not in KINDS:
       raise ValueError(f"unknown attention kind {self.kind!r}; known: {KINDS}")
     if self.kind == "linear":
       feature_maps.get_feature_map_cls(self.feature_map)  # validates the name early
+    else:
+      levers = [f for f in LINEAR_LEVERS if getattr(self, f)]
+      if levers:
+        raise ValueError(
+            f"attention option(s) {levers} apply to linear attention only, not to {self.kind!r}"
+        )
     if self.chunk_size <= 0:
       raise ValueError(f"attention chunk_size must be positive, got {self.chunk_size}")
 
@@ -259,6 +270,7 @@ class Attention(nn.Module):
   spec: AttentionSpec = AttentionSpec()
   dtype_mm: Any = "float32"
   kernel_init: Any = nn.initializers.xavier_uniform()
+  num_prefix_tokens: int = 0  # tokens before the patch grid (cls, registers): for the levers
 
   @nn.compact
   def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array | None = None) -> jax.Array:
@@ -295,15 +307,24 @@ class Attention(nn.Module):
         # is one [D, H·width] matmul; q itself is then only computed when it is sown (XLA drops
         # it otherwise), and the per-head matmul over all tokens, with its transposes, is gone.
         phi_q = self._folded_features(fmap_q, "query", inputs_q, head_dim, is_query=True)
-        phi_k = self._folded_features(fmap_k, "key", inputs_kv, head_dim, is_query=False)
+        phi_k = self._folded_features(
+            fmap_k, "key", inputs_kv, head_dim, is_query=False, center=spec.center_keys
+        )
       else:
         phi_q = fmap_q(q, is_query=True)
-        phi_k = fmap_k(k, is_query=False)
+        phi_k = fmap_k(center_keys(k) if spec.center_keys else k, is_query=False)
       # Sown for the routing loss, which then needs neither q/k (2 extra projections when φ is
       # folded into them) nor a second pass of the feature maps.
       self.sow("intermediates", "phi_q", phi_q)
       self.sow("intermediates", "phi_k", phi_k)
       y = linear_attention(phi_q, phi_k, v, spec.eps)
+      p = self.num_prefix_tokens
+      if spec.exact_prefix_rows and p:
+        # The cls (and register) rows are what the pooled feature is made of; exact softmax over
+        # all keys for P queries is O(P·N).
+        y = y.at[:, :p].set(softmax_attention(q[:, :p], k, v).astype(y.dtype))
+      if spec.conv_v:
+        y = y + self._conv_v(v, p)
 
     return nn.DenseGeneral(
         features=features,
@@ -313,8 +334,35 @@ class Attention(nn.Module):
         name="out",
     )(y)
 
+  def _conv_v(self, v: jax.Array, prefix: int) -> jax.Array:
+    """A depthwise 3×3 convolution of the patch tokens' v over their grid, zero at init (the
+    layer starts as the plain linear attention); prefix tokens get nothing."""
+    b, n, h, d = v.shape
+    side = int(round((n - prefix) ** 0.5))
+    if side * side != n - prefix:
+      raise ValueError(f"conv_v needs a square patch grid; got {n - prefix} patch tokens")
+    grid = v[:, prefix:].reshape(b, side, side, h * d)
+    conv = nn.Conv(
+        h * d,
+        (3, 3),
+        padding="SAME",
+        feature_group_count=h * d,
+        kernel_init=nn.initializers.zeros,
+        dtype=self.dtype_mm,
+        name="conv_v",
+    )(grid)
+    conv = conv.reshape(b, n - prefix, h, d).astype(v.dtype)
+    return jnp.concatenate([jnp.zeros_like(v[:, :prefix]), conv], axis=1)
+
   def _folded_features(
-      self, fmap: nn.Module, dense_name: str, inputs: jax.Array, head_dim: int, *, is_query: bool
+      self,
+      fmap: nn.Module,
+      dense_name: str,
+      inputs: jax.Array,
+      head_dim: int,
+      *,
+      is_query: bool,
+      center: bool = False,
   ) -> jax.Array:
     """fmap.features(x·(W_p W) + (b_p W + b)) = φ(x W_p + b_p) for a projects_per_head map, with
     the projection `dense_name`'s params (already created by its call above)."""
@@ -332,7 +380,15 @@ class Attention(nn.Module):
         )
         + bias
     )
+    if center:  # (k - mean k)W + b = z - mean(z) + b: the centred keys through the folded map
+      z = z - jnp.mean(z, axis=1, keepdims=True) + b
     return fmap.features(z, is_query=is_query)
+
+
+def center_keys(k: jax.Array) -> jax.Array:
+  """Keys minus their mean over tokens, per image and head: q·(k_j - k̄) differs from q·k_j by a
+  constant per query, which softmax ignores and a feature map does not."""
+  return k - jnp.mean(k, axis=1, keepdims=True)
 
 
 def feature_maps_of(
@@ -343,6 +399,7 @@ def feature_maps_of(
   kw = dict(num_features=spec.num_features, seed=spec.favor_seed, redraw=False)
   fmap_params = fmap_params or {}
   phi = []
+  k = center_keys(k) if spec.center_keys else k
   for name, x, is_q in (("feature_map_q", q, True), ("feature_map_k", k, False)):
     variables = {"params": fmap_params[name]} if name in fmap_params else {}
     phi.append(fmap_cls(**kw).apply(variables, x, is_query=is_q))

@@ -73,6 +73,7 @@ class Encoder1DBlock(nn.Module):
   attention: attn_lib.AttentionSpec = attn_lib.AttentionSpec()
   gelu_approximate: bool = True
   layernorm_epsilon: float = 1e-6
+  num_prefix_tokens: int = 0
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool = True):
@@ -84,6 +85,7 @@ class Encoder1DBlock(nn.Module):
         num_heads=self.num_heads,
         spec=self.attention,
         dtype_mm=self.dtype_mm,
+        num_prefix_tokens=self.num_prefix_tokens,
         name="MultiHeadDotProductAttention_0",
     )(y)
     y = nn.Dropout(rate=self.dropout)(y, deterministic)
@@ -115,6 +117,7 @@ class Encoder(nn.Module):
   attention: tuple[attn_lib.AttentionSpec, ...] = ()
   gelu_approximate: bool = True
   layernorm_epsilon: float = 1e-6
+  num_prefix_tokens: int = 0
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool = True):
@@ -127,6 +130,7 @@ class Encoder(nn.Module):
         dropout=self.dropout,
         gelu_approximate=self.gelu_approximate,
         layernorm_epsilon=self.layernorm_epsilon,
+        num_prefix_tokens=self.num_prefix_tokens,
     )
     if self.scan:
       if len(set(specs)) != 1:
@@ -253,6 +257,7 @@ class _Model(nn.Module):
         attention=attn_lib.parse_layer_specs(self.attention, self.depth),
         gelu_approximate=self.gelu_approximate,
         layernorm_epsilon=self.layernorm_epsilon,
+        num_prefix_tokens=self.num_prefix_tokens,
         name="Transformer",
     )(x, deterministic=not train)
     encoded = out["encoded"] = x

@@ -1,0 +1,161 @@
+"""The levers inside a linear attention layer (AttentionSpec options): exact prefix rows, key
+centring, a zero-initialised depthwise conv on v. Each is exact where it must be and O(N)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from linvit_jax import surgery
+from linvit_jax.models import attention as A
+from linvit_jax.models import vit
+
+X = jax.random.normal(jax.random.PRNGKey(0), (2, 1 + 16, 32))  # cls + a 4×4 grid
+
+
+def _pair(fmap="hedgehog_exp", prefix=1, **levers):
+  """A softmax layer and a linear layer with `levers`, sharing q/k/v/out."""
+  soft = A.Attention(num_heads=2)
+  params = soft.init(jax.random.PRNGKey(1), X)["params"]
+  lin = A.Attention(
+      num_heads=2,
+      spec=A.AttentionSpec(kind="linear", feature_map=fmap, **levers),
+      num_prefix_tokens=prefix,
+  )
+  lin_params = dict(lin.init(jax.random.PRNGKey(2), X)["params"])
+  lin_params.update({k: params[k] for k in ("query", "key", "value", "out")})
+  return soft, params, lin, lin_params
+
+
+@pytest.mark.parametrize("fmap", ["elu1", "hedgehog", "hedgehog_exp"])
+def test_exact_prefix_rows_equal_softmax_rows(fmap):
+  soft, params, lin, lin_params = _pair(fmap, exact_prefix_rows=True)
+  y_soft = soft.apply({"params": params}, X)
+  y_lin = lin.apply({"params": lin_params}, X)
+  np.testing.assert_allclose(np.asarray(y_lin[:, :1]), np.asarray(y_soft[:, :1]), atol=1e-5)
+  assert np.max(np.abs(np.asarray(y_lin[:, 1:] - y_soft[:, 1:]))) > 1e-3  # the rest stays linear
+  plain = A.Attention(num_heads=2, spec=A.AttentionSpec(kind="linear", feature_map=fmap))
+  y_plain = plain.apply({"params": lin_params}, X)
+  np.testing.assert_allclose(np.asarray(y_lin[:, 1:]), np.asarray(y_plain[:, 1:]), atol=1e-6)
+
+
+@pytest.mark.parametrize("fmap", ["elu1", "hedgehog", "hedgehog_exp"])
+def test_centred_keys_ignore_a_shift_shared_by_all_keys(fmap):
+  """Softmax is invariant to a key shift shared by all keys; with center_keys the linear layer
+  is too (folded hedgehog path and plain φ alike), and without it, it is not."""
+  for center, invariant in ((True, True), (False, False)):
+    _, _, lin, lin_params = _pair(fmap, center_keys=center)
+    shifted = dict(lin_params)
+    shifted["key"] = dict(lin_params["key"], bias=lin_params["key"]["bias"] + 0.7)
+    a = lin.apply({"params": lin_params}, X)
+    b = lin.apply({"params": shifted}, X)
+    gap = float(np.max(np.abs(np.asarray(a - b))))
+    assert (gap < 1e-5) == invariant, (fmap, center, gap)
+
+
+def test_centred_keys_match_feature_maps_of():
+  """The sown φ(k) (what the routing loss reads) equals feature_maps_of's, centring included."""
+  _, _, lin, lin_params = _pair("hedgehog", center_keys=True)
+  _, state = lin.apply({"params": lin_params}, X, mutable=["intermediates"])
+  inter = state["intermediates"]
+  fm = {k: v for k, v in lin_params.items() if k.startswith("feature_map")}
+  _, phi_k = A.feature_maps_of(lin.spec, inter["q"][0], inter["k"][0], fm)
+  np.testing.assert_allclose(np.asarray(phi_k), np.asarray(inter["phi_k"][0]), atol=1e-5)
+
+
+def test_conv_v_starts_as_the_plain_layer_and_learns():
+  _, _, lin, lin_params = _pair("elu1", conv_v=True)
+  assert lin_params["conv_v"]["kernel"].shape == (3, 3, 1, 32)  # depthwise over H·Dh channels
+  plain = A.Attention(num_heads=2, spec=A.AttentionSpec(kind="linear", feature_map="elu1"))
+  without = {k: v for k, v in lin_params.items() if k != "conv_v"}
+  np.testing.assert_allclose(
+      np.asarray(lin.apply({"params": lin_params}, X)),
+      np.asarray(plain.apply({"params": without}, X)),
+      atol=1e-6,
+  )
+  grad = jax.grad(lambda p: jnp.sum(lin.apply({"params": p}, X) ** 2))(lin_params)
+  assert float(jnp.abs(grad["conv_v"]["kernel"]).max()) > 0
+  bumped = dict(
+      lin_params,
+      conv_v={"kernel": lin_params["conv_v"]["kernel"] + 0.1, "bias": lin_params["conv_v"]["bias"]},
+  )
+  y = lin.apply({"params": bumped}, X) - lin.apply({"params": lin_params}, X)
+  assert float(jnp.abs(y[:, 1:]).max()) > 1e-4  # patches see their neighbours' v
+  # ... and the cls token sees nothing but what out() makes of a zero (no bias on the prefix)
+  np.testing.assert_allclose(np.asarray(y[:, :1]), 0.0, atol=1e-6)
+
+
+def test_levers_are_linear_in_tokens():
+  """Compiled memory of a layer with every lever grows linearly in tokens (no N² buffer)."""
+
+  def temp_bytes(side):
+    x = jnp.zeros((1, 1 + side * side, 64))
+    layer = A.Attention(
+        num_heads=2,
+        spec=A.AttentionSpec(
+            kind="linear",
+            feature_map="hedgehog_exp",
+            exact_prefix_rows=True,
+            center_keys=True,
+            conv_v=True,
+        ),
+        num_prefix_tokens=1,
+    )
+    params = layer.init(jax.random.PRNGKey(0), x)
+    stats = jax.jit(layer.apply).lower(params, x).compile().memory_analysis()
+    return stats.temp_size_in_bytes
+
+  small, big = temp_bytes(16), temp_bytes(64)  # 257 and 4097 tokens: 16× the tokens
+  assert big < 32 * small, (small, big)  # N² would be 256×
+  n = 1 + 64 * 64
+  assert big < n * n * 4 / 4, big  # far below one float32 score matrix
+
+
+def test_bad_lever_values_fail_before_compute():
+  with pytest.raises(ValueError, match=r"\['center_keys'\] apply to linear attention only"):
+    A.parse_spec({"kind": "softmax", "center_keys": True})
+  with pytest.raises(ValueError, match="unknown attention field"):
+    A.parse_spec({"kind": "linear", "exact_cls": True})
+  layer = A.Attention(num_heads=2, spec=A.AttentionSpec(kind="linear", conv_v=True))
+  with pytest.raises(ValueError, match="square patch grid"):
+    layer.init(jax.random.PRNGKey(0), jnp.zeros((1, 15, 32)))
+
+
+def test_levers_in_a_vit_and_surgery():
+  """A ViT student with the levers: the prefix count reaches every block, surgery keeps conv_v
+  fresh (the teacher has none) and copies the registers like cls."""
+  kw = dict(
+      num_classes=None,
+      patch_size=(4, 4),
+      width=32,
+      depth=2,
+      mlp_dim=64,
+      num_heads=2,
+      pool_type="tok",
+      reg_tokens=2,
+  )
+  images = jnp.zeros((1, 16, 16, 3))
+  teacher = vit.Model(**kw)
+  student = vit.Model(
+      **kw,
+      attention={
+          "kind": "linear",
+          "feature_map": "hedgehog_exp",
+          "exact_prefix_rows": True,
+          "conv_v": True,
+      },
+  )
+  tp = teacher.init(jax.random.PRNGKey(0), images)["params"]
+  sp = student.init(jax.random.PRNGKey(1), images)["params"]
+  for policy in ("copy_same", "copy_all"):
+    params, report = surgery.transplant(tp, sp, policy)
+    assert np.array_equal(params["reg"], tp["reg"])
+    assert np.array_equal(
+        params["Transformer"]["encoderblock_0"]["MultiHeadDotProductAttention_0"]["conv_v"][
+            "kernel"
+        ],
+        sp["Transformer"]["encoderblock_0"]["MultiHeadDotProductAttention_0"]["conv_v"]["kernel"],
+    )
+  _, out = student.apply({"params": params}, images)
+  _, t_out = teacher.apply({"params": tp}, images)
+  assert out["encoded"].shape == (1, 1 + 2 + 16, 32)
