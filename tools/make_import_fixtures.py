@@ -190,94 +190,61 @@ def _save_timm(model, out: str, architecture: str, model_args: dict, mean, std) 
     json.dump(cfg, f, indent=1)
 
 
-def timm_dinov2_registers(root: str) -> None:
+TINY_TIMM = dict(img_size=28, patch_size=7, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2)
+# (folder, timm architecture name it stands for, VisionTransformer args, mean/std, what to keep)
+TIMM_MODELS = (
+    # As timm's vit_*_reg4_dinov2: registers, no position embedding on the prefix, LayerScale.
+    (
+        "timm_dinov2_registers",
+        "vit_small_patch14_reg4_dinov2",
+        dict(reg_tokens=2, no_embed_class=True, init_values=1e-5, num_classes=0),
+        IMAGENET["image_mean"],
+        IMAGENET["image_std"],
+        (),
+    ),
+    # As timm's augreg vit_*: cls token with a position, no LayerScale, a classifier head.
+    (
+        "timm_vit",
+        "vit_tiny_patch16_224.augreg_in21k",
+        dict(num_classes=5),
+        [0.5] * 3,
+        [0.5] * 3,
+        ("logits",),
+    ),
+    # As timm's vit_*_siglip_*: no cls token, tanh GELU, attention-pool (MAP) head.
+    (
+        "timm_siglip",
+        "vit_base_patch16_siglip_224.webli",
+        dict(class_token=False, global_pool="map", act_layer="gelu_tanh", num_classes=0),
+        [0.5] * 3,
+        [0.5] * 3,
+        ("pooled",),
+    ),
+)
+
+
+def timm_models(root: str) -> None:
   from timm.models.vision_transformer import VisionTransformer
 
-  # As timm's vit_*_reg4_dinov2: registers, no position embedding on the prefix, LayerScale.
-  args = dict(
-      img_size=28,
-      patch_size=7,
-      embed_dim=32,
-      depth=2,
-      num_heads=2,
-      mlp_ratio=2,
-      reg_tokens=2,
-      no_embed_class=True,
-      init_values=1e-5,
-      num_classes=0,
-  )
-  model = VisionTransformer(**args).eval()
-  _randomise(model)
-  out = os.path.join(root, "timm_dinov2_registers")
-  _save_timm(
-      model,
-      out,
-      "vit_small_patch14_reg4_dinov2",
-      args,
-      IMAGENET["image_mean"],
-      IMAGENET["image_std"],
-  )
-  x = _images(2, 28)
-  with torch.no_grad():
-    y = model.forward_features(_nchw(x)).numpy()
-  np.savez(os.path.join(out, "reference.npz"), images=x, encoded=y)
-
-
-def timm_vit_head(root: str) -> None:
-  from timm.models.vision_transformer import VisionTransformer
-
-  # As timm's augreg vit_*: cls token with a position, no LayerScale, a classifier head.
-  args = dict(
-      img_size=28, patch_size=7, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2, num_classes=5
-  )
-  model = VisionTransformer(**args).eval()
-  _randomise(model)
-  out = os.path.join(root, "timm_vit")
-  _save_timm(model, out, "vit_tiny_patch16_224.augreg_in21k", args, [0.5] * 3, [0.5] * 3)
-  x = _images(2, 28)
-  with torch.no_grad():
-    y = model.forward_features(_nchw(x)).numpy()
-    logits = model(_nchw(x)).numpy()
-  np.savez(os.path.join(out, "reference.npz"), images=x, encoded=y, logits=logits)
-
-
-def timm_siglip(root: str) -> None:
-  from timm.models.vision_transformer import VisionTransformer
-
-  # As timm's vit_*_siglip_*: no cls token, tanh GELU, attention-pool (MAP) head.
-  args = dict(
-      img_size=28,
-      patch_size=7,
-      embed_dim=32,
-      depth=2,
-      num_heads=2,
-      mlp_ratio=2,
-      class_token=False,
-      global_pool="map",
-      act_layer="gelu_tanh",
-      num_classes=0,
-  )
-  model = VisionTransformer(**args).eval()
-  _randomise(model)
-  out = os.path.join(root, "timm_siglip")
-  _save_timm(model, out, "vit_base_patch16_siglip_224.webli", args, [0.5] * 3, [0.5] * 3)
-  x = _images(2, 28)
-  with torch.no_grad():
-    y = model.forward_features(_nchw(x))
-    pooled = model.forward_head(y, pre_logits=True).numpy()
-  np.savez(os.path.join(out, "reference.npz"), images=x, encoded=y.numpy(), pooled=pooled)
+  for folder, architecture, extra, mean, std, keep in TIMM_MODELS:
+    args = dict(TINY_TIMM, **extra)
+    model = VisionTransformer(**args).eval()
+    _randomise(model)
+    out = os.path.join(root, folder)
+    _save_timm(model, out, architecture, args, mean, std)
+    x = _images(2, 28)
+    with torch.no_grad():
+      y = model.forward_features(_nchw(x))
+      refs = dict(images=x, encoded=y.numpy())
+      if "logits" in keep:
+        refs["logits"] = model(_nchw(x)).numpy()
+      if "pooled" in keep:
+        refs["pooled"] = model.forward_head(y, pre_logits=True).numpy()
+    np.savez(os.path.join(out, "reference.npz"), **refs)
 
 
 def main(root: str) -> None:
-  for make in (
-      hf_dinov2,
-      hf_dinov2_registers,
-      hf_vit,
-      hf_siglip,
-      timm_dinov2_registers,
-      timm_vit_head,
-      timm_siglip,
-  ):
+  for make in (hf_dinov2, hf_dinov2_registers, hf_vit, hf_siglip, timm_models):
     make(root)
     print("wrote", make.__name__)
 

@@ -527,22 +527,41 @@ def _from_hf(folder: str, config: dict[str, Any]) -> Imported:
   )
 
 
-def _hf_map_head(t: _Tensors, heads: int) -> dict[str, Any]:
-  w, b = t("head.attention.in_proj_weight"), t("head.attention.in_proj_bias")
-  d = w.shape[1]
+def _map_head(heads: int, probe, q, k, v, out, ln, fc1, fc2) -> dict[str, Any]:
+  """big_vision's MAPHead from (weight, bias) pairs of torch layout ([out, in])."""
   attn = "MultiHeadDotProductAttention_0"
   return {
-      "probe": t("head.probe"),
-      f"{attn}/query": _heads_in(w[:d], b[:d], heads),
-      f"{attn}/key": _heads_in(w[d : 2 * d], b[d : 2 * d], heads),
-      f"{attn}/value": _heads_in(w[2 * d :], b[2 * d :], heads),
-      f"{attn}/out": _heads_out(
-          t("head.attention.out_proj.weight"), t("head.attention.out_proj.bias"), heads
-      ),
-      "LayerNorm_0": _ln(t("head.layernorm.weight"), t("head.layernorm.bias")),
-      "MlpBlock_0/Dense_0": _dense(t("head.mlp.fc1.weight"), t("head.mlp.fc1.bias")),
-      "MlpBlock_0/Dense_1": _dense(t("head.mlp.fc2.weight"), t("head.mlp.fc2.bias")),
+      "probe": probe,
+      f"{attn}/query": _heads_in(*q, heads),
+      f"{attn}/key": _heads_in(*k, heads),
+      f"{attn}/value": _heads_in(*v, heads),
+      f"{attn}/out": _heads_out(*out, heads),
+      "LayerNorm_0": _ln(*ln),
+      "MlpBlock_0/Dense_0": _dense(*fc1),
+      "MlpBlock_0/Dense_1": _dense(*fc2),
   }
+
+
+def _pair(t: _Tensors, name: str, optional_bias: bool = False) -> tuple[np.ndarray, Any]:
+  return t(name + ".weight"), t(name + ".bias", optional=optional_bias)
+
+
+def _hf_map_head(t: _Tensors, heads: int) -> dict[str, Any]:
+  """SiglipMultiheadAttentionPoolingHead: torch's MultiheadAttention packs q/k/v in in_proj."""
+  w, b = t("head.attention.in_proj_weight"), t("head.attention.in_proj_bias")
+  d = w.shape[1]
+  q, k, v = ((w[i * d : (i + 1) * d], b[i * d : (i + 1) * d]) for i in range(3))
+  return _map_head(
+      heads,
+      t("head.probe"),
+      q,
+      k,
+      v,
+      _pair(t, "head.attention.out_proj"),
+      _pair(t, "head.layernorm"),
+      _pair(t, "head.mlp.fc1"),
+      _pair(t, "head.mlp.fc2"),
+  )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -674,27 +693,30 @@ def _from_timm(
 
 
 def _timm_map_head(t: _Tensors, heads: int) -> dict[str, Any]:
+  """timm's AttentionPoolLatent: a separate q, k and v packed in kv."""
   latent = t("attn_pool.latent")
   if latent.shape[1] != 1:
     raise CheckpointError(
         f"checkpoint '{t.source}': attn_pool.latent has {latent.shape[1]} queries; big_vision's "
         "MAP head has one"
     )
-  kv, kv_b = t("attn_pool.kv.weight"), t("attn_pool.kv.bias", optional=True)
+  kv, kv_b = _pair(t, "attn_pool.kv", optional_bias=True)
   d = kv.shape[1]
-  attn = "MultiHeadDotProductAttention_0"
-  return {
-      "probe": latent,
-      f"{attn}/query": _heads_in(
-          t("attn_pool.q.weight"), t("attn_pool.q.bias", optional=True), heads
-      ),
-      f"{attn}/key": _heads_in(kv[:d], None if kv_b is None else kv_b[:d], heads),
-      f"{attn}/value": _heads_in(kv[d:], None if kv_b is None else kv_b[d:], heads),
-      f"{attn}/out": _heads_out(t("attn_pool.proj.weight"), t("attn_pool.proj.bias"), heads),
-      "LayerNorm_0": _ln(t("attn_pool.norm.weight"), t("attn_pool.norm.bias")),
-      "MlpBlock_0/Dense_0": _dense(t("attn_pool.mlp.fc1.weight"), t("attn_pool.mlp.fc1.bias")),
-      "MlpBlock_0/Dense_1": _dense(t("attn_pool.mlp.fc2.weight"), t("attn_pool.mlp.fc2.bias")),
-  }
+  k, v = (
+      (kv[i * d : (i + 1) * d], None if kv_b is None else kv_b[i * d : (i + 1) * d])
+      for i in range(2)
+  )
+  return _map_head(
+      heads,
+      latent,
+      _pair(t, "attn_pool.q", optional_bias=True),
+      k,
+      v,
+      _pair(t, "attn_pool.proj"),
+      _pair(t, "attn_pool.norm"),
+      _pair(t, "attn_pool.mlp.fc1"),
+      _pair(t, "attn_pool.mlp.fc2"),
+  )
 
 
 # ------------------------------------------------------------------------------------------------

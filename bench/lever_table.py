@@ -1,0 +1,107 @@
+r"""The levers of a linear layer, each on and off, on one checkpoint: one convert_folder run per arm.
+
+  .venv/bin/python -m bench.lever_table --init CKPT --images DIR --res 112 --max_images 2000 \
+      --out docs/levers_112 [--arms baseline,exact_prefix,center_keys,conv_v,all]
+
+Each arm is `configs/convert_folder.py` with the same photos, budget and seed and one lever
+switched on (`all`: every lever); its workdir is `<out>/<arm>` (a finished arm is reused: the run
+resumes). Writes `<out>/levers.json` and `<out>/levers.md`: per arm the final cls and mean patch
+cosine on held-out crops, the worst per-layer teacher-forced cosine, k-NN retention, and images/s
+of the student against the teacher at 1× and 2× the resolution (the run's own resolution rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+ARMS = {
+    "baseline": {},
+    "exact_prefix": {"exact_prefix": True},
+    "center_keys": {"center_keys": True},
+    "conv_v": {"conv_v": True},
+    "all": {"exact_prefix": True, "center_keys": True, "conv_v": True},
+    # ViT-AdaLA's stage 2: after distilling attention on half the budget, the whole network
+    # tuned to the teacher's block outputs and final tokens at a small lr (align stage).
+    "align_all": {"distill_fraction": 0.5, "align_trainable": "all", "lr_align": 2e-5},
+    "all_align_all": {
+        "exact_prefix": True,
+        "center_keys": True,
+        "conv_v": True,
+        "distill_fraction": 0.5,
+        "align_trainable": "all",
+        "lr_align": 2e-5,
+    },
+}
+
+
+def run_arm(name: str, args: argparse.Namespace) -> dict:
+  import linvit_jax
+
+  options = dict(
+      res=args.res,
+      max_images=args.max_images,
+      batch=args.batch,
+      knn=args.knn,
+      knn_train=args.knn_train,
+      knn_eval=args.knn_eval,
+      **ARMS[name],
+  )
+  workdir = os.path.join(args.out, name)
+  linvit_jax.convert(args.init, images=args.images, workdir=workdir, **options)
+  with open(os.path.join(workdir, "results.json")) as f:
+    return json.load(f)
+
+
+def row(name: str, results: dict) -> dict:
+  final = [k for k in results if k.startswith("end_to_end_")][-1]
+  e2e = results[final]
+  layers = results[f"fidelity_{final[len('end_to_end_'):]}"]
+  out = {
+      "arm": name,
+      "cls_cosine": e2e.get("cls_cosine"),
+      "patch_cosine": e2e["patch_cosine"],
+      "worst_layer_cosine": min(r["cosine"] for r in layers),
+      "knn_retention": (results.get("knn") or {}).get("retention"),
+      "distill_s": results["timing_s"].get("distill_attention"),
+  }
+  for r in results.get("resolution", []):
+    out[f"speedup_{r['image_size']}px"] = r["student_images_per_s"] / r["teacher_images_per_s"]
+    out[f"cls_cosine_{r['image_size']}px"] = r.get("cls_cosine")
+  return out
+
+
+def table(rows: list[dict]) -> str:
+  cols = list(rows[0])
+  fmt = lambda v: "—" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
+  lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+  lines += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
+  return "\n".join(lines)
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--init", required=True)
+  p.add_argument("--images", required=True)
+  p.add_argument("--out", required=True)
+  p.add_argument("--res", type=int, default=112)
+  p.add_argument("--max_images", type=int, default=2000)
+  p.add_argument("--batch", type=int, default=8)
+  p.add_argument("--knn", default="fashion_mnist_local")
+  p.add_argument("--knn_train", type=int, default=500)
+  p.add_argument("--knn_eval", type=int, default=250)
+  p.add_argument("--arms", default=",".join(ARMS))
+  args = p.parse_args()
+  rows = []
+  for name in args.arms.split(","):
+    rows.append(row(name, run_arm(name, args)))
+    with open(os.path.join(args.out, "levers.json"), "w") as f:
+      json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+    with open(os.path.join(args.out, "levers.md"), "w") as f:
+      f.write(table(rows) + "\n")
+    print(table(rows), flush=True)
+
+
+if __name__ == "__main__":
+  main()
