@@ -80,7 +80,7 @@ def table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[dict]:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--init", required=True)
   p.add_argument("--images", required=True)
@@ -92,7 +92,7 @@ def main() -> None:
   p.add_argument("--knn_train", type=int, default=500)
   p.add_argument("--knn_eval", type=int, default=250)
   p.add_argument("--arms", default=",".join(ARMS))
-  args = p.parse_args()
+  args = p.parse_args(argv)
   rows = []
   for name in args.arms.split(","):
     rows.append(row(name, run_arm(name, args)))
@@ -101,6 +101,7 @@ def main() -> None:
     with open(os.path.join(args.out, "levers.md"), "w") as f:
       f.write(table(rows) + "\n")
     print(table(rows), flush=True)
+  return rows
 
 
 if __name__ == "__main__":

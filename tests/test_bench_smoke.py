@@ -96,3 +96,43 @@ def test_gpu_script_runs_its_plan_into_the_named_folder(tmp_path):
   assert "## GPU (bench/gpu.sh)" in (out / "RESULTS.md").read_text()
   no_dir = subprocess.run(["bash", "bench/gpu.sh"], env=env, capture_output=True, text=True)
   assert no_dir.returncode != 0 and "usage" in no_dir.stderr
+
+
+def test_lever_table_runs_an_arm_and_writes_its_row(tmp_path):
+  """One lever arm (exact prefix rows) on the tiny Hugging Face DINOv2 with registers."""
+  import os
+
+  import numpy as np
+  from PIL import Image
+
+  from bench import lever_table
+
+  photos = tmp_path / "photos"
+  photos.mkdir()
+  rs = np.random.RandomState(0)
+  for i in range(6):
+    Image.fromarray((rs.rand(40, 40, 3) * 255).astype(np.uint8)).save(photos / f"{i}.png")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  rows = lever_table.main(
+      [
+          "--init",
+          os.path.join(root, "tests", "data", "foreign", "hf_dinov2_registers"),
+          "--images",
+          str(photos),
+          "--out",
+          str(tmp_path / "out"),
+          "--res",
+          "28",
+          "--max_images",
+          "16",
+          "--knn",
+          "none",
+          "--arms",
+          "exact_prefix",
+      ]
+  )
+  assert rows[0]["arm"] == "exact_prefix" and 0 < rows[0]["cls_cosine"] <= 1.0001
+  assert rows[0]["speedup_56px"] > 0 and rows[0]["knn_retention"] is None
+  saved = json.loads((tmp_path / "out" / "levers.json").read_text())
+  assert saved["rows"] == json.loads(json.dumps(rows))
+  assert "| exact_prefix |" in (tmp_path / "out" / "levers.md").read_text()
