@@ -72,6 +72,44 @@ def row(name: str, results: dict) -> dict:
   return out
 
 
+def speed(arms: list[str], sizes: list[int], batch: int = 1) -> list[dict]:
+  """Forward images/s of a ViT-S/14 student per arm against the softmax teacher at each size
+  (random weights: speed does not depend on them), measured side by side in one process."""
+  import jax
+  import numpy as np
+
+  from linvit_jax import evaluate
+  from linvit_jax.models import vit
+
+  arch = dict(num_classes=None, variant="S/14", pool_type="tok", gelu_approximate=False)
+  rows = []
+  for size in sizes:
+    images = np.zeros((batch, size, size, 3), np.float32)
+    teacher = vit.Model(**arch)
+    params = jax.jit(teacher.init)(jax.random.PRNGKey(0), images)["params"]
+    t_ips = evaluate.images_per_second(teacher, params, images, repeats=3)
+    row = {"image_size": size, "teacher_images_per_s": t_ips}
+    for name in arms:
+      levers = {
+          k: v for k, v in ARMS[name].items() if k in ("exact_prefix", "center_keys", "conv_v")
+      }
+      spec = dict(
+          kind="linear",
+          feature_map="hedgehog_exp",
+          conv_v=levers.get("conv_v", False),
+          exact_prefix_rows=levers.get("exact_prefix", False),
+          center_keys=levers.get("center_keys", False),
+      )
+      student = vit.Model(**arch, attention=spec)
+      s_params = jax.jit(student.init)(jax.random.PRNGKey(0), images)["params"]
+      row[f"{name}_speedup"] = (
+          evaluate.images_per_second(student, s_params, images, repeats=3) / t_ips
+      )
+    rows.append(row)
+    print(row, flush=True)
+  return rows
+
+
 def table(rows: list[dict]) -> str:
   cols = list(rows[0])
   fmt = lambda v: "—" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))  # noqa: E731
@@ -92,7 +130,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
   p.add_argument("--knn_train", type=int, default=500)
   p.add_argument("--knn_eval", type=int, default=250)
   p.add_argument("--arms", default=",".join(ARMS))
+  p.add_argument("--speed_sizes", default="", help="e.g. 224,448,896: time the arms' students")
   args = p.parse_args(argv)
+  os.makedirs(args.out, exist_ok=True)
+  if args.speed_sizes:
+    arms = [a for a in args.arms.split(",") if not a.endswith("align_all")]
+    rows = speed(arms, [int(x) for x in args.speed_sizes.split(",")])
+    with open(os.path.join(args.out, "lever_speed.json"), "w") as f:
+      json.dump(rows, f, indent=1)
+    with open(os.path.join(args.out, "lever_speed.md"), "w") as f:
+      f.write(table(rows) + "\n")
+    return rows
   rows = []
   for name in args.arms.split(","):
     rows.append(row(name, run_arm(name, args)))
