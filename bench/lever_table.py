@@ -24,6 +24,7 @@ ARMS = {
     "all": {"exact_prefix": True, "center_keys": True, "conv_v": True},
     # ViT-AdaLA's stage 2: after distilling attention on half the budget, the whole network
     # tuned to the teacher's block outputs and final tokens at a small lr (align stage).
+    "center_conv": {"center_keys": True, "conv_v": True},
     "align_all": {"distill_fraction": 0.5, "align_trainable": "all", "lr_align": 2e-5},
     "all_align_all": {
         "exact_prefix": True,
@@ -141,10 +142,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     with open(os.path.join(args.out, "lever_speed.md"), "w") as f:
       f.write(table(rows) + "\n")
     return rows
+  # Rows of arms run earlier into the same folder stay in the table (an arm run again replaces
+  # its row), so a table can be built in parts.
+  path = os.path.join(args.out, "levers.json")
   rows = []
+  if os.path.exists(path):
+    with open(path) as f:
+      rows = json.load(f)["rows"]
   for name in args.arms.split(","):
-    rows.append(row(name, run_arm(name, args)))
-    with open(os.path.join(args.out, "levers.json"), "w") as f:
+    rows = [r for r in rows if r["arm"] != name] + [row(name, run_arm(name, args))]
+    with open(path, "w") as f:
       json.dump({"args": vars(args), "rows": rows}, f, indent=1)
     with open(os.path.join(args.out, "levers.md"), "w") as f:
       f.write(table(rows) + "\n")

@@ -159,3 +159,16 @@ def test_levers_in_a_vit_and_surgery():
   _, out = student.apply({"params": params}, images)
   _, t_out = teacher.apply({"params": tp}, images)
   assert out["encoded"].shape == (1, 1 + 2 + 16, 32)
+
+
+def test_depthwise_conv_equals_flax_grouped_conv():
+  import flax.linen as nn
+
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 6, 8))
+  params = {
+      "kernel": jax.random.normal(jax.random.PRNGKey(1), (3, 3, 1, 8)),
+      "bias": jax.random.normal(jax.random.PRNGKey(2), (8,)),
+  }
+  ref = nn.Conv(8, (3, 3), padding="SAME", feature_group_count=8).apply({"params": params}, x)
+  got = A.DepthwiseConv3x3().apply({"params": params}, x)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-5)

@@ -263,6 +263,21 @@ def linear_weights(phi_q: jax.Array, phi_k: jax.Array, eps: float = 1e-6) -> jax
 # ----------------------------------------------------------------------------- the module
 
 
+class DepthwiseConv3x3(nn.Module):
+  """A zero-initialised depthwise 3×3 convolution, SAME padding, with nn.Conv's parameter names
+  and shapes (kernel [3, 3, 1, C], bias [C]), computed as nine shifted multiply-adds: XLA:CPU runs
+  a grouped convolution with C groups far slower than its FLOPs."""
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    c, (hh, ww) = x.shape[-1], x.shape[1:3]
+    kernel = self.param("kernel", nn.initializers.zeros, (3, 3, 1, c)).astype(x.dtype)
+    bias = self.param("bias", nn.initializers.zeros, (c,)).astype(x.dtype)
+    padded = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    taps = [kernel[i, j, 0] * padded[:, i : i + hh, j : j + ww] for i in range(3) for j in range(3)]
+    return bias + sum(taps)
+
+
 class Attention(nn.Module):
   """Multi-head attention with flax MHA's parameter names; the operator comes from `spec`."""
 
@@ -342,15 +357,7 @@ class Attention(nn.Module):
     if side * side != n - prefix:
       raise ValueError(f"conv_v needs a square patch grid; got {n - prefix} patch tokens")
     grid = v[:, prefix:].reshape(b, side, side, h * d)
-    conv = nn.Conv(
-        h * d,
-        (3, 3),
-        padding="SAME",
-        feature_group_count=h * d,
-        kernel_init=nn.initializers.zeros,
-        dtype=self.dtype_mm,
-        name="conv_v",
-    )(grid)
+    conv = DepthwiseConv3x3(name="conv_v")(grid)
     conv = conv.reshape(b, n - prefix, h, d).astype(v.dtype)
     return jnp.concatenate([jnp.zeros_like(v[:, :prefix]), conv], axis=1)
 
