@@ -44,10 +44,12 @@ ratio, on `knn=` a labelled set: the embedded Fashion-MNIST upsampled to `res` (
 per class (`knn_train` / `knn_eval` images of each split: its `train@H` / `holdout@H` path-hash
 split, H = `holdout`); `knn=none` turns it off.
 
-Levers inside each linear layer (attention.AttentionSpec options, off by default): `exact_prefix`
-(the cls and register queries get exact softmax over all keys, O(N)), `center_keys` (keys centred
-per image and head before φ: softmax ignores a shift shared by all keys, a feature map does not),
-`conv_v` (a zero-initialised depthwise 3×3 convolution of v over the patch grid).
+Levers inside each linear layer (attention.AttentionSpec options): `center_keys` (on: keys
+centred per image and head before φ: softmax ignores a shift shared by all keys, a feature map
+does not), `conv_v` (on: a zero-initialised depthwise 3×3 convolution of v over the patch grid),
+`exact_prefix` (off: the cls and register queries get exact softmax over all keys, O(N)). The
+defaults are the best measured (docs/levers.md): on the shared ViT-S/14 at 224 px, 6,000 images,
+final cls / patch cosine 0.917 / 0.930 against 0.882 / 0.889 without them at 10,000.
 
 Args: init, images, res, gelu, norm, feature_map (hedgehog_exp | hedgehog | elu1 | relu | favor),
 exact_prefix, center_keys, conv_v,
@@ -85,8 +87,8 @@ def get_config(arg=None):
       holdout=0.2,
       eval_images=32,
       exact_prefix=False,
-      center_keys=False,
-      conv_v=False,
+      center_keys=True,
+      conv_v=True,
       knn="fashion_mnist_local",
       knn_data_dir="",
       knn_train=1000,

@@ -21,7 +21,8 @@ def test_export_folder_carries_what_a_user_needs(tiny_hf_conversion):
   for name in ("student.npz", "student.safetensors", "student_config.json", "README.md"):
     assert (workdir / name).exists(), name
   cfg = json.loads((workdir / "student_config.json").read_text())
-  assert cfg["format"] == 2 and cfg["model"]["attention"] == "hedgehog_exp"
+  assert cfg["format"] == 2 and cfg["model"]["attention"]["feature_map"] == "hedgehog_exp"
+  assert cfg["model"]["attention"]["conv_v"] and cfg["model"]["attention"]["center_keys"]
   pre = cfg["preprocessing"]
   assert pre["image_size"] == [28, 28] and pre["gelu"] == "exact" and pre["patch_size"] == [7, 7]
   assert pre["pp"].startswith("decode|") and pre["pp"].endswith('keep("image")')
