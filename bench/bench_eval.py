@@ -30,17 +30,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   p.add_argument("--out", default=os.path.join(REPO, "bench", "results", "eval.json"))
   args = p.parse_args(argv)
   from configs import demo
-  from linvit_jax import evaluate, run, stages, surgery
-  from linvit_jax.models import vit_checkpoint
+  from linvit_jax import evaluate, export, stages, surgery
+  from linvit_jax.models import from_config, vit_checkpoint
 
   c = demo.get_config()
   c.compile_cache = "none"
-  teacher, student = run.build_models(c)
+  teacher, student = from_config.build_models(c.model, export.student_attention(c))
   x = np.asarray(
       jax.random.uniform(jax.random.PRNGKey(0), (256, 28, 28, 1), minval=-1.0, maxval=1.0)
   )
   t_init = teacher.init(jax.random.PRNGKey(0), x[:1])["params"]
-  tp = vit_checkpoint.load_vit_params(t_init, c.teacher.init, run.model_kwargs(c))
+  tp = vit_checkpoint.load_vit_params(t_init, c.teacher.init, from_config.model_kwargs(c.model))
   sp, _ = surgery.transplant(tp, student.init(jax.random.PRNGKey(1), x[:1])["params"], "copy_same")
 
   pieces = {

@@ -26,7 +26,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from linvit_jax import evaluate
-from linvit_jax import run as run_lib
+from linvit_jax import export
+from linvit_jax import report
+from linvit_jax import surgery
+from linvit_jax.data import sources
+from linvit_jax.models import from_config
 from linvit_jax.models import vit
 
 
@@ -51,10 +55,10 @@ def main(argv=None) -> dict:
   with open(os.path.join(args.workdir, "config.json")) as f:
     config = mlc.ConfigDict(json.load(f))
   stage = next(s for s in config.stages if config[s].kind == "distill_attention")
-  teacher_model, student_model = run_lib.build_models(config)
-  sample = run_lib._sample_images(config, config.eval.fidelity_images)  # held-out views
+  teacher_model, student_model = from_config.build_models(config.model, export.student_attention(config))
+  sample = sources._sample_images(config, config.eval.fidelity_images)  # held-out views
   shapes = jax.eval_shape(teacher_model.init, jax.random.PRNGKey(0), sample[:1])["params"]
-  teacher_params = vit.load(shapes, config.teacher.init, run_lib.model_kwargs(config))
+  teacher_params = vit.load(shapes, config.teacher.init, from_config.model_kwargs(config.model))
   student_params, step = _distilled_params(args.workdir, stage)
   fid = evaluate.attention_fidelity(
       teacher_model, teacher_params, student_model, student_params, sample
@@ -63,8 +67,8 @@ def main(argv=None) -> dict:
   patch = config.model.patch_size[0]
   rows = []
   for k in (int(x) for x in args.ks.split(",")):
-    layers = run_lib.worst_layers(fid, k)
-    model, params = run_lib._to_softmax_layers(
+    layers = surgery.worst_layers(fid, k)
+    model, params = surgery.to_softmax_layers(
         teacher_params, student_model, student_params, layers
     )
     row = {
@@ -129,7 +133,7 @@ def main(argv=None) -> dict:
     )
   with open(args.out + ".md", "w") as f:
     f.write("\n".join(lines) + "\n")
-  fig = evaluate.new_figure(figsize=(9, 3.5))
+  fig = report.new_figure(figsize=(9, 3.5))
   ax1, ax2 = fig.subplots(1, 2)
   ks = [r["k"] for r in rows]
   ax1.plot(ks, [r.get("cls_cosine", np.nan) for r in rows], "o-", label="cls cosine")

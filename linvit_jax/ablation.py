@@ -110,7 +110,7 @@ def summarize(results: Mapping[str, list[dict]], teacher_top1: float | None) -> 
 
 
 def plot_curves(results: Mapping[str, list[dict]], path: str, teacher_top1: float | None) -> None:
-  from linvit_jax.evaluate import new_figure
+  from linvit_jax.report import new_figure
 
   fig = new_figure(figsize=(7, 4.2))
   ax = fig.subplots()

@@ -3,17 +3,11 @@
 Everything here is a pure, jit-friendly function of params, arrays and a model. A "model" argument
 is a `vit.Model(...)` instance or the config dict it was built from (`vit.Model(**cfg)`).
 
-One teacher forward (no gradient) gives every layer's input and target, stacked on a leading layer
-axis L (`teacher_targets`):
-
-    attn_input [L,B,N,D]  the LayerNorm_0 output = each attention sublayer's input
-    q, k       [L,B,N,H,Dh] post-projection queries/keys (for the routing loss)
-    sa         [L,B,N,D]  each attention sublayer's output (after the out projection)
-    +sa, +mlp  [L,B,N,D]  the residual stream after the attention / MLP sublayer of each block
-    encoded    [B,N,D]    after encoder_norm;  pre_logits [B,D];  logits [B,C] (if a head)
-
-Teacher forcing (`student_attention_outputs`) runs each student attention layer on the teacher's
-own `attn_input`, so all layers train in one pass and errors do not compound during the stage.
+Every loss reads its teacher and student through `probe` (the per-layer reads that evaluation
+shares): one teacher forward gives every layer's input and target (`probe.teacher_targets`: attn_input,
+q, k, sa, +sa, +mlp stacked on a leading layer axis L, and encoded, pre_logits, logits), and
+teacher forcing (`probe.student_attention_outputs`) runs each student attention layer on the
+teacher's own `attn_input`, so all layers train in one pass and errors do not compound.
 
 Losses (each a function below; formulas in their docstrings):
     attention_output_loss   per-layer MSE/Var(teacher) ("nmse") or 1 - cosine
@@ -51,7 +45,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -60,16 +54,18 @@ import ml_collections
 import numpy as np
 
 from linvit_jax import config_lib
+from linvit_jax import probe
+from linvit_jax import tree as tree_lib
 from linvit_jax.models import attention as attn_lib
+from linvit_jax.models import layout
 from linvit_jax.models import vit
 
 Array = jax.Array
 Params = Mapping[str, Any]
-ModelLike = Union[nn.Module, Mapping[str, Any]]
+ModelLike = probe.ModelLike
 
-EPS = 1e-12  # guards variances and norms in denominators (absolute: outputs can be tiny)
+EPS = probe.EPS  # guards variances and norms in denominators (absolute: outputs can be tiny)
 LOG_EPS = 1e-9  # guards log() of attention weights that a feature map can make exactly zero
-ATTN = "MultiHeadDotProductAttention_0"
 
 # The student's own features that w_feature matches (`feature_keys`: a loss option that the
 # config's `distill` block does not carry).
@@ -79,157 +75,7 @@ _DEFAULTS = {**config_lib.distill(), "feature_keys": FEATURE_KEYS}
 
 
 # ------------------------------------------------------------------------------------------------
-# Models, layers and param subtrees.
-
-
-def as_model(model: ModelLike) -> nn.Module:
-  """A vit model instance, or one built from its config dict / ConfigDict."""
-  if isinstance(model, nn.Module):
-    return model
-  if hasattr(model, "to_dict"):
-    model = model.to_dict()
-  if not isinstance(model, Mapping):
-    raise TypeError(f"expected a vit.Model or its config dict, got {type(model).__name__}")
-  return vit.Model(**model)
-
-
-def _is_scanned(params: Params) -> bool:
-  return "encoderblock" in params["Transformer"]
-
-
-def block_params(params: Params, layer: int) -> Params:
-  """Block `layer`'s params subtree, from a per-block or scanned (stacked) tree."""
-  t = params["Transformer"]
-  if "encoderblock" in t:
-    return jax.tree.map(lambda x: x[layer], t["encoderblock"])
-  return t[f"encoderblock_{layer}"]
-
-
-def _attention_module(model: nn.Module, spec: attn_lib.AttentionSpec) -> attn_lib.Attention:
-  return attn_lib.Attention(
-      num_heads=model.num_heads,
-      spec=spec,
-      dtype_mm=model.dtype_mm,
-      num_prefix_tokens=model.num_prefix_tokens,
-  )
-
-
-def _f32(x: Array) -> Array:
-  return jnp.asarray(x, jnp.float32)
-
-
-# ------------------------------------------------------------------------------------------------
-# The teacher's targets and the teacher-forced student.
-
-
-def teacher_targets(teacher_model: ModelLike, teacher_params: Params, images: Array) -> dict:
-  """One teacher forward (eval mode, stop_gradient): every layer's input and targets.
-
-  Returns a dict with attn_input, q, k, sa, +sa, +mlp stacked on a leading layer axis, and
-  encoded, pre_logits, logits (when the model has a head); see the module docstring for shapes.
-  """
-  model = as_model(teacher_model)
-  (logits, out), state = model.apply(
-      {"params": teacher_params}, images, train=False, mutable=["intermediates"]
-  )
-  enc = [out["encoder"][f"block{l:02d}"] for l in range(model.depth)]
-  targets = {
-      **vit.sown_per_layer(state["intermediates"]),  # attn_input, q, k
-      "sa": jnp.stack([e["sa"] for e in enc]),
-      "+sa": jnp.stack([e["+sa"] for e in enc]),
-      "+mlp": jnp.stack([e["+mlp"] for e in enc]),
-      "encoded": out["encoded"],
-      "pre_logits": out["pre_logits"],
-  }
-  if model.num_classes:
-    targets["logits"] = logits
-  return jax.tree.map(jax.lax.stop_gradient, targets)
-
-
-def student_attention_outputs(
-    student_model: ModelLike,
-    student_params: Params,
-    attn_inputs: Array,
-    *,
-    rng: Array | None = None,
-    with_qk: bool = False,
-    with_phi: bool = False,
-):
-  """Teacher-forced student attention: layer l's attention applied to `attn_inputs[l]`.
-
-  Args:
-    student_model: the student vit model (or its config): gives each layer's AttentionSpec.
-    student_params: the student's params (per-block or scanned).
-    attn_inputs: [L,B,N,D], the teacher's attention inputs (`teacher_targets(...)["attn_input"]`).
-    rng: only for FAVOR+ with redraw (one key per layer is folded in).
-    with_qk: also return the student's q and k, each [L,B,N,H,Dh].
-    with_phi: (with `with_qk`) also return per layer the (φ(q), φ(k)) the layer's linear operator
-      used, each [B,N,H,F], or None for a softmax layer.
-
-  Returns:
-    outputs [L,B,N,D] (after the out projection), or (outputs, q, k) with `with_qk`, or
-    (outputs, q, k, phis) with both.
-  """
-  model = as_model(student_model)
-  specs = vit.layer_specs(model)
-  depth = len(specs)
-  if attn_inputs.shape[0] != depth:
-    raise ValueError(f"attn_inputs has {attn_inputs.shape[0]} layers, the student has {depth}")
-
-  def apply_one(spec, p, x, key):
-    rngs = {"favor": key} if (spec.favor_redraw and key is not None) else None
-    y, state = _attention_module(model, spec).apply(
-        {"params": p}, x, rngs=rngs, mutable=["intermediates"]
-    )
-    inter = state["intermediates"]
-    phi = (inter["phi_q"][0], inter["phi_k"][0]) if "phi_q" in inter else None
-    return y, inter["q"][0], inter["k"][0], phi
-
-  keys = None if rng is None else jax.random.split(rng, depth)
-  if _is_scanned(student_params):
-    if len(set(specs)) != 1:
-      raise ValueError("a scanned student must use one attention operator in every layer")
-    stacked = student_params["Transformer"]["encoderblock"][ATTN]
-    if keys is None:
-      ys, qs, ks, phi = jax.vmap(lambda p, x: apply_one(specs[0], p, x, None))(stacked, attn_inputs)
-    else:
-      ys, qs, ks, phi = jax.vmap(functools.partial(apply_one, specs[0]))(stacked, attn_inputs, keys)
-    phis = [None if phi is None else (phi[0][l], phi[1][l]) for l in range(depth)]
-  else:
-    outs = [
-        apply_one(
-            specs[l],
-            block_params(student_params, l)[ATTN],
-            attn_inputs[l],
-            None if keys is None else keys[l],
-        )
-        for l in range(depth)
-    ]
-    ys, qs, ks = (jnp.stack(t) for t in list(zip(*outs))[:3])
-    phis = [o[3] for o in outs]
-  if with_qk and with_phi:
-    return ys, qs, ks, phis
-  return (ys, qs, ks) if with_qk else ys
-
-
-# ------------------------------------------------------------------------------------------------
 # Attention-output matching.
-
-
-def output_metrics(student_out: Array, teacher_out: Array, eps: float = EPS) -> dict[str, Array]:
-  """Per-layer nmse and cosine of [L, ..., D] outputs (float32).
-
-  nmse_l   = mean((s_l - t_l)²) / (Var(t_l) + eps)       (Var over all of layer l's elements)
-  cosine_l = mean over tokens of ⟨s, t⟩ / max(|s|·|t|, eps)
-  """
-  s, t = _f32(student_out), _f32(teacher_out)
-  axes = tuple(range(1, s.ndim))
-  mse = jnp.mean(jnp.square(s - t), axis=axes)
-  nmse = mse / (jnp.var(t, axis=axes) + eps)
-  dot = jnp.sum(s * t, axis=-1)
-  norms = jnp.linalg.norm(s, axis=-1) * jnp.linalg.norm(t, axis=-1)
-  cos = jnp.mean(dot / jnp.maximum(norms, eps), axis=tuple(range(1, dot.ndim)))
-  return {"nmse": nmse, "cosine": cos}
 
 
 def attention_output_loss(
@@ -248,7 +94,7 @@ def attention_output_loss(
   """
   if metric not in ("nmse", "cosine"):
     raise ValueError(f"unknown attention-output metric {metric!r}; known: nmse, cosine")
-  m = output_metrics(
+  m = probe.output_metrics(
       jnp.stack(student_out) if isinstance(student_out, (list, tuple)) else student_out,
       jnp.stack(teacher_out) if isinstance(teacher_out, (list, tuple)) else teacher_out,
       eps,
@@ -336,7 +182,7 @@ def routing_losses(
 ) -> tuple[Array, Array]:
   """`routing_loss` for every layer (one query sample per layer). Returns (mean, per-layer [L]).
   `student_phi`: per layer the forward's (φ(q), φ(k)) or None (`student_attention_outputs`)."""
-  specs = vit.layer_specs(as_model(student_model))
+  specs = vit.layer_specs(probe.as_model(student_model))
   keys = [None] * len(specs) if rng is None else list(jax.random.split(rng, len(specs)))
   per_layer = jnp.stack(
       [
@@ -346,7 +192,7 @@ def routing_losses(
               student_q[l],
               student_k[l],
               spec,
-              block_params(student_params, l)[ATTN],
+              layout.block_params(student_params, l)[layout.ATTN],
               num_queries,
               keys[l],
               temperature,
@@ -373,7 +219,7 @@ def _teacher_sublayer(
         mlp_dim=model.mlp_dim, dtype_mm=model.dtype_mm, gelu_approximate=model.gelu_approximate
     ).apply({"params": bp["MlpBlock_0"]}, y, True)
   y = nn.LayerNorm().apply({"params": bp["LayerNorm_0"]}, h)
-  return h + _attention_module(model, spec).apply({"params": bp[ATTN]}, y)
+  return h + layout.attention_module(model, spec).apply({"params": bp[layout.ATTN]}, y)
 
 
 def lookahead_loss(
@@ -405,7 +251,7 @@ def lookahead_loss(
     raise ValueError(f"unknown lookahead metric {metric!r}; known: nmse, cosine")
   if k < 0:
     raise ValueError(f"lookahead depth must be >= 0, got {k}")
-  model = as_model(teacher_model)
+  model = probe.as_model(teacher_model)
   specs = vit.layer_specs(model)
   depth = len(specs)
   tparams = jax.lax.stop_gradient(teacher_params)
@@ -420,14 +266,14 @@ def lookahead_loss(
       h = plus_sa[l] + (student_out[l] - sa_t[l])
       j, kind, target = l, "mlp", plus_sa[l]
       for _ in range(min(k, 2 * (depth - 1 - l) + 1)):
-        h = _teacher_sublayer(model, specs[j], block_params(tparams, j), kind, h)
+        h = _teacher_sublayer(model, specs[j], layout.block_params(tparams, j), kind, h)
         if kind == "mlp":
           target, kind, j = plus_mlp[j], "attn", j + 1
         else:
           target, kind = plus_sa[j], "mlp"
       d_t = target - x_l
       d_s = d_t + (h - target)  # exact zero error when h == target
-    m = output_metrics(d_s[None], d_t[None], eps)
+    m = probe.output_metrics(d_s[None], d_t[None], eps)
     per_layer.append(m["nmse"][0] if metric == "nmse" else 1.0 - m["cosine"][0])
   per_layer = jnp.stack(per_layer)
   return jnp.mean(per_layer), per_layer
@@ -473,7 +319,7 @@ def feature_alignment_loss(
       metrics[f"nmse/{key}"], metrics[f"cosine/{key}"] = m["nmse"], m["cosine"]
       losses.append(loss)
     return jnp.mean(jnp.stack(losses)), metrics
-  m = output_metrics(_f32(student_out)[None], _f32(teacher_out)[None], eps)
+  m = probe.output_metrics(probe.f32(student_out)[None], probe.f32(teacher_out)[None], eps)
   nmse, cos = m["nmse"][0], m["cosine"][0]
   return w_nmse * nmse + w_cosine * (1.0 - cos), {"nmse": nmse, "cosine": cos}
 
@@ -498,7 +344,7 @@ def block_alignment_loss(
   """
   depth = targets["+mlp"].shape[0]
   s = jnp.stack([student_out["encoder"][f"block{l:02d}"]["+mlp"] for l in range(depth)])
-  m = output_metrics(s, targets["+mlp"], eps)
+  m = probe.output_metrics(s, targets["+mlp"], eps)
   per_layer = w_nmse * m["nmse"] + w_cosine * (1.0 - m["cosine"])
   metrics = {"block_nmse": jnp.mean(m["nmse"]), "block_cosine": jnp.mean(m["cosine"])}
   _layer_metrics(metrics, "block_cosine", m["cosine"])
@@ -508,8 +354,8 @@ def block_alignment_loss(
 def logit_kd_loss(student_logits: Array, teacher_logits: Array, temperature: float = 1.0) -> Array:
   """Hinton KD: T² · mean_batch KL(softmax(t/T) ‖ softmax(s/T)); 0 iff the logits agree up to a
   per-example shift. The T² keeps gradient magnitudes comparable across temperatures."""
-  t = _f32(teacher_logits) / temperature
-  s = _f32(student_logits) / temperature
+  t = probe.f32(teacher_logits) / temperature
+  s = probe.f32(student_logits) / temperature
   p = jax.nn.softmax(t, axis=-1)
   kl = jnp.sum(p * (jax.nn.log_softmax(t, axis=-1) - jax.nn.log_softmax(s, axis=-1)), axis=-1)
   return temperature**2 * jnp.mean(kl)
@@ -523,18 +369,18 @@ def _dense_labels(logits: Array, labels: Array) -> Array:
         f"labels {labels.shape} do not fit logits {logits.shape}: expected one-hot/"
         "multi-hot of the same shape or integer class ids"
     )
-  return _f32(labels)
+  return probe.f32(labels)
 
 
 def softmax_xent(logits: Array, labels: Array) -> Array:
   """mean_batch −Σ_c y_c log softmax(z)_c; labels one-hot/soft [B,C] (big_vision) or ids [B]."""
   y = _dense_labels(logits, labels)
-  return jnp.mean(-jnp.sum(y * jax.nn.log_softmax(_f32(logits), axis=-1), axis=-1))
+  return jnp.mean(-jnp.sum(y * jax.nn.log_softmax(probe.f32(logits), axis=-1), axis=-1))
 
 
 def sigmoid_xent(logits: Array, labels: Array) -> Array:
   """mean_batch −Σ_c [y_c log σ(z_c) + (1 − y_c) log σ(−z_c)]: multi-label (JFT-style) data."""
-  y, z = _dense_labels(logits, labels), _f32(logits)
+  y, z = _dense_labels(logits, labels), probe.f32(logits)
   return jnp.mean(-jnp.sum(y * jax.nn.log_sigmoid(z) + (1 - y) * jax.nn.log_sigmoid(-z), axis=-1))
 
 
@@ -554,10 +400,13 @@ def out_projection_scales(
     eps: float = EPS,
 ) -> Array:
   """α_l = sqrt((Var(teacher sa_l) + eps) / (Var(student teacher-forced sa_l) + eps)), [L]."""
-  ys = student_attention_outputs(student_model, student_params, targets["attn_input"], rng=rng)
+  ys = probe.student_attention_outputs(
+      student_model, student_params, targets["attn_input"], rng=rng
+  )
   axes = tuple(range(1, ys.ndim))
   return jnp.sqrt(
-      (jnp.var(_f32(targets["sa"]), axis=axes) + eps) / (jnp.var(_f32(ys), axis=axes) + eps)
+      (jnp.var(probe.f32(targets["sa"]), axis=axes) + eps)
+      / (jnp.var(probe.f32(ys), axis=axes) + eps)
   )
 
 
@@ -571,7 +420,7 @@ def calibrate_out_projection(
     eps: float = EPS,
 ) -> Params:
   """Rescale each layer's out/kernel and out/bias by α_l so the student's teacher-forced output
-  variance equals the teacher's on this batch (`targets` = `teacher_targets(...)` of one batch).
+  variance equals the teacher's on this batch (`targets` = `probe.teacher_targets(...)` of one batch).
 
   y = W z + b → α y has variance α² Var(y), so this is exact for the batch. Use it on freshly
   initialised attention (copy_same / copy_none arms) before distilling; `layers` limits it to some
@@ -585,29 +434,29 @@ def calibrate_out_projection(
   alpha = jnp.where(jnp.asarray(use), alpha, 1.0)
 
   def scale(x, a):
-    return (_f32(x) * a).astype(x.dtype)
+    return (probe.f32(x) * a).astype(x.dtype)
 
   params = dict(student_params)  # fresh containers along the edited paths; other leaves shared
   params["Transformer"] = dict(params["Transformer"])
-  if _is_scanned(student_params):
-    blk = dict(params["Transformer"]["encoderblock"])
-    att = dict(blk[ATTN])
+  if layout.is_scanned(student_params):
+    blk = dict(params["Transformer"][layout.SCANNED_BLOCK])
+    att = dict(blk[layout.ATTN])
     out = att["out"]
     att["out"] = {
         "kernel": scale(out["kernel"], alpha[:, None, None, None]),
         "bias": scale(out["bias"], alpha[:, None]),
     }
-    blk[ATTN] = att
-    params["Transformer"]["encoderblock"] = blk
+    blk[layout.ATTN] = att
+    params["Transformer"][layout.SCANNED_BLOCK] = blk
   else:
     for l in range(depth):
       if not use[l]:
         continue
-      name = f"encoderblock_{l}"
+      name = layout.block_name(l)
       blk = dict(params["Transformer"][name])
-      att = dict(blk[ATTN])
+      att = dict(blk[layout.ATTN])
       att["out"] = {key: scale(v, alpha[l]) for key, v in att["out"].items()}
-      blk[ATTN] = att
+      blk[layout.ATTN] = att
       params["Transformer"][name] = blk
   return params
 
@@ -623,7 +472,7 @@ def distill_config(cfg: Any = None, **overrides: Any) -> ml_collections.ConfigDi
       hasattr(cfg, "distill") or (isinstance(cfg, Mapping) and "distill" in cfg)
   ):
     cfg = cfg["distill"] if isinstance(cfg, Mapping) else cfg.distill
-  given = {**dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg or {}), **overrides}
+  given = {**tree_lib.as_dict(cfg), **overrides}
   unknown = sorted(set(given) - set(_DEFAULTS))
   if unknown:
     raise ValueError(f"unknown distill config field(s) {unknown}; known: {sorted(_DEFAULTS)}")
@@ -672,15 +521,15 @@ def distill_loss(
   optim.trainable_mask to choose what trains). Returns (loss, flat dict of scalar metrics).
   """
   c = cfg  # checked and filled once, by distill_config (not at every trace)
-  student, teacher = as_model(student_model), as_model(teacher_model)
+  student, teacher = probe.as_model(student_model), probe.as_model(teacher_model)
   images = batch["image"]
   rng_route, rng_fmap = (None, None) if rng is None else tuple(jax.random.split(rng))
-  targets = teacher_targets(teacher, teacher_params, images)
-  sa, q, k, phis = student_attention_outputs(
+  targets = probe.teacher_targets(teacher, teacher_params, images)
+  sa, q, k, phis = probe.student_attention_outputs(
       student, student_params, targets["attn_input"], rng=rng_fmap, with_qk=True, with_phi=True
   )
 
-  m = output_metrics(sa, targets["sa"])
+  m = probe.output_metrics(sa, targets["sa"])
   metrics: dict[str, Array] = {
       "attn_nmse": jnp.mean(m["nmse"]),
       "attn_cosine": jnp.mean(m["cosine"]),
@@ -730,7 +579,7 @@ def make_distill_loss(teacher_model: ModelLike, student_model: ModelLike, cfg: A
   at the first step."""
   return functools.partial(
       distill_loss,
-      student_model=as_model(student_model),
-      teacher_model=as_model(teacher_model),
+      student_model=probe.as_model(student_model),
+      teacher_model=probe.as_model(teacher_model),
       cfg=distill_config(cfg),
   )

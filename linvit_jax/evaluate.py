@@ -1,5 +1,6 @@
-"""Evaluation: masked means over eval batches (top-1), per-layer attention fidelity, attention
-maps, resolution scaling, plots.
+"""Evaluation: masked means over eval batches (top-1), k-NN, per-layer attention fidelity, end-to-end
+fidelity, attention maps, speed and memory. Layers are read through `probe` (as the losses read
+them); summaries and plots are report.py's.
 
 Fidelity is measured teacher-forced: every student attention layer gets the teacher's own input at
 that layer, and its output (after the out projection) is compared with the teacher's, so a layer's
@@ -17,9 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linvit_jax import distill
+from linvit_jax import metrics as metrics_lib
+from linvit_jax import probe
 from linvit_jax import sharding as sharding_lib
 from linvit_jax.models import attention as attn_lib
+from linvit_jax.models import layout
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
 
@@ -80,17 +83,6 @@ def evaluate(
 # ----------------------------------------------------------------------------- accuracy
 
 
-def top1_hits(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  """Per-example top-1 hits as float32 [B]: one-hot or multi-hot labels [B, C] count a hit when
-  the top-scoring class is positive, integer labels [B] when it is equal."""
-  pred = jnp.argmax(logits, axis=-1)
-  if labels.ndim == 2:
-    hit = jnp.take_along_axis(labels, pred[:, None], axis=-1)[:, 0] > 0
-  else:
-    hit = pred == labels
-  return hit.astype(jnp.float32)
-
-
 def make_predict_fn(model: nn.Module) -> Callable[[Any, jax.Array], jax.Array]:
   @jax.jit
   def predict(params, images):
@@ -105,7 +97,7 @@ def correct_fn(model: nn.Module, label_key: str = "labels") -> Callable[[Any, Ma
 
   def fn(params, batch):
     logits, _ = model.apply({"params": params}, batch["image"], train=False)
-    return {"top1": top1_hits(logits, batch[label_key])}
+    return {"top1": metrics_lib.top1_hits(logits, batch[label_key])}
 
   return fn
 
@@ -172,38 +164,11 @@ def knn_top1(
 # ----------------------------------------------------------------------------- internals of a model
 
 
-def block_names(params: Mapping[str, Any]) -> list[str]:
-  """Per-block names of a params tree: encoderblock_0..L-1 (scanned trees are unstacked first)."""
-  t = params["Transformer"]
-  if "encoderblock" in t:
-    depth = len(jax.tree.leaves(t["encoderblock"])[0])
-    return [f"encoderblock_{i}" for i in range(depth)]
-  return sorted((k for k in t if k.startswith("encoderblock_")), key=lambda k: int(k.split("_")[1]))
-
-
-def per_block(params: Mapping[str, Any]) -> Mapping[str, Any]:
-  """The per-block (python-loop) layout of a params tree."""
-  if "encoderblock" in params["Transformer"]:
-    return vit_checkpoint.scan_to_pyloop(params)
-  return params
-
-
-def intermediates(model: nn.Module, params: Any, images: jax.Array) -> tuple[Any, dict, dict]:
-  """(logits, out, per-block {attn_input, q, k}) of one forward pass."""
-  (logits, out), state = model.apply({"params": params}, images, mutable=["intermediates"])
-  sown = vit.sown_per_layer(state["intermediates"])
-  blocks = {
-      f"encoderblock_{i}": {k: v[i] for k, v in sown.items()}
-      for i in range(sown["attn_input"].shape[0])
-  }
-  return logits, out, blocks
-
-
 @functools.partial(jax.jit, static_argnums=(0, 2))
 def _attention_fidelity(teacher, teacher_params, student, student_params, images):
-  targets = distill.teacher_targets(teacher, teacher_params, images)
-  outputs = distill.student_attention_outputs(student, student_params, targets["attn_input"])
-  return distill.output_metrics(outputs, targets["sa"])
+  targets = probe.teacher_targets(teacher, teacher_params, images)
+  outputs = probe.student_attention_outputs(student, student_params, targets["attn_input"])
+  return probe.output_metrics(outputs, targets["sa"])
 
 
 def attention_fidelity(
@@ -223,13 +188,6 @@ def attention_fidelity(
   ]
 
 
-def _cosine(a: jax.Array, b: jax.Array) -> jax.Array:
-  a, b = a.astype(jnp.float32), b.astype(jnp.float32)
-  return jnp.sum(a * b, -1) / jnp.maximum(
-      jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1), 1e-12
-  )
-
-
 @functools.partial(jax.jit, static_argnums=(0, 2))
 def _end_to_end(teacher, teacher_params, student, student_params, images):
   t_logits, t_out = teacher.apply({"params": teacher_params}, images)
@@ -237,23 +195,23 @@ def _end_to_end(teacher, teacher_params, student, student_params, images):
   t_enc, s_enc = t_out["encoded"], s_out["encoded"]
   has_cls = teacher.pool_type == "tok"
   first_patch = teacher.num_prefix_tokens  # cls and registers are not patches
-  tokens = _cosine(s_enc[:, first_patch:], t_enc[:, first_patch:])
+  tokens = probe.cosine(s_enc[:, first_patch:], t_enc[:, first_patch:])
   m = {
       "patch_cosine": jnp.mean(tokens),
       "patch_cosine_min_image": jnp.min(jnp.mean(tokens, axis=1)),
       "block_cosine": jnp.stack(
           [
-              jnp.mean(_cosine(s_out["encoder"][k]["+mlp"], t_out["encoder"][k]["+mlp"]))
+              jnp.mean(probe.cosine(s_out["encoder"][k]["+mlp"], t_out["encoder"][k]["+mlp"]))
               for k in sorted(t_out["encoder"])
               if k.startswith("block")
           ]
       ),
   }
   if has_cls:
-    cls = _cosine(s_enc[:, 0], t_enc[:, 0])
+    cls = probe.cosine(s_enc[:, 0], t_enc[:, 0])
     m["cls_cosine"], m["cls_cosine_min_image"] = jnp.mean(cls), jnp.min(cls)
   if teacher.pool_type != "none":
-    m["pre_logits_cosine"] = jnp.mean(_cosine(s_out["pre_logits"], t_out["pre_logits"]))
+    m["pre_logits_cosine"] = jnp.mean(probe.cosine(s_out["pre_logits"], t_out["pre_logits"]))
   if teacher.num_classes:
     m["top1_agreement"] = jnp.mean(jnp.argmax(s_logits, -1) == jnp.argmax(t_logits, -1))
   return m
@@ -309,14 +267,14 @@ def cls_attention_maps(model: nn.Module, params: Any, images: jax.Array) -> np.n
 @functools.partial(jax.jit, static_argnums=(0,))
 def _cls_attention_maps(model, params, images):
   # One compiled program (op by op it compiled every einsum and feature map separately, ~10 s).
-  _, out, blocks = intermediates(model, params, images)
-  p = per_block(params)["Transformer"]
+  _, out, blocks = probe.intermediates(model, params, images)
+  p = vit_checkpoint.scan_to_pyloop(params)["Transformer"]
   _, h, w, _ = out["stem"].shape
   maps = []
-  for name, spec in zip(block_names(params), vit.layer_specs(model)):
+  for name, spec in zip(layout.block_names(params), vit.layer_specs(model)):
     q, k = blocks[name]["q"][:, :1], blocks[name]["k"]
     if spec.kind == "linear" and not (spec.exact_prefix_rows and model.num_prefix_tokens):
-      phi_q, phi_k = attn_lib.feature_maps_of(spec, q, k, p[name]["MultiHeadDotProductAttention_0"])
+      phi_q, phi_k = attn_lib.feature_maps_of(spec, q, k, p[name][layout.ATTN])
       weights = attn_lib.linear_weights(phi_q, phi_k, spec.eps)
     else:
       weights = attn_lib.softmax_weights(q, k)
@@ -363,111 +321,3 @@ def resample_for_resolution(params: Mapping[str, Any], new_grid: tuple[int, int]
     new_shape = (1, new_grid[0] * new_grid[1], pe.shape[-1])
     params["pos_embedding"] = vit_checkpoint.resample_posemb(pe, new_shape)
   return params
-
-
-# ----------------------------------------------------------------------------- pictures
-
-
-def new_figure(**kw):
-  """A figure outside pyplot: no global backend switch, so notebooks keep inline plotting."""
-  from matplotlib.figure import Figure
-
-  return Figure(**kw)
-
-
-def plot_fidelity(rows_by_name: Mapping[str, list[dict[str, float]]], path: str) -> None:
-  """Bar chart of per-layer cosine and normalised MSE for one or more students."""
-  fig = new_figure(figsize=(10, 3.5))
-  axes = fig.subplots(1, 2)
-  names = list(rows_by_name)
-  width = 0.8 / max(1, len(names))
-  for j, name in enumerate(names):
-    rows = rows_by_name[name]
-    x = np.arange(len(rows)) + j * width
-    axes[0].bar(x, [r["cosine"] for r in rows], width, label=name)
-    axes[1].bar(x, [r["nmse"] for r in rows], width, label=name)
-  for ax, title in zip(axes, ("cosine (↑)", "normalised MSE (↓)")):
-    ax.set_xlabel("layer")
-    ax.set_title(f"attention-output fidelity: {title}")
-    ax.set_xticks(np.arange(len(next(iter(rows_by_name.values())))) + 0.4 - width / 2)
-    ax.set_xticklabels(range(len(next(iter(rows_by_name.values())))))
-  axes[0].set_ylim(0, 1.02)
-  axes[0].legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-
-
-def plot_attention_maps(
-    images: np.ndarray,
-    teacher_maps: np.ndarray,
-    student_maps: np.ndarray,
-    path: str,
-    layer: int = -1,
-) -> None:
-  """Grid: one row per image; the image, then the teacher's and the student's cls maps per head."""
-  n_img, heads = teacher_maps.shape[1], teacher_maps.shape[2]
-  cols = 1 + 2 * heads
-  fig = new_figure(figsize=(1.4 * cols, 1.5 * n_img))
-  axes = fig.subplots(n_img, cols, squeeze=False)
-  for i in range(n_img):
-    img = images[i]
-    img = (img - img.min()) / (img.max() - img.min() + 1e-9)
-    axes[i, 0].imshow(img.squeeze(), cmap="gray" if img.shape[-1] == 1 else None)
-    for h in range(heads):
-      axes[i, 1 + h].imshow(teacher_maps[layer, i, h], cmap="viridis")
-      axes[i, 1 + heads + h].imshow(student_maps[layer, i, h], cmap="viridis")
-      if i == 0:
-        axes[i, 1 + h].set_title(f"teacher h{h}", fontsize=7)
-        axes[i, 1 + heads + h].set_title(f"student h{h}", fontsize=7)
-  for ax in axes.flat:
-    ax.set_xticks([])
-    ax.set_yticks([])
-  fig.suptitle(f"cls-token attention, layer {layer % teacher_maps.shape[0]}", fontsize=9)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-
-
-def plot_fidelity_curves(
-    histories: Mapping[str, list[dict[str, Any]]],
-    path: str,
-    keys: tuple[str, ...] = ("cls_cosine", "patch_cosine", "block_cosine_min"),
-) -> bool:
-  """End-to-end fidelity on held-out images vs images seen, across the run's stages (the
-  `eval/...` rows of each stage's metrics); returns False when no stage logged any."""
-  fig = new_figure(figsize=(7, 3.8))
-  ax = fig.subplots()
-  drawn = False
-  for key in keys:
-    xs, ys = [], []
-    for rows in histories.values():
-      for r in rows:
-        if f"eval/{key}" in r:
-          xs.append(r.get("images_seen", r.get("step", 0)))
-          ys.append(float(r[f"eval/{key}"]))
-    if xs:
-      ax.plot(xs, ys, marker="o", ms=3, label=key.replace("_", " "))
-      drawn = True
-  if not drawn:
-    return False
-  edges = 0
-  for name, rows in histories.items():  # stage boundaries
-    if rows:
-      edges = max(r.get("images_seen", 0) for r in rows)
-      ax.axvline(edges, color="0.8", lw=0.8)
-      ax.text(
-          edges,
-          ax.get_ylim()[0],
-          f" {name}",
-          fontsize=7,
-          rotation=90,
-          va="bottom",
-          ha="right",
-          color="0.4",
-      )
-  ax.set_xlabel("images seen")
-  ax.set_ylabel("cosine to the teacher (held-out)")
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  return True

@@ -29,13 +29,16 @@ import numpy as np
 
 from linvit_jax import checkpoints
 from linvit_jax import gfile
+from linvit_jax import tree as tree_lib
+from linvit_jax.data import pp_spec
+from linvit_jax.errors import ConfigError
 from linvit_jax.errors import UserError
+from linvit_jax.models import attention as attn_lib
+from linvit_jax.models import from_config
 from linvit_jax.models import vit
 
 CONFIG_FILE = "student_config.json"
 FORMAT = 2
-# pp ops that only augment or handle labels: not part of inference preprocessing.
-_TRAINING_ONLY_OPS = ("flip_lr", "onehot", "keep", "drop", "inception_crop", "random_crop")
 
 
 class ExportError(UserError, ValueError):
@@ -49,12 +52,55 @@ def model_fields(student_config: Mapping[str, Any]) -> dict[str, Any]:
   return dict(student_config)
 
 
-def inference_pp(pp: str) -> str:
-  """The image ops of an eval pp string (label and augmentation ops dropped), ending in
-  keep("image")."""
-  ops = [op.strip() for op in pp.split("|") if op.strip()]
-  kept = [op for op in ops if op.split("(", 1)[0] not in _TRAINING_ONLY_OPS]
-  return "|".join(kept + ['keep("image")'])
+def student_attention(config: Any) -> Any:
+  """The student's attention for a run: an exported student's own (student_config.json beside
+  `student.init`, e.g. a hybrid's per-layer list), else `config.student.attention`."""
+  if config.student.init:
+    exported = _exported_student_config(config)
+    if exported is not None:
+      return exported["attention"]
+  attention = config.student.attention  # a feature map's name, a spec block or one per layer
+  return tree_lib.as_dict(attention) if hasattr(attention, "to_dict") else attention
+
+
+def _exported_student_config(config: Any) -> dict[str, Any] | None:
+  """student_config.json beside `student.init`, checked against config.model; None if absent."""
+  path = os.path.join(os.path.dirname(config.student.init), CONFIG_FILE)
+  text = gfile.read_text(path)
+  if text is None:
+    return None
+  exported = model_fields(json.loads(text))
+  ours = json.loads(json.dumps(from_config.model_kwargs(config.model)))  # tuples → lists
+  differ = [
+      f"{k}: {exported[k]!r} there, {ours[k]!r} in config.model"
+      for k in ours
+      if k in exported and exported[k] != ours[k]
+  ]
+  if differ:
+    raise ConfigError(
+        f"student.init {config.student.init!r} was exported for another model "
+        f"({'; '.join(differ[:4])}): set config.model to match"
+    )
+  return exported
+
+
+def attention_json(model: Any) -> Any:
+  """A model's attention as vit.Model(attention=...) takes it back: one spec or one per layer."""
+  specs = vit.layer_specs(model)
+  default = attn_lib.AttentionSpec()
+
+  def one(spec):
+    if spec.kind != "linear":
+      return (
+          spec.kind if spec == attn_lib.AttentionSpec(kind=spec.kind) else dataclasses.asdict(spec)
+      )
+    fields = {k: v for k, v in dataclasses.asdict(spec).items() if v != getattr(default, k)}
+    fields["kind"] = "linear"
+    return fields if len(fields) > 2 else spec.feature_map
+
+  if len(set(specs)) == 1:
+    return one(specs[0])
+  return [one(s) for s in specs]
 
 
 def student_config(
@@ -95,7 +141,7 @@ def student_config(
       "model": model,
       "preprocessing": {
           "image_size": list(size) if isinstance(size, (list, tuple)) else [size, size],
-          "pp": inference_pp(config.data.pp_eval),
+          "pp": pp_spec.inference_pp(config.data.pp_eval),
           "gelu": "tanh" if model.get("gelu_approximate", True) else "exact",
           "patch_size": model.get("patch_size"),
       },

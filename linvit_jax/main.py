@@ -73,10 +73,11 @@ def convert(config: Any, workdir: str) -> None:
         "this is an ablation config (it has an `ablation` block): run it with "
         "`python -m linvit_jax.ablation --config ... --workdir ...`"
     )
-  from linvit_jax import run as run_lib  # heavy imports after flag parsing: fast --help
+  from linvit_jax import report  # heavy imports after flag parsing: fast --help
+  from linvit_jax import run as run_lib
 
   results = run_lib.run(config, workdir)
-  print(run_lib.format_summary(results))
+  print(report.format_summary(results))
 
 
 def main(argv: list[str], command: Command = convert) -> None:
@@ -85,11 +86,11 @@ def main(argv: list[str], command: Command = convert) -> None:
     raise UserError("--config is required, e.g. --config configs/demo.py")
   if FLAGS.print_config:
     from linvit_jax import config_lib
-    from linvit_jax import run as run_lib
+    from linvit_jax.models import from_config
 
     config = FLAGS.config
     if "ablation" not in config:  # an ablation's arms resolve their own teachers
-      config = run_lib.resolve_architecture(config)
+      config = from_config.resolve_architecture(config)
     print(config_lib.describe(config))
     return
   if not FLAGS.workdir:

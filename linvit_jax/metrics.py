@@ -130,3 +130,17 @@ class _SummaryWriter:
       self._writer.close()
     except self._tf.errors.OpError as e:  # e.g. a full disk: an OSError, as the jsonl file's
       raise OSError(f"TensorBoard events: {e.message}") from e
+
+
+def top1_hits(logits: Any, labels: Any) -> Any:
+  """Per-example top-1 hits as float32 [B] (a stage's accuracy metric and evaluation's top-1):
+  one-hot or multi-hot labels [B, C] count a hit when the top-scoring class is positive, integer
+  labels [B] when it is equal."""
+  import jax.numpy as jnp  # (this module is otherwise jax-free)
+
+  pred = jnp.argmax(logits, axis=-1)
+  if labels.ndim == 2:
+    hit = jnp.take_along_axis(labels, pred[:, None], axis=-1)[:, 0] > 0
+  else:
+    hit = pred == labels
+  return hit.astype(jnp.float32)

@@ -27,8 +27,9 @@ import ml_collections as mlc
 
 from linvit_jax import config_lib
 from linvit_jax import distill
-from linvit_jax import evaluate
+from linvit_jax import metrics as metrics_lib
 from linvit_jax import optim
+from linvit_jax import probe
 
 
 def _label_loss(name: str) -> Callable[[jax.Array, jax.Array], jax.Array]:
@@ -69,14 +70,14 @@ def _supervised(stage_cfg: mlc.ConfigDict, config: mlc.ConfigDict, teacher_model
         )
       metrics["label_loss"] = l = label_loss(logits, batch[key])
       loss = loss + w_label * l
-      metrics["accuracy"] = jnp.mean(evaluate.top1_hits(logits, batch[key]))
+      metrics["accuracy"] = jnp.mean(metrics_lib.top1_hits(logits, batch[key]))
     if needs_teacher:
       if frozen is None:
         raise ValueError(
             "w_logit_kd / w_feature / w_blocks / w_attn_tf need a teacher " "(config.teacher.init)"
         )
       if w_blocks or w_attn_tf:  # per-layer targets: one forward with the sown intermediates
-        targets = distill.teacher_targets(teacher_model, frozen, images)
+        targets = probe.teacher_targets(teacher_model, frozen, images)
       else:  # logits and final features only: the plain forward, nothing sown
         t_logits, t_out = jax.lax.stop_gradient(teacher_model.apply({"params": frozen}, images))
         targets = {**t_out, "logits": t_logits}
@@ -92,7 +93,7 @@ def _supervised(stage_cfg: mlc.ConfigDict, config: mlc.ConfigDict, teacher_model
         metrics.update(block_metrics)
         loss = loss + w_blocks * l
       if w_attn_tf:
-        sa = distill.student_attention_outputs(student_model, params, targets["attn_input"])
+        sa = probe.student_attention_outputs(student_model, params, targets["attn_input"])
         l, _ = distill.attention_output_loss(sa, targets["sa"], "nmse")
         metrics["attn_nmse"] = l
         loss = loss + w_attn_tf * l
@@ -135,5 +136,5 @@ def calibrate(teacher_model, teacher_params, student_model, student_params, imag
 # time); the models are static (hashable flax modules), so a second call reuses it.
 @functools.partial(jax.jit, static_argnums=(0, 2))
 def _calibrated(teacher_model, teacher_params, student_model, student_params, images):
-  targets = distill.teacher_targets(teacher_model, teacher_params, images)
+  targets = probe.teacher_targets(teacher_model, teacher_params, images)
   return distill.calibrate_out_projection(targets, student_model, student_params)

@@ -49,7 +49,11 @@ import numpy as np
 
 from linvit_jax import tree as tree_lib
 from linvit_jax import gfile
+from linvit_jax.errors import ConfigError
 from linvit_jax.errors import UserError
+from linvit_jax.models import attention as attn_lib
+from linvit_jax.models import layout
+from linvit_jax.models import vit
 
 Params = dict[str, Any]
 Rule = tuple[str, str]
@@ -57,7 +61,7 @@ Policy = list[Rule]
 ACTIONS = ("copy", "keep")
 
 _BLOCK = r"Transformer/encoderblock_\d+"
-_ATTN = _BLOCK + r"/MultiHeadDotProductAttention_0"
+_ATTN = _BLOCK + "/" + layout.ATTN
 # What only a linear student has (feature maps, the conv_v lever): never in a softmax teacher.
 FEATURE_MAP_RULE: Rule = (_ATTN + r"/(feature_map_[qk]|conv_v)/.*", "keep")
 ATTENTION_PROJECTIONS = _ATTN + r"/(query|key|value|out)/.*"
@@ -297,7 +301,7 @@ def transplant(
       copy across different shapes (the message names the path and both shapes).
   """
   rules = get_policy(policy)
-  compiled = [(re.compile(p), p, a) for p, a in rules]
+  compiled = tree_lib.compile_patterns([p for p, _ in rules])
   teacher = _per_block_view(teacher_params, "teacher")
   student = _per_block_view(student_params, "student")
 
@@ -307,7 +311,8 @@ def transplant(
   problems: list[str] = []
   for path in sorted(student, key=_natural_key):
     s = student[path]
-    match = next(((p, a) for rx, p, a in compiled if rx.fullmatch(path)), None)
+    hit = tree_lib.first_match(path, compiled)
+    match = None if hit is None else rules[hit]
     if match is None:
       problems.append(
           f"'{path}' is matched by no rule (end the policy with a catch-all such as "
@@ -380,3 +385,47 @@ def transplant(
 def _natural_key(path: str) -> list[Any]:
   """Sorts encoderblock_10 after encoderblock_9."""
   return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path)]
+
+
+# ------------------------------------------------------------------------------------------------
+# After the transplant: leaves kept fresh, and the hybrid swap.
+
+
+def keep_fresh(params: Any, fresh: Any, patterns: Sequence[str]) -> tuple[Any, list[str]]:
+  """params with every leaf whose path fully matches one of `patterns` (`student.dont_load`)
+  taken from `fresh`, and the sorted paths so kept."""
+  regexes = tree_lib.compile_patterns(tuple(patterns))
+  flat, flat_fresh = tree_lib.flatten(params), tree_lib.flatten(fresh)
+  kept = sorted(k for k in flat if tree_lib.matches(k, regexes))
+  if not kept:
+    raise ConfigError(
+        f"student.dont_load={tuple(patterns)!r} matches no student parameter; "
+        f"names look like {sorted(flat)[:3]}"
+    )
+  return tree_lib.unflatten({**flat, **{k: flat_fresh[k] for k in kept}}), kept
+
+
+def worst_layers(fidelity_rows: list[dict[str, float]], k: int) -> list[int]:
+  """The k layers with the lowest teacher-forced cosine (`evaluate.attention_fidelity` rows)."""
+  return sorted(int(l) for l in np.argsort([r["cosine"] for r in fidelity_rows])[:k])
+
+
+def to_softmax_layers(
+    teacher_params: Any, student_model: Any, student_params: Any, layers: Sequence[int]
+) -> tuple[Any, Any]:
+  """The hybrid swap: the student with `layers` turned back into softmax attention holding the
+  teacher's q/k/v/out (their feature-map params dropped); other layers untouched."""
+  if layout.is_scanned(student_params):
+    raise ConfigError("student.softmax_layers needs a per-block (scan=False) student")
+  specs = list(vit.layer_specs(student_model))
+  for l in layers:
+    specs[l] = attn_lib.AttentionSpec(kind="softmax")
+  model = student_model.clone(attention=tuple(specs))
+  params = dict(student_params)  # fresh containers along the edited paths; other leaves shared
+  params["Transformer"] = dict(params["Transformer"])
+  for l in layers:
+    name = layout.block_name(l)
+    block = dict(params["Transformer"][name])
+    block[layout.ATTN] = dict(teacher_params["Transformer"][name][layout.ATTN])
+    params["Transformer"][name] = block
+  return model, params

@@ -1,4 +1,4 @@
-"""Parameter trees as '/'-joined paths: flatten / unflatten, key-path names and regex masks.
+"""Parameter trees as '/'-joined paths: flatten / unflatten, key-path names and regex rules.
 
 Every path-regex field of the project (surgery policies, `dont_load`, sharding `param_rules`,
 trainable masks, `wd_pattern`) names leaves the same way, big_vision's:
@@ -6,7 +6,11 @@ trainable masks, `wd_pattern`) names leaves the same way, big_vision's:
     Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel
 
 and matches a regex against the whole path (`re.fullmatch`), so one pattern means the same thing
-in every field: "kernel" matches nothing, ".*/kernel" every kernel.
+in every field: "kernel" matches nothing, ".*/kernel" every kernel. Fields that are a list of
+(regex, value) rules take the first rule whose regex matches (`first_match`); fields that are a
+set of regexes ask whether any matches (`matches`).
+
+Also the one conversion of a config block (dict, ConfigDict or None) to a dict: `as_dict`.
 
 No jax import at module level: checkpoints.py (numpy-only) uses flatten/unflatten.
 """
@@ -83,16 +87,43 @@ def path_str(path: Sequence[Any]) -> str:
   return "/".join(parts)
 
 
-def compile_patterns(patterns: Patterns) -> list[re.Pattern]:
-  """One regex or several (str or compiled) as a list of compiled patterns."""
+def compile_patterns(
+    patterns: Patterns, *, error: type[Exception] | None = None, what: str = "pattern"
+) -> list[re.Pattern]:
+  """One regex or several (str or compiled) as a list of compiled patterns, in order.
+
+  A lone string is one pattern (not one per character). A bad regex raises re.error, or, with
+  `error`, `error("<what> '<regex>' is not a valid regex: ...")`, so that a config field names
+  itself when it is read rather than at the first path.
+  """
   if isinstance(patterns, (str, re.Pattern)):
     patterns = [patterns]
-  return [p if isinstance(p, re.Pattern) else re.compile(p) for p in patterns]
+  compiled = []
+  for p in patterns:
+    if isinstance(p, re.Pattern):
+      compiled.append(p)
+      continue
+    try:
+      compiled.append(re.compile(p))
+    except re.error as e:
+      if error is None:
+        raise
+      raise error(f"{what} {p!r} is not a valid regex: {e}") from e
+  return compiled
+
+
+def first_match(name: str, patterns: Sequence[re.Pattern]) -> int | None:
+  """The index of the first compiled pattern that matches the whole of `name` (re.fullmatch), or
+  None: the rule of every "(regex, value) pairs, first match wins" field."""
+  for i, p in enumerate(patterns):
+    if p.fullmatch(name):
+      return i
+  return None
 
 
 def matches(name: str, patterns: Sequence[re.Pattern]) -> bool:
   """Whether any compiled pattern matches the whole of `name` (re.fullmatch)."""
-  return any(p.fullmatch(name) for p in patterns)
+  return first_match(name, patterns) is not None
 
 
 def regex_mask(tree: Any, patterns: Patterns) -> Any:
@@ -101,3 +132,14 @@ def regex_mask(tree: Any, patterns: Patterns) -> Any:
 
   compiled = compile_patterns(patterns)
   return jax.tree_util.tree_map_with_path(lambda p, _: matches(path_str(p), compiled), tree)
+
+
+def as_dict(cfg: Any) -> dict[str, Any]:
+  """A config block given as a dict, an ml_collections ConfigDict or None, as a new dict.
+
+  A ConfigDict (or FrozenConfigDict) becomes plain dicts all the way down (its `to_dict()`);
+  a mapping is copied one level deep; None is {}.
+  """
+  if hasattr(cfg, "to_dict"):
+    return cfg.to_dict()
+  return dict(cfg or {})

@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from linvit_jax import checkpoints
+from linvit_jax.errors import ConfigError
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
 
@@ -202,5 +203,5 @@ def test_convert_folder_data_errors_are_one_line(tmp_path):
   empty = tmp_path / "empty"
   empty.mkdir()
   config = _config(path, str(empty))
-  with pytest.raises(run_lib.ConfigError, match="no image files in"):
+  with pytest.raises(ConfigError, match="no image files in"):
     run_lib.run(config, str(tmp_path / "work"))

@@ -12,6 +12,7 @@ import pytest
 import linvit_jax
 from linvit_jax import checkpoints
 from linvit_jax import export
+from linvit_jax.data import pp_spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -103,4 +104,4 @@ def test_format_1_export_and_bad_folders(tiny_hf_conversion, tmp_path):
 
 def test_inference_pp_drops_augmentation_and_labels():
   pp = 'decode(1)|flip_lr|value_range(-1,1)|onehot(10,key="label",key_result="labels")|keep("image","labels")'
-  assert export.inference_pp(pp) == 'decode(1)|value_range(-1,1)|keep("image")'
+  assert pp_spec.inference_pp(pp) == 'decode(1)|value_range(-1,1)|keep("image")'

@@ -8,7 +8,9 @@ import pytest
 from PIL import Image
 
 from linvit_jax import evaluate
+from linvit_jax import report
 from linvit_jax import run as run_lib
+from linvit_jax.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,7 +74,7 @@ def test_knn_on_a_labelled_folder_in_the_report(tmp_path):
   assert knn["train_examples"] + knn["eval_examples"] == 24
   assert knn["teacher_top1"] == 1.0  # two colours: trivially separable for any feature
   assert 0 <= knn["retention"] <= 1.0 + 1e-9
-  assert "k-NN top-1 (k=5" in run_lib.format_summary(results)
+  assert "k-NN top-1 (k=5" in report.format_summary(results)
   card = json.loads((tmp_path / "work" / "student_config.json").read_text())
   assert card["fidelity"]["knn"]["teacher_top1"] == 1.0
 
@@ -81,13 +83,13 @@ def test_knn_set_with_one_class_fails_before_compute(tmp_path, monkeypatch):
   _labelled_folder(str(tmp_path / "one"), classes=("only",))
   config = _config(tmp_path, tmp_path / "one")
   monkeypatch.setattr(run_lib.surgery, "transplant", lambda *a, **k: pytest.fail("computed"))
-  with pytest.raises(run_lib.ConfigError, match=r"eval.knn.dataset=.*1 class\(es\)"):
+  with pytest.raises(ConfigError, match=r"eval.knn.dataset=.*1 class\(es\)"):
     run_lib.run(config, str(tmp_path / "work"))
 
 
 def test_knn_bad_values_are_named(tmp_path):
   _labelled_folder(str(tmp_path / "labelled"))
-  with pytest.raises(run_lib.ConfigError, match=r"eval.knn: k=0"):
+  with pytest.raises(ConfigError, match=r"eval.knn: k=0"):
     run_lib.run(_config(tmp_path, tmp_path / "labelled", k=0), str(tmp_path / "w"))
-  with pytest.raises(run_lib.ConfigError, match=r"eval.knn.k=50: more neighbours"):
+  with pytest.raises(ConfigError, match=r"eval.knn.k=50: more neighbours"):
     run_lib.run(_config(tmp_path, tmp_path / "labelled", k=50), str(tmp_path / "w2"))

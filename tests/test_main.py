@@ -126,7 +126,7 @@ def test_demo_tiny_runs_end_to_end(demo_run):
 
 def test_exported_student_loads_back_with_same_logits(demo_run):
   config, workdir, results = demo_run
-  from linvit_jax import run as run_lib
+  from linvit_jax.data import sources
   from linvit_jax.models import vit
 
   from linvit_jax import export
@@ -134,7 +134,7 @@ def test_exported_student_loads_back_with_same_logits(demo_run):
   with open(os.path.join(workdir, "student_config.json")) as f:
     student_cfg = export.model_fields(json.load(f))
   model = vit.Model(**student_cfg)
-  sample = run_lib._sample_images(config, 4)
+  sample = sources._sample_images(config, 4)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), sample[:1])["params"]
   params = vit.load(shapes, os.path.join(workdir, "student.npz"), student_cfg)
   logits, _ = model.apply({"params": params}, sample)

@@ -12,7 +12,10 @@ from ml_collections import config_flags
 
 from linvit_jax import checkpoints
 from linvit_jax import config_lib
+from linvit_jax import preflight
+from linvit_jax import report
 from linvit_jax import run as run_lib
+from linvit_jax.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
@@ -59,7 +62,7 @@ def test_evaluate_only_reproduces_the_exported_student(converted, tmp_path):
       again["student_logits_sample"], results["student_logits_sample"], atol=1e-6
   )
   assert not os.path.exists(tmp_path / "surgery_report.json")  # loaded, not converted
-  assert "student as loaded" in run_lib.format_summary(again)
+  assert "student as loaded" in report.format_summary(again)
 
 
 def test_student_init_for_another_model_is_refused(converted, tmp_path):
@@ -67,7 +70,7 @@ def test_student_init_for_another_model_is_refused(converted, tmp_path):
   config = _tiny(
       stages=(), **{"student.init": os.path.join(workdir, "student.npz"), "model.mlp_dim": 64}
   )
-  with pytest.raises(run_lib.ConfigError, match=r"exported for another model \(mlp_dim: 256"):
+  with pytest.raises(ConfigError, match=r"exported for another model \(mlp_dim: 256"):
     run_lib.run(config, str(tmp_path))
 
 
@@ -82,7 +85,7 @@ def test_student_dont_load_keeps_fresh_params_and_no_npz_export(converted, tmp_p
   copied = checkpoints.flatten(checkpoints.load_npz(os.path.join(workdir, "student.npz")))
   # A fresh (zero-init) head predicts one class: top-1 falls to chance while the copy's is high.
   assert results["student_top1"] < 0.3 and np.any(copied["head/kernel"])
-  with pytest.raises(run_lib.ConfigError, match="matches no student parameter"):
+  with pytest.raises(ConfigError, match="matches no student parameter"):
     run_lib.run(_tiny(stages=(), **{"student.dont_load": ("heads/.*",)}), str(tmp_path / "b"))
 
 
@@ -91,7 +94,7 @@ def test_a_failed_first_start_does_not_block_the_corrected_rerun(tmp_path):
   with pytest.raises(checkpoints.CheckpointError):
     run_lib.run(bad, str(tmp_path / "w"))
   assert not os.path.exists(tmp_path / "w" / "config.json")  # no identity recorded
-  run_lib._check_same_run(str(tmp_path / "w"), _tiny(stages=()))  # the fix is accepted
+  preflight.check_same_run(str(tmp_path / "w"), _tiny(stages=()))  # the fix is accepted
 
 
 def _leaves(tree, prefix=""):
@@ -163,13 +166,13 @@ def test_architecture_read_from_the_teacher_checkpoint(converted, tmp_path):
   np.testing.assert_allclose(
       again["student_logits_sample"], results["student_logits_sample"], atol=1e-6
   )
-  with pytest.raises(run_lib.ConfigError, match="architecture='bogus'"):
+  with pytest.raises(ConfigError, match="architecture='bogus'"):
     run_lib.run(_tiny(**{"teacher.architecture": "bogus"}), str(tmp_path / "b"))
 
 
 def test_teacher_without_its_head_needs_no_logit_distillation(tmp_path):
   config = _tiny(**{"teacher.dont_load": ("head/.*",)})
-  with pytest.raises(run_lib.ConfigError, match=r"config.finetune.w_logit_kd=.*teacher's head out"):
+  with pytest.raises(ConfigError, match=r"config.finetune.w_logit_kd=.*teacher's head out"):
     run_lib.run(config, str(tmp_path))
 
 

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linvit_jax.models import attention as attn_lib
+from linvit_jax.models import layout
 from linvit_jax.models import vit_checkpoint
 from linvit_jax.models.variants import decode_variant
 
@@ -86,7 +87,7 @@ class Encoder1DBlock(nn.Module):
         spec=self.attention,
         dtype_mm=self.dtype_mm,
         num_prefix_tokens=self.num_prefix_tokens,
-        name="MultiHeadDotProductAttention_0",
+        name=layout.ATTN,
     )(y)
     y = nn.Dropout(rate=self.dropout)(y, deterministic)
     x = out["+sa"] = x + y
@@ -155,7 +156,7 @@ class Encoder(nn.Module):
         out[f"block{lyr:02d}"] = jax.tree.map(lambda o, l=lyr: o[l], scan_out)
     else:
       for lyr in range(self.depth):
-        block = Encoder1DBlock(name=f"encoderblock_{lyr}", attention=specs[lyr], **common)
+        block = Encoder1DBlock(name=layout.block_name(lyr), attention=specs[lyr], **common)
         x, out[f"block{lyr:02d}"] = block(x, deterministic)
     out["pre_ln"] = x  # alias for the last block's output, without the number in it
     return nn.LayerNorm(epsilon=self.layernorm_epsilon, name="encoder_norm")(x), out
@@ -174,9 +175,7 @@ class MAPHead(nn.Module):
     n, _, d = x.shape
     probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, d), x.dtype)
     probe = jnp.tile(probe, [n, 1, 1])
-    x = attn_lib.Attention(num_heads=self.num_heads, name="MultiHeadDotProductAttention_0")(
-        probe, x
-    )
+    x = attn_lib.Attention(num_heads=self.num_heads, name=layout.ATTN)(probe, x)
     y = nn.LayerNorm(epsilon=self.layernorm_epsilon, name="LayerNorm_0")(x)
     x = x + MlpBlock(
         mlp_dim=self.mlp_dim, gelu_approximate=self.gelu_approximate, name="MlpBlock_0"
@@ -324,27 +323,6 @@ def Model(
 def layer_specs(model: _Model) -> tuple[attn_lib.AttentionSpec, ...]:
   """The attention operator of every encoder layer (one spec for all, or per layer)."""
   return attn_lib.parse_layer_specs(model.attention, model.depth)
-
-
-def sown_per_layer(intermediates: Mapping[str, Any]) -> dict[str, jax.Array]:
-  """What each encoder block sows, stacked on a leading layer axis L.
-
-  `intermediates` is the 'intermediates' collection of one `model.apply(..., mutable=
-  ["intermediates"])`, per-block or scanned. Returns attn_input [L,B,N,D] (each attention
-  sublayer's input, the LayerNorm_0 output) and the post-projection q, k [L,B,N,H,Dh].
-  """
-  enc = intermediates["Transformer"]
-  attn = "MultiHeadDotProductAttention_0"
-  if "encoderblock" in enc:  # nn.scan already stacked every sown value on the layer axis
-    blk = enc["encoderblock"]
-    return {"attn_input": blk["attn_input"][0], "q": blk[attn]["q"][0], "k": blk[attn]["k"][0]}
-  depth = sum(1 for name in enc if name.startswith("encoderblock_"))
-  blocks = [enc[f"encoderblock_{l}"] for l in range(depth)]
-  return {
-      "attn_input": jnp.stack([b["attn_input"][0] for b in blocks]),
-      "q": jnp.stack([b[attn]["q"][0] for b in blocks]),
-      "k": jnp.stack([b[attn]["k"][0] for b in blocks]),
-  }
 
 
 def load(

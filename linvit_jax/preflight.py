@@ -1,0 +1,234 @@
+"""Everything a run can check before compute, each failure a ConfigError naming the field: the
+config's fields and stage blocks, the mesh and batch sizes, the k-NN set, the workdir (writable,
+and not holding a run of another config).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import ml_collections as mlc
+import numpy as np
+
+from linvit_jax import config_lib
+from linvit_jax import distill
+from linvit_jax import export
+from linvit_jax import gfile
+from linvit_jax import optim
+from linvit_jax import sharding
+from linvit_jax import surgery
+from linvit_jax import train
+from linvit_jax.data import input_pipeline
+from linvit_jax.data import sources
+from linvit_jax.errors import ConfigError
+from linvit_jax.models import attention as attn_lib
+from linvit_jax.models import from_config
+from linvit_jax.models import vit
+
+
+def check(config: mlc.ConfigDict, workdir: str) -> jax.sharding.Mesh:
+  """The checks of a run before any compute, in order; returns the device mesh it runs on."""
+  validate(config)
+  mesh = check_mesh(config)
+  check_same_run(workdir, config)
+  if jax.process_index() == 0:
+    prepare_workdir(workdir)
+  return mesh
+
+
+def check_mesh(config: mlc.ConfigDict) -> jax.sharding.Mesh:
+  """The mesh the devices form, and every stage's batch split over it."""
+  try:
+    mesh = sharding.make_mesh(config.mesh)
+    for name in config.stages:
+      sharding.check_batch_size(
+          config[name].batch_size,
+          mesh,
+          accum_steps=config[name].optimizer.accum_steps,
+          what=f"config.{name}.batch_size",
+      )
+  except ValueError as e:
+    raise ConfigError(f"config.mesh / batch_size on {jax.device_count()} devices: {e}") from e
+  return mesh
+
+
+def validate(config: mlc.ConfigDict) -> None:
+  """Everything that can be checked before compute, each with a message naming the field."""
+
+  def check(field: str, fn, *args) -> Any:
+    try:
+      return fn(*args)
+    except ConfigError:
+      raise
+    except (ValueError, TypeError, KeyError) as e:  # the libraries' own messages, located
+      raise ConfigError(f"config.{field}: {e}") from e
+
+  for name in config.stages:
+    if name not in config:
+      raise ConfigError(f"stage {name!r} is listed in config.stages but config.{name} is missing")
+    kind = config[name].kind
+    if kind not in config_lib.STAGE_KINDS:
+      raise ConfigError(f"config.{name}.kind={kind!r}: unknown stage kind")
+    if kind in ("distill_attention", "align") and not config.teacher.init:
+      raise ConfigError(f"stage {name!r} ({kind}) needs a teacher but config.teacher.init is empty")
+    settings = check(name, train.stage_settings, {**config[name].to_dict(), "name": name})
+    check(
+        f"{name}.optimizer",
+        optim.make_optimizer,
+        settings["optimizer"],
+        settings["steps"],
+        {"w": True},
+    )
+    if kind == "align" and config[name].w_label:
+      raise ConfigError(
+          f"config.{name}.w_label={config[name].w_label}: an align stage is "
+          "label-free (use a finetune stage for labels)"
+      )
+    if kind in ("train", "finetune") and config[name].w_label and not config.model.num_classes:
+      raise ConfigError(
+          f"config.{name}.w_label={config[name].w_label} but the model has no "
+          "head (model.num_classes is None): set w_label=0 (label-free)"
+      )
+    if (
+        kind != "distill_attention"
+        and config[name].w_logit_kd
+        and from_config.teacher_head_skipped(config)
+    ):
+      raise ConfigError(
+          f"config.{name}.w_logit_kd={config[name].w_logit_kd}: teacher.dont_load="
+          f"{tuple(config.teacher.dont_load)} leaves the teacher's head out, so it has no logits "
+          "to distil; set it to 0 (the student's new head trains on labels)"
+      )
+    if kind != "distill_attention" and config[name].label_loss not in distill.LABEL_LOSSES:
+      raise ConfigError(
+          f"config.{name}.label_loss={config[name].label_loss!r}: unknown; known: "
+          f"{sorted(distill.LABEL_LOSSES)}"
+      )
+  depth = check("model.variant", vit.decode_variant, config.model.variant or None).get(
+      "depth", config.model.depth
+  )
+  check(
+      "student.attention", attn_lib.parse_layer_specs, export.student_attention(config), depth or 1
+  )
+  teacher_model, student_model = check(
+      "model", from_config.build_models, config.model, export.student_attention(config)
+  )
+  check("surgery.policy", surgery.get_policy, config.surgery.policy)
+  if any(config[name].kind == "distill_attention" for name in config.stages):
+    check("distill", distill.make_distill_loss, teacher_model, student_model, config)
+  knn = config.eval.knn
+  if knn.dataset:
+    if not config.teacher.init:
+      raise ConfigError(
+          "config.eval.knn compares student and teacher: config.teacher.init is empty"
+      )
+    if knn.k <= 0 or knn.temperature <= 0:
+      raise ConfigError(f"config.eval.knn: k={knn.k} and temperature={knn.temperature} must be > 0")
+    check("eval.knn.pp", input_pipeline.get_preprocess_fn, sources.knn_pp(config))
+  if config.data.pp_train:
+    check("data.pp_train", input_pipeline.get_preprocess_fn, config.data.pp_train)
+  if config.data.pp_eval:
+    check("data.pp_eval", input_pipeline.get_preprocess_fn, config.data.pp_eval)
+
+
+def check_knn_set(config: mlc.ConfigDict) -> None:
+  """Reads the k-NN reference labels before any model compute: an unreadable set, or one whose
+  reference split holds fewer than two classes, is a ConfigError naming eval.knn."""
+  knn = config.eval.knn
+  try:
+    labels = [
+        np.asarray(b[knn.label_key])[np.asarray(b["_mask"], bool)]
+        for b in sources.knn_batches(config, knn.train_split, knn.train_examples)
+    ]
+  except (FileNotFoundError, ValueError, KeyError, AssertionError, OSError) as e:
+    raise ConfigError(
+        f"config.eval.knn.dataset={knn.dataset!r} ({knn.train_split!r}): cannot read labelled "
+        f"examples: {' '.join(str(e).split())[:400]}"
+    ) from e
+  classes = np.unique(np.concatenate(labels)) if labels else np.array([])
+  if len(classes) < 2:
+    raise ConfigError(
+        f"config.eval.knn.dataset={knn.dataset!r}: split {knn.train_split!r} holds "
+        f"{len(classes)} class(es); k-NN classification needs at least 2"
+    )
+  count = sum(len(x) for x in labels)
+  if count < knn.k:
+    raise ConfigError(
+        f"config.eval.knn.k={knn.k}: more neighbours than the {count} reference examples"
+    )
+
+
+# What decides the contents of a workdir's checkpoints (plus every listed stage's block); a rerun
+# that differs here would resume or skip stages trained for another config.
+_RUN_IDENTITY = (
+    "seed",
+    "model",
+    "student",
+    "surgery",
+    "distill",
+    "stages",
+    "data.dataset",
+    "data.train_split",
+    "data.pp_train",
+    "teacher.dont_load",
+)
+_STAGE_BOOKKEEPING = (
+    "checkpoint_every",
+    "max_to_keep",
+    "log_every",
+    "eval_every",
+    "progress",
+    "max_nonfinite_in_a_row",
+)
+
+
+def check_same_run(workdir: str, config: mlc.ConfigDict) -> None:
+  """A rerun in a workdir resumes the run recorded there (config.json), never a different one."""
+  try:
+    text = gfile.read_text(os.path.join(workdir, "config.json"))
+    old = json.loads(text) if text else None
+  except (OSError, ValueError):
+    return  # unreadable or torn: _prepare_workdir reports an unusable workdir
+  if not isinstance(old, dict):
+    return
+  new = json.loads(config.to_json_best_effort())
+
+  def get(tree: Any, key: str) -> Any:
+    for part in key.split("."):
+      tree = tree.get(part) if isinstance(tree, dict) else None
+    if isinstance(tree, dict) and key in new.get("stages", []):  # bookkeeping may change
+      tree = {k: v for k, v in tree.items() if k not in _STAGE_BOOKKEEPING}
+    return tree
+
+  def diff(a: Any, b: Any, key: str) -> None:  # down to the leaves that differ
+    if isinstance(a, dict) and isinstance(b, dict):
+      for k in sorted(set(a) | set(b)):
+        diff(a.get(k), b.get(k), f"{key}.{k}")
+    elif a != b:
+      diffs.append(f"{key}: {json.dumps(a)} there, {json.dumps(b)} now")
+
+  keys = list(_RUN_IDENTITY) + list(new.get("stages", [])) + ["teacher.init"]
+  diffs: list[str] = []
+  for key in keys:
+    a, b = get(old, key), get(new, key)
+    if key == "teacher.init":  # the same file may be reached by another path or machine
+      a, b = (os.path.basename(x) if isinstance(x, str) else x for x in (a, b))
+    diff(a, b, key)
+  if diffs:
+    more = f" (+{len(diffs) - 4} more)" if len(diffs) > 4 else ""
+    raise ConfigError(
+        f"workdir {workdir!r} holds a run of another config ({'; '.join(diffs[:4])}{more}); "
+        "resuming it would mix the two. Pass a new --workdir, or delete that one to start over."
+    )
+
+
+def prepare_workdir(workdir: str) -> None:
+  """Creates the workdir and proves it writable before any compute."""
+  try:
+    gfile.makedirs(workdir)
+    gfile.write_text(os.path.join(workdir, ".write_test"), "ok")
+  except Exception as e:  # noqa: BLE001 - any failure here means the same thing to the user
+    raise ConfigError(f"workdir {workdir!r} is not writable: {type(e).__name__}: {e}") from e

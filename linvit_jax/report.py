@@ -1,0 +1,344 @@
+"""A run's report: what it measures of the converted student besides training (resolution
+scaling, k-NN retention), its summary table, and every plot of the project (the driver, the
+ablation, the token study and the benchmarks draw here)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections as mlc
+import numpy as np
+
+from linvit_jax import evaluate
+from linvit_jax import gfile
+from linvit_jax.data import pp_spec
+from linvit_jax.data import sources
+
+
+@dataclasses.dataclass
+class Scorer:
+  """How a run scores a student as it goes: top-1 on the eval split (when labelled), fidelity to
+  the teacher on held-out images (teacher-forced per layer, and end to end), and the cheap
+  curves a stage draws every `eval_every` steps."""
+
+  config: mlc.ConfigDict
+  mesh: jax.sharding.Mesh
+  labelled: bool
+  teacher_model: Any
+  teacher_params: Any
+  sample: np.ndarray  # the fidelity / calibration images (sources.sample_images)
+
+  def top1(self, model: Any, params: Any, batches: Any = None) -> float | None:
+    if not self.labelled:
+      return None
+    return evaluate.top1(model, params, batches or sources.eval_batches(self.config), self.mesh)
+
+  def fidelity(self, results: dict[str, Any], tag: str, model: Any, params: Any) -> None:
+    """results[fidelity_<tag>] (per layer, teacher-forced) and results[end_to_end_<tag>]."""
+    images = self.sample[: self.config.eval.fidelity_images]
+    t, tp = self.teacher_model, self.teacher_params
+    results[f"fidelity_{tag}"] = evaluate.attention_fidelity(t, tp, model, params, images)
+    results[f"end_to_end_{tag}"] = evaluate.end_to_end_fidelity(t, tp, model, params, images)
+
+  def curve_fn(self, model: Any) -> Callable[[Any], dict[str, float]]:
+    """A stage's `eval_fn`: the first `curve_examples` test images (top-1) and `curve_images`
+    held-out images (fidelity to the teacher): cheap enough to draw every few steps."""
+    config = self.config
+    correct = evaluate.correct_fn(model, config.data.label_key) if self.labelled else None
+    curve_images = self.sample[: max(1, min(len(self.sample), config.eval.curve_images))]
+
+    def eval_fn(params):
+      scores = {}
+      if correct is not None:
+        batches = sources.eval_batches(config, max_examples=config.eval.curve_examples)
+        scores["top1"] = evaluate.evaluate(params, correct, batches, self.mesh)["top1"]
+      if self.teacher_params is not None:
+        e2e = evaluate.end_to_end_fidelity(
+            self.teacher_model, self.teacher_params, model, params, curve_images
+        )
+        scores.update({k: v for k, v in e2e.items() if isinstance(v, float)})
+        scores["block_cosine_min"] = float(min(e2e["block_cosine"]))
+      return scores
+
+    return eval_fn
+
+
+def knn_retention(config, teacher_model, teacher_params, student_model, student_params) -> dict:
+  """Weighted k-NN top-1 of teacher and student on eval.knn's set, and their ratio."""
+  knn = config.eval.knn
+  out = {"dataset": knn.dataset, "k": knn.k}
+  for who, model, params in (
+      ("teacher", teacher_model, teacher_params),
+      ("student", student_model, student_params),
+  ):
+    train = evaluate.pooled_features(
+        model,
+        params,
+        sources.knn_batches(config, knn.train_split, knn.train_examples),
+        knn.label_key,
+    )
+    test = evaluate.pooled_features(
+        model, params, sources.knn_batches(config, knn.eval_split, knn.eval_examples), knn.label_key
+    )
+    out[f"{who}_top1"] = evaluate.knn_top1(*train, *test, k=knn.k, temperature=knn.temperature)
+    out["train_examples"], out["eval_examples"] = len(train[0]), len(test[0])
+  out["retention"] = out["student_top1"] / max(out["teacher_top1"], 1e-12)
+  return out
+
+
+def resolution_scaling(
+    config,
+    mesh,
+    teacher_model,
+    teacher_params,
+    student_model,
+    student_params,
+    labelled: bool,
+    sample: np.ndarray,
+):
+  """Teacher and student at each factor × the training resolution (position embeddings
+  resampled): top-1 when labelled, the student's end-to-end fidelity to the teacher at the same
+  resolution, forward images/s and the compiled forward's peak memory (XLA's estimate)."""
+  rows = []
+  size = config.data.image_size
+  n_fid = max(1, min(len(sample), config.eval.resolution_fidelity_images))
+  for factor in config.eval.resolution_factors:
+    new = int(size * factor)
+    grid = (new // config.model.patch_size[0], new // config.model.patch_size[1])
+    row = {
+        "factor": factor,
+        "image_size": new,
+        "tokens": grid[0] * grid[1]
+        + (1 if config.model.pool_type == "tok" else 0)
+        + config.model.reg_tokens,
+    }
+    # The normalised sample, resized (resizing commutes with the affine normalisation).
+    images = np.asarray(
+        jax.image.resize(jnp.asarray(sample), (len(sample), new, new, sample.shape[-1]), "bilinear")
+    )
+    tb = np.resize(images, (config.eval.throughput_batch,) + images.shape[1:])
+    params = {}
+    for name, model, p in (
+        ("teacher", teacher_model, teacher_params),
+        ("student", student_model, student_params),
+    ):
+      params[name] = evaluate.resample_for_resolution(p, grid)
+      if labelled:
+        pp = config.data.pp_eval if factor == 1 else pp_spec.with_resize(config.data.pp_eval, new)
+        batches = sources.eval_batches(config, pp, max_examples=config.eval.resolution_examples)
+        row[f"{name}_top1"] = evaluate.top1(model, params[name], batches, mesh)
+      row[f"{name}_images_per_s"] = evaluate.images_per_second(model, params[name], tb)
+      row[f"{name}_peak_bytes"] = evaluate.forward_peak_bytes(model, params[name], tb)
+    e2e = evaluate.end_to_end_fidelity(
+        teacher_model, params["teacher"], student_model, params["student"], images[:n_fid]
+    )
+    row.update({k: v for k, v in e2e.items() if isinstance(v, float)})
+    rows.append(row)
+  return rows
+
+
+def write_plots(
+    config, workdir, results, teacher_model, teacher_params, student_model, student_params, sample
+) -> None:
+  """fidelity.png, fidelity_curves.png and attention_maps.png in the workdir."""
+  # matplotlib writes local files; a gs:// workdir gets a copy of each.
+  local = tempfile.mkdtemp() if gfile.is_remote(workdir) else workdir
+  fid = {k.replace("fidelity_", ""): v for k, v in results.items() if k.startswith("fidelity_")}
+  plot_fidelity(fid, os.path.join(local, "fidelity.png"))
+  plot_fidelity_curves(results.get("histories", {}), os.path.join(local, "fidelity_curves.png"))
+  n = config.eval.attention_map_images
+  if n:
+    tmaps = evaluate.cls_attention_maps(teacher_model, teacher_params, sample[:n])
+    smaps = evaluate.cls_attention_maps(student_model, student_params, sample[:n])
+    plot_attention_maps(sample[:n], tmaps, smaps, os.path.join(local, "attention_maps.png"))
+  if local != workdir:
+    for name in os.listdir(local):
+      gfile.copy(os.path.join(local, name), os.path.join(workdir, name))
+
+
+def format_summary(results: Mapping[str, Any]) -> str:
+  """The table main.py prints: accuracy (when labelled), fidelity to the teacher, speed."""
+  lines = ["", "== linvit_jax results " + "=" * 50]
+
+  def pct(x):
+    return f"{100 * x:6.2f} %" if isinstance(x, float) else "   n/a"
+
+  if results.get("teacher_top1") is not None:
+    lines.append(f"teacher (softmax) top-1          {pct(results['teacher_top1'])}")
+    what = (
+        "student as loaded top-1        "
+        if results["config"]["student"].get("init")
+        else "student after surgery top-1    "
+    )
+    lines.append(f"{what}  {pct(results['student_top1_converted'])}")
+  for k, v in results.items():
+    if k.startswith("student_top1_after_") and v is not None:
+      lines.append(f"student after {k[19:]:<19s}top-1 {pct(v)}")
+  if results.get("student_top1") is not None:
+    lines.append(f"student final top-1              {pct(results['student_top1'])}")
+  e2e = [(k[11:], v) for k, v in results.items() if k.startswith("end_to_end_")]
+  if e2e:
+    lines.append("")
+    lines.append("end-to-end fidelity to the teacher (student's own forward, held-out images)")
+    lines.append(f"{'':28s}{'cls cos':>9s}{'patch cos':>11s}{'min block':>11s}")
+    for tag, v in e2e:
+      cls = f"{v['cls_cosine']:9.4f}" if "cls_cosine" in v else f"{'-':>9s}"
+      lines.append(f"{tag:<28s}{cls}{v['patch_cosine']:11.4f}{min(v['block_cosine']):11.4f}")
+  if results.get("softmax_layers"):
+    lines.append(f"hybrid: layers {results['softmax_layers']} keep softmax attention")
+  if results.get("knn"):
+    k = results["knn"]
+    lines.append(
+        f"k-NN top-1 (k={k['k']}, {k['dataset']}, {k['train_examples']} reference / "
+        f"{k['eval_examples']} classified): teacher {pct(k['teacher_top1'])}, student "
+        f"{pct(k['student_top1'])}, retention {100 * k['retention']:.1f} %"
+    )
+  fids = [(k[9:], v) for k, v in results.items() if k.startswith("fidelity_")]
+  if fids:
+    lines.append("")
+    lines.append("per-layer attention fidelity (teacher-forced), cosine / normalised MSE")
+    width = max([22] + [len(name) for name, _ in fids])  # whole stage names, never cut
+    header = "  " + " ".join(f"{name:>{width}s}" for name, _ in fids)
+    lines.append("layer" + header[5:] if len(header) > 5 else header)
+    for i in range(len(fids[0][1])):
+      cells = " ".join(
+          ("%10.3f / %-9.3f" % (v[i]["cosine"], v[i]["nmse"])).rjust(width) for _, v in fids
+      )
+      lines.append(f"{i:>5d}  {cells}".rstrip())
+  if "teacher_images_per_s" in results:
+    lines.append("")
+    lines.append(
+        f"images/s (forward, batch {results['config']['eval']['throughput_batch']}): "
+        f"teacher {results['teacher_images_per_s']:.1f}, "
+        f"student {results['student_images_per_s']:.1f}"
+    )
+  for row in results.get("resolution", []):
+    acc = (
+        f"top-1 teacher {pct(row['teacher_top1'])}, student {pct(row['student_top1'])}; "
+        if "teacher_top1" in row
+        else ""
+    )
+    cls = f"cls cos {row['cls_cosine']:.4f}, " if "cls_cosine" in row else ""
+    lines.append(
+        f"  {row['image_size']:>4d}px ({row['tokens']} tokens): {acc}{cls}patch cos "
+        f"{row['patch_cosine']:.4f}; images/s teacher {row['teacher_images_per_s']:.1f}, "
+        f"student {row['student_images_per_s']:.1f}; peak MB teacher "
+        f"{row['teacher_peak_bytes'] / 2**20:.0f}, student "
+        f"{row['student_peak_bytes'] / 2**20:.0f}"
+    )
+  lines.append(f"total time {results['timing_s']['total']:.0f} s")
+  return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- pictures
+
+
+def new_figure(**kw):
+  """A figure outside pyplot: no global backend switch, so notebooks keep inline plotting."""
+  from matplotlib.figure import Figure
+
+  return Figure(**kw)
+
+
+def plot_fidelity(rows_by_name: Mapping[str, list[dict[str, float]]], path: str) -> None:
+  """Bar chart of per-layer cosine and normalised MSE for one or more students."""
+  fig = new_figure(figsize=(10, 3.5))
+  axes = fig.subplots(1, 2)
+  names = list(rows_by_name)
+  width = 0.8 / max(1, len(names))
+  for j, name in enumerate(names):
+    rows = rows_by_name[name]
+    x = np.arange(len(rows)) + j * width
+    axes[0].bar(x, [r["cosine"] for r in rows], width, label=name)
+    axes[1].bar(x, [r["nmse"] for r in rows], width, label=name)
+  for ax, title in zip(axes, ("cosine (↑)", "normalised MSE (↓)")):
+    ax.set_xlabel("layer")
+    ax.set_title(f"attention-output fidelity: {title}")
+    ax.set_xticks(np.arange(len(next(iter(rows_by_name.values())))) + 0.4 - width / 2)
+    ax.set_xticklabels(range(len(next(iter(rows_by_name.values())))))
+  axes[0].set_ylim(0, 1.02)
+  axes[0].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
+def plot_attention_maps(
+    images: np.ndarray,
+    teacher_maps: np.ndarray,
+    student_maps: np.ndarray,
+    path: str,
+    layer: int = -1,
+) -> None:
+  """Grid: one row per image; the image, then the teacher's and the student's cls maps per head."""
+  n_img, heads = teacher_maps.shape[1], teacher_maps.shape[2]
+  cols = 1 + 2 * heads
+  fig = new_figure(figsize=(1.4 * cols, 1.5 * n_img))
+  axes = fig.subplots(n_img, cols, squeeze=False)
+  for i in range(n_img):
+    img = images[i]
+    img = (img - img.min()) / (img.max() - img.min() + 1e-9)
+    axes[i, 0].imshow(img.squeeze(), cmap="gray" if img.shape[-1] == 1 else None)
+    for h in range(heads):
+      axes[i, 1 + h].imshow(teacher_maps[layer, i, h], cmap="viridis")
+      axes[i, 1 + heads + h].imshow(student_maps[layer, i, h], cmap="viridis")
+      if i == 0:
+        axes[i, 1 + h].set_title(f"teacher h{h}", fontsize=7)
+        axes[i, 1 + heads + h].set_title(f"student h{h}", fontsize=7)
+  for ax in axes.flat:
+    ax.set_xticks([])
+    ax.set_yticks([])
+  fig.suptitle(f"cls-token attention, layer {layer % teacher_maps.shape[0]}", fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
+def plot_fidelity_curves(
+    histories: Mapping[str, list[dict[str, Any]]],
+    path: str,
+    keys: tuple[str, ...] = ("cls_cosine", "patch_cosine", "block_cosine_min"),
+) -> bool:
+  """End-to-end fidelity on held-out images vs images seen, across the run's stages (the
+  `eval/...` rows of each stage's metrics); returns False when no stage logged any."""
+  fig = new_figure(figsize=(7, 3.8))
+  ax = fig.subplots()
+  drawn = False
+  for key in keys:
+    xs, ys = [], []
+    for rows in histories.values():
+      for r in rows:
+        if f"eval/{key}" in r:
+          xs.append(r.get("images_seen", r.get("step", 0)))
+          ys.append(float(r[f"eval/{key}"]))
+    if xs:
+      ax.plot(xs, ys, marker="o", ms=3, label=key.replace("_", " "))
+      drawn = True
+  if not drawn:
+    return False
+  edges = 0
+  for name, rows in histories.items():  # stage boundaries
+    if rows:
+      edges = max(r.get("images_seen", 0) for r in rows)
+      ax.axvline(edges, color="0.8", lw=0.8)
+      ax.text(
+          edges,
+          ax.get_ylim()[0],
+          f" {name}",
+          fontsize=7,
+          rotation=90,
+          va="bottom",
+          ha="right",
+          color="0.4",
+      )
+  ax.set_xlabel("images seen")
+  ax.set_ylabel("cosine to the teacher (held-out)")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  return True
