@@ -11,8 +11,9 @@ r"""Convert any ViT checkpoint to linear attention on a folder of images, label-
 (DINOv2 with or without registers, ViT/DeiT, SigLIP vision towers, timm ViTs: see
 `linvit_jax.models.foreign`). `init` alone decides the architecture: width, depth, heads, MLP,
 patch, pool type, position embedding, registers, head or none are read from the checkpoint
-(`vit_checkpoint.infer_vit_config`); a 'gap' / '0' / 'none' pool stores nothing that tells them
-apart, so `pool=` can say which (default 'gap' when there is no cls token). Two things a big_vision
+by the driver when the run starts (`teacher.architecture="init"`: this file reads no checkpoint, so
+printing or checking the config needs none); a 'gap' / '0' / 'none' pool stores nothing that tells
+them apart, so `pool=` can say which (default 'gap' when there is no cls token). Two things a big_vision
 npz cannot tell: `gelu=exact|tanh` (big_vision trains with tanh; DINOv2-style models with the exact
 erf) and `norm=imagenet|minus_one_one|source` (input normalisation: ImageNet mean/std, big_vision's
 [-1, 1], or the source's own mean/std). Left empty (the default), both come from the source's
@@ -61,7 +62,6 @@ lr_distill, lr_align, align_trainable, holdout, eval_images, tiny (a few steps, 
 import os
 
 from linvit_jax import config_lib
-from linvit_jax.models import vit_checkpoint
 
 NORMS = {"imagenet": "vgg_value_range", "minus_one_one": "value_range(-1,1)"}
 
@@ -107,27 +107,12 @@ def get_config(arg=None):
     raise ValueError(f"distill_fraction={arg.distill_fraction}: expected in (0, 1]")
   if "://" not in arg.images and not os.path.isdir(arg.images):
     raise ValueError(f"images={arg.images!r} is not a folder")
-  arch = vit_checkpoint.infer_vit_config(arg.init)
-  if arg.pool:
-    if arch["pool_type"] in ("tok", "map"):
-      raise ValueError(
-          f"pool={arg.pool!r}: the checkpoint's pool type is {arch['pool_type']!r} "
-          "(it has a cls token / MAP head)"
-      )
-    arch["pool_type"] = arg.pool
-
-  source_pre = arch.get("preprocessing")
-  if arg.norm == "source" and not source_pre:
-    raise ValueError(f"norm=source: {arg.init!r} does not say how its inputs are normalised")
+  # The architecture, and the input normalisation a source declares, are read from `init` by the
+  # driver (teacher.architecture="init", the pp op `init_norm`): this file reads no checkpoint.
   if arg.norm in NORMS:
     norm = NORMS[arg.norm]
-  elif source_pre:  # norm "" or "source": the source's mean/std, on 0..255 pixels
-    mean = ", ".join(f"{255 * m:.6g}" for m in source_pre["mean"])
-    std = ", ".join(f"{255 * s:.6g}" for s in source_pre["std"])
-    norm = f"vgg_value_range(mean=({mean}), std=({std}))"
-  else:
-    norm = NORMS["imagenet"]
-  gelu_approximate = arch.get("gelu_approximate", False) if not arg.gelu else arg.gelu == "tanh"
+  else:  # "": the source's mean/std, else ImageNet's; "source": the source's, or an error
+    norm = "init_norm(required=True)" if arg.norm == "source" else "init_norm"
 
   c = config_lib.base_config()
   res = arg.res
@@ -147,22 +132,20 @@ def get_config(arg=None):
       pp_train=f'decode|inception_crop({res})|flip_lr|{norm}|keep("image")',
       pp_eval=f'decode|resize_small({res * 8 // 7})|central_crop({res})|{norm}|keep("image")',
   )
+  # Width, depth, heads, MLP, patch, position embedding, registers, classes, and where the source
+  # declares them the GELU form and LayerNorm epsilon: from init. What a big_vision npz cannot say
+  # stays as set here: the pool type without a cls token or MAP head (pool=, default 'gap') and
+  # the GELU form (gelu=, else the source's, else exact).
   c.model = dict(
       c.model.to_dict(),
       variant="",
-      num_classes=arch["num_classes"],
-      width=arch["width"],
-      depth=arch["depth"],
-      mlp_dim=arch["mlp_dim"],
-      num_heads=arch["num_heads"],
-      patch_size=arch["patch_size"],
-      posemb=arch["posemb"],
-      pool_type=arch["pool_type"],
-      rep_size=arch["rep_size"],
-      gelu_approximate=gelu_approximate,
-      layernorm_epsilon=arch.get("layernorm_epsilon", 1e-6),
-      reg_tokens=arch["reg_tokens"],
+      pool_type=arg.pool or "gap",
+      gelu_approximate=arg.gelu == "tanh",
       scan=False,
+  )
+  c.teacher.architecture = "init"
+  c.teacher.config_fields = tuple(
+      name for name, given in (("gelu_approximate", arg.gelu), ("pool_type", arg.pool)) if given
   )
   c.teacher.init = arg.init
   levers = dict(exact_prefix_rows=arg.exact_prefix, center_keys=arg.center_keys, conv_v=arg.conv_v)

@@ -10,7 +10,6 @@ called from Python: the options are that config's `:arg` names, the exported stu
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import Any
 
@@ -33,10 +32,7 @@ def load_config(config: str, **options: Any) -> Any:
     if "," in text:
       raise UserError(f"option {key}={text!r}: a value may not contain ','")
   arg = ",".join(f"{k}={v}" for k, v in options.items())
-  spec = importlib.util.spec_from_file_location("linvit_jax_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg or None)
+  return config_files.load(path, arg)
 
 
 def convert(

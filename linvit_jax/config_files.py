@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import Any
 
 _PACKAGE = "linvit_jax.configs"
 _FLAG_NAMES = ("--config", "-config")  # absl accepts one or two dashes
@@ -100,3 +101,12 @@ def resolve_config_argv(argv: list[str]) -> list[str]:
         i += 1
     i += 1
   return out
+
+
+def load(path: str, arg: str | None = None) -> Any:
+  """The ConfigDict of config file `path` with its `:arg` string (what --config=path:arg loads)."""
+
+  spec = importlib.util.spec_from_file_location("linvit_jax_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg or None)

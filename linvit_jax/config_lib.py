@@ -104,35 +104,60 @@ def stage_bookkeeping(steps: int) -> dict:
   )  # tqdm bar on process 0
 
 
+def stage_losses(kind: str) -> dict:
+  """The loss fields a stage kind reads, at their defaults (its schema beside the common fields:
+  kind, steps, batch_size, optimizer and the runner's bookkeeping)."""
+  if kind in ("train", "finetune"):
+    return dict(
+        w_label=1.0,  # labels (softmax_xent / sigmoid_xent); 0: no label is read
+        w_logit_kd=0.0,  # the teacher's logits, KL at kd_temperature
+        kd_temperature=1.0,
+        w_feature=0.0,  # the teacher's final tokens and pre_logits (the student's own forward)
+        w_blocks=0.0,  # the teacher's residual stream after every block (the student's own)
+        w_attn_tf=0.0,  # teacher-forced attention outputs (nmse), every layer
+        label_loss="softmax_xent",  # softmax_xent | sigmoid_xent
+    )
+  if kind == "align":  # label-free, and what trains is chosen
+    return dict(
+        w_logit_kd=0.0,
+        kd_temperature=1.0,
+        w_feature=1.0,
+        w_blocks=1.0,
+        w_attn_tf=1.0,
+        trainable="all",  # "all" | "attention" | a path regex (re.fullmatch)
+    )
+  if kind == "distill_attention":  # its loss weights are the `distill` block's
+    return {}
+  raise ValueError(f"unknown stage kind {kind!r}; known: {STAGE_KINDS}")
+
+
 def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> dict:
-  """One stage block. kind: train (labels, from the current params), distill_attention (only
-  attention + feature-map params train, teacher-forced losses), finetune (all params, labels and
-  optionally teacher logits / features), align (label-free: the student's own block outputs and
-  final tokens matched to the teacher's; `trainable` = "all" | "attention" | a path regex).
-  Optimizer fields (wd, warmup_steps, ...; not `name`) go to the block's `optimizer`."""
-  if kind not in STAGE_KINDS:
-    raise ValueError(f"unknown stage kind {kind!r}; known: {STAGE_KINDS}")
+  """One stage block with exactly the fields its kind reads. kind: train (labels, from the current
+  params), distill_attention (only attention + feature-map params train, teacher-forced losses
+  weighted by the `distill` block), finetune (all params, labels and optionally teacher logits /
+  features), align (label-free: the student's own block outputs and final tokens matched to the
+  teacher's). Optimizer fields (wd, warmup_steps, ...; not `name`) go to the block's `optimizer`;
+  any other keyword must be one of the kind's loss fields (`stage_losses`)."""
+  losses = stage_losses(kind)
   opt_kw = {k: kw.pop(k) for k in OPTIMIZER_DEFAULTS if k in kw and k not in ("name", "lr")}
-  block = dict(
+  unknown = sorted(set(kw) - set(losses))
+  if unknown:
+    raise ValueError(
+        f"a {kind} stage has no field(s) {unknown}; its loss fields: {sorted(losses) or 'none'}"
+    )
+  return dict(
       kind=kind,
       steps=steps,
       batch_size=batch_size,
       optimizer=optimizer(lr, **opt_kw),
       **stage_bookkeeping(steps),
-      # losses (which ones apply depends on kind; unused weights are ignored)
-      w_label=1.0,
-      w_logit_kd=0.0,
-      kd_temperature=1.0,
-      w_feature=0.0,
-      w_blocks=0.0,
-      w_attn_tf=0.0,
-      label_loss="softmax_xent",
-      trainable="",
-  )  # "": the kind's default (align: "all")
-  if kind == "align":
-    block.update(w_label=0.0, w_feature=1.0, w_blocks=1.0, w_attn_tf=1.0)
-  block.update(kw)
-  return block
+      **{**losses, **kw},
+  )
+
+
+def stage_fields(kind: str) -> set[str]:
+  """Every field of a `kind` stage block (what `stage` writes)."""
+  return set(stage(kind, steps=1, batch_size=1, lr=1.0))
 
 
 def distill() -> dict:
@@ -225,8 +250,12 @@ def base_config() -> mlc.ConfigDict:
   # architecture: "config" (config.model describes the teacher) or "init" (the driver reads it
   # from teacher.init: width, depth, heads, MLP, patch, position embedding, registers, pool type
   # where the checkpoint has a cls token or MAP head, the head's classes unless dont_load skips
-  # the head, and the GELU form / LayerNorm epsilon where the source declares them).
-  c.teacher = dict(init="", dont_load=(), architecture="config")
+  # the head, and the GELU form / LayerNorm epsilon where the source declares them). config_fields:
+  # model fields the config decides even with architecture "init" (e.g. ("gelu_approximate",));
+  # a pool_type there must agree with a checkpoint that has a cls token or MAP head. A pp string's
+  # op `init_norm` (or `init_norm(required=True)`) becomes the input normalisation teacher.init's
+  # source declares (else ImageNet's; else, when required, an error) when the run starts.
+  c.teacher = dict(init="", dont_load=(), architecture="config", config_fields=())
   # init: a student exported by an earlier run (its student.npz; student_config.json beside it
   # gives its per-layer attention) instead of surgery from the teacher: with `stages=()` this is
   # evaluate-only, with stages it continues training. dont_load: student params that keep their
@@ -372,7 +401,13 @@ def field_docs() -> dict[str, str]:
       i -= 1
     named(" ".join(text), {kw.arg for kw in call.keywords if kw.arg}, prefix)
 
-  scopes = {"base_config": "", "distill": "distill.", "stage": "*.", "stage_bookkeeping": "*."}
+  scopes = {
+      "base_config": "",
+      "distill": "distill.",
+      "stage": "*.",
+      "stage_bookkeeping": "*.",
+      "stage_losses": "*.",
+  }
   for node in tree.body:
     if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "OPTIMIZER_DEFAULTS":
       keywords(node.value, "*.optimizer.")

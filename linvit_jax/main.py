@@ -90,7 +90,7 @@ def main(argv: list[str], command: Command = convert) -> None:
 
     config = FLAGS.config
     if "ablation" not in config:  # an ablation's arms resolve their own teachers
-      config = from_config.resolve_architecture(config)
+      config = from_config.resolve_from_init(config)
     print(config_lib.describe(config))
     return
   if not FLAGS.workdir:
@@ -151,6 +151,31 @@ def _raised_by_config_code(e: BaseException) -> bool:
   return any(not any(o in os.path.abspath(f.filename) for o in own) for f in frames)
 
 
+def _stage_field_hint(argv: list[str], overrides: list[str]) -> str:
+  """'; a <kind> stage does not read <field> ...' when the missing field's block is a stage."""
+  spec = next((a.split("=", 1)[1] for a in argv if a.startswith(("--config=", "-config="))), None)
+  if spec is None and "--config" in argv[:-1]:
+    spec = argv[argv.index("--config") + 1]
+  if spec is None:
+    return ""
+  try:
+    config = config_files.load(*spec.split(":", 1))
+  except Exception:  # noqa: BLE001 - a hint only; the error itself is already known
+    return ""
+  for override in overrides:
+    *blocks, field = override[len("--config.") :].split("=", 1)[0].split(".")
+    node = config
+    for b in blocks:
+      node = node.get(b) if hasattr(node, "get") else None
+    if hasattr(node, "get") and node.get("kind") and field not in node:
+      from linvit_jax import config_lib
+
+      where = "; its loss weights are config.distill's" if node.kind == "distill_attention" else ""
+      fields = sorted(config_lib.stage_fields(node.kind))
+      return f"; a {node.kind} stage does not read {field!r}{where} (its fields: {fields})"
+  return ""
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with one-line errors where ml_collections gives tracebacks: a config
   field that does not exist, and a ValueError/TypeError from a config file's get_config (e.g. a
@@ -166,8 +191,9 @@ def _parse_flags(argv: list[str]) -> list[str]:
     detail: Any = e  # --config.<field> that the config does not have
     while isinstance(detail, BaseException) and detail.args:  # KeyError inside AttributeError
       detail = detail.args[0]
-    overrides = " ".join(a for a in argv[1:] if a.startswith("--config."))
-    text = f"no such config field {' '.join(str(detail).split())} (in {overrides})"
+    overrides = [a for a in argv[1:] if a.startswith("--config.")]
+    text = f"no such config field {' '.join(str(detail).split())} (in {' '.join(overrides)})"
+    text += _stage_field_hint(argv, overrides)
   except flags.Error as e:
     text = str(e)
     if "Traceback (most recent call last)" in text:

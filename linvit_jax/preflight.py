@@ -69,9 +69,11 @@ def validate(config: mlc.ConfigDict) -> None:
   for name in config.stages:
     if name not in config:
       raise ConfigError(f"stage {name!r} is listed in config.stages but config.{name} is missing")
+  for name in config:  # every stage block, listed or not: its fields are its kind's schema
+    if isinstance(config[name], mlc.ConfigDict) and "kind" in config[name]:
+      check_stage_fields(name, config[name])
+  for name in config.stages:
     kind = config[name].kind
-    if kind not in config_lib.STAGE_KINDS:
-      raise ConfigError(f"config.{name}.kind={kind!r}: unknown stage kind")
     if kind in ("distill_attention", "align") and not config.teacher.init:
       raise ConfigError(f"stage {name!r} ({kind}) needs a teacher but config.teacher.init is empty")
     settings = check(name, train.stage_settings, {**config[name].to_dict(), "name": name})
@@ -82,11 +84,6 @@ def validate(config: mlc.ConfigDict) -> None:
         settings["steps"],
         {"w": True},
     )
-    if kind == "align" and config[name].w_label:
-      raise ConfigError(
-          f"config.{name}.w_label={config[name].w_label}: an align stage is "
-          "label-free (use a finetune stage for labels)"
-      )
     if kind in ("train", "finetune") and config[name].w_label and not config.model.num_classes:
       raise ConfigError(
           f"config.{name}.w_label={config[name].w_label} but the model has no "
@@ -102,7 +99,7 @@ def validate(config: mlc.ConfigDict) -> None:
           f"{tuple(config.teacher.dont_load)} leaves the teacher's head out, so it has no logits "
           "to distil; set it to 0 (the student's new head trains on labels)"
       )
-    if kind != "distill_attention" and config[name].label_loss not in distill.LABEL_LOSSES:
+    if "label_loss" in config[name] and config[name].label_loss not in distill.LABEL_LOSSES:
       raise ConfigError(
           f"config.{name}.label_loss={config[name].label_loss!r}: unknown; known: "
           f"{sorted(distill.LABEL_LOSSES)}"
@@ -132,6 +129,30 @@ def validate(config: mlc.ConfigDict) -> None:
     check("data.pp_train", input_pipeline.get_preprocess_fn, config.data.pp_train)
   if config.data.pp_eval:
     check("data.pp_eval", input_pipeline.get_preprocess_fn, config.data.pp_eval)
+
+
+def check_stage_fields(name: str, block: mlc.ConfigDict) -> None:
+  """A stage block holds exactly its kind's fields (config_lib.stage): a field the kind does not
+  read (it would be silently ignored) or one it misses is a ConfigError naming both."""
+  kind = block.kind
+  if kind not in config_lib.STAGE_KINDS:
+    raise ConfigError(
+        f"config.{name}.kind={kind!r}: unknown stage kind; known: {config_lib.STAGE_KINDS}"
+    )
+  fields = config_lib.stage_fields(kind)
+  extra, missing = sorted(set(block) - fields), sorted(
+      set(config_lib.stage_losses(kind)) - set(block)
+  )
+  if extra:
+    where = " (its loss weights are config.distill's)" if kind == "distill_attention" else ""
+    raise ConfigError(
+        f"config.{name}.{extra[0]}: a {kind} stage does not read {extra}{where}; its fields: "
+        f"{sorted(fields)}"
+    )
+  if missing:
+    raise ConfigError(
+        f"config.{name} ({kind} stage) lacks {missing}: build stage blocks with config_lib.stage"
+    )
 
 
 def check_knn_set(config: mlc.ConfigDict) -> None:

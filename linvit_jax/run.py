@@ -37,7 +37,7 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs a config in workdir and returns the results dict (also written to results.json)."""
   sharding.maybe_initialize_distributed()
   compile_cache.enable(config.compile_cache or None)
-  config = from_config.resolve_architecture(config)  # teacher.architecture="init": read it
+  config = from_config.resolve_from_init(config)  # what the config asks to read from init
   mesh = preflight.check(config, workdir)  # every check that needs no compute
   teacher_model, student_model = from_config.build_models(
       config.model, export.student_attention(config)

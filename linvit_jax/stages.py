@@ -12,6 +12,8 @@
                      layer's own fidelity; `trainable` chooses the parameters ("all" by default,
                      or "attention", or a path regex)
 
+Each kind's block has exactly the fields it reads (config_lib.stage_losses).
+
 Every loss_fn has the runner's signature `loss_fn(params, frozen, batch, rng)`, where `frozen` is
 the teacher's params (or None), so the step stays a pure function of explicit pytrees.
 """
@@ -38,13 +40,15 @@ def _label_loss(name: str) -> Callable[[jax.Array, jax.Array], jax.Array]:
   return distill.LABEL_LOSSES[name]
 
 
-def _supervised(stage_cfg: mlc.ConfigDict, config: mlc.ConfigDict, teacher_model, student_model):
+def _supervised(
+    stage_cfg: mlc.ConfigDict, config: mlc.ConfigDict, teacher_model, student_model, w_label: float
+):
   """Labels (w_label), teacher logits (w_logit_kd), and the teacher's features: final tokens
   (w_feature), every block's output (w_blocks), teacher-forced attention outputs (w_attn_tf).
   Terms with weight 0 cost nothing; with w_label=0 no label is read."""
   key = config.data.label_key
-  w_label, w_kd, w_feat = stage_cfg.w_label, stage_cfg.w_logit_kd, stage_cfg.w_feature
-  w_blocks, w_attn_tf = stage_cfg.get("w_blocks", 0.0), stage_cfg.get("w_attn_tf", 0.0)
+  w_kd, w_feat = stage_cfg.w_logit_kd, stage_cfg.w_feature
+  w_blocks, w_attn_tf = stage_cfg.w_blocks, stage_cfg.w_attn_tf
   label_loss = _label_loss(stage_cfg.label_loss) if w_label else None
   kd_t = stage_cfg.kd_temperature
   needs_teacher = bool(w_kd or w_feat or w_blocks or w_attn_tf)
@@ -112,12 +116,11 @@ def build(
 ) -> tuple[Callable, Any]:
   """The stage's loss function and trainable mask (None = every parameter)."""
   if kind in ("train", "finetune"):
-    return _supervised(stage_cfg, config, teacher_model, student_model), None
-  if kind == "align":
-    trainable = stage_cfg.get("trainable", "") or "all"
+    return _supervised(stage_cfg, config, teacher_model, student_model, stage_cfg.w_label), None
+  if kind == "align":  # label-free
     return (
-        _supervised(stage_cfg, config, teacher_model, student_model),
-        optim.trainable_mask(student_params, trainable),
+        _supervised(stage_cfg, config, teacher_model, student_model, w_label=0.0),
+        optim.trainable_mask(student_params, stage_cfg.trainable),
     )
   if kind == "distill_attention":
     d = config.distill

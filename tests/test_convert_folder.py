@@ -11,6 +11,7 @@ from PIL import Image
 
 from linvit_jax import checkpoints
 from linvit_jax.errors import ConfigError
+from linvit_jax.models import from_config
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
 
@@ -116,8 +117,9 @@ def test_convert_folder_rejects_bad_args(tmp_path):
     _config(path, str(tmp_path), ",gelu=erf")
   with pytest.raises(ValueError, match="norm"):
     _config(path, str(tmp_path), ",norm=zero_one")
-  with pytest.raises(ValueError, match="pool"):
-    _config(path, str(tmp_path), ",pool=gap")  # a cls-token checkpoint is 'tok'
+  config = _config(path, str(tmp_path), ",pool=gap")  # reads no checkpoint: the driver does
+  with pytest.raises(ConfigError, match="pool_type='gap': the checkpoint's pool type is 'tok'"):
+    from_config.resolve_from_init(config)  # a cls-token checkpoint is 'tok'
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import ml_collections as mlc
@@ -43,22 +44,65 @@ def teacher_head_skipped(config: mlc.ConfigDict) -> bool:
   )
 
 
-def resolve_architecture(config: mlc.ConfigDict) -> mlc.ConfigDict:
-  """With `teacher.architecture="init"`, a copy of config whose model block is read from the
-  teacher checkpoint (vit_checkpoint.model_config_from_init); otherwise config itself."""
-  if config.teacher.architecture == "config":
-    return config
-  if config.teacher.architecture != "init":
+# The pp fields whose `init_norm` op resolve_from_init replaces.
+_PP_FIELDS = (("data", "pp_train"), ("data", "pp_eval"), ("eval", "sample_pp"))
+_INIT_NORM = re.compile(r"init_norm(\(\s*required\s*=\s*True\s*\))?")
+
+
+def resolve_from_init(config: mlc.ConfigDict) -> mlc.ConfigDict:
+  """config with what it asks to read from teacher.init filled in (a copy; config itself when it
+  asks nothing): the model block with `teacher.architecture="init"` (vit_checkpoint.
+  model_config_from_init, except `teacher.config_fields`), and each pp string's `init_norm` op."""
+  if config.teacher.architecture not in ("config", "init"):
     raise ConfigError(
         f"config.teacher.architecture={config.teacher.architecture!r}: expected 'config' or 'init'"
     )
+  wants_norm = any(_INIT_NORM.search(config[b][f] or "") for b, f in _PP_FIELDS)
+  if config.teacher.architecture == "config" and not wants_norm:
+    return config
   if not config.teacher.init:
-    raise ConfigError("config.teacher.architecture='init' needs config.teacher.init")
+    what = "the pp op init_norm" if wants_norm else "teacher.architecture='init'"
+    raise ConfigError(f"config: {what} needs config.teacher.init")
+  resolved = config.copy_and_resolve_references()
+  with resolved.unlocked():
+    if config.teacher.architecture == "init":
+      resolved.model = mlc.ConfigDict(_model_from_init(config))
+      resolved.teacher.architecture = "config"  # resolved: config.json says what ran
+    if wants_norm:
+      source = vit_checkpoint.infer_vit_config(config.teacher.init).get("preprocessing")
+      for block, field in _PP_FIELDS:
+        resolved[block][field] = _INIT_NORM.sub(
+            lambda m: _norm_op(source, bool(m.group(1)), config.teacher.init),
+            config[block][field],
+        )
+  return resolved
+
+
+def _model_from_init(config: mlc.ConfigDict) -> dict[str, Any]:
   model = vit_checkpoint.model_config_from_init(
       config.model.to_dict(), config.teacher.init, teacher_head_skipped(config)
   )
-  resolved = config.copy_and_resolve_references()
-  with resolved.unlocked():
-    resolved.model = mlc.ConfigDict(model)
-    resolved.teacher.architecture = "config"  # resolved: config.json says what ran
-  return resolved
+  for name in config.teacher.config_fields:
+    if name not in model:
+      raise ConfigError(f"config.teacher.config_fields: {name!r} is not a model field")
+    if name == "pool_type" and model[name] in ("tok", "map") and model[name] != config.model[name]:
+      raise ConfigError(
+          f"config.model.pool_type={config.model.pool_type!r}: the checkpoint's pool type is "
+          f"{model[name]!r} (it has a cls token / MAP head)"
+      )
+    model[name] = config.model[name]
+  return model
+
+
+def _norm_op(preprocessing: dict[str, Any] | None, required: bool, init: str) -> str:
+  """The pp op normalising 0..255 pixels as the source declares (its mean/std on 0..1 pixels)."""
+  if preprocessing is None:
+    if required:
+      raise ConfigError(
+          f"init_norm(required=True) (norm=source): {init!r} does not say how its inputs are "
+          "normalised"
+      )
+    return "vgg_value_range"  # ImageNet's mean/std
+  mean = ", ".join(f"{255 * m:.6g}" for m in preprocessing["mean"])
+  std = ", ".join(f"{255 * s:.6g}" for s in preprocessing["std"])
+  return f"vgg_value_range(mean=({mean}), std=({std}))"
