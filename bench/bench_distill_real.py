@@ -111,11 +111,11 @@ def build(
 
 def _minimal_loss(teacher, student):
   """Teacher forward + teacher-forced student attention + nmse, nothing else (the floor)."""
-  from linvit_jax import distill
+  from linvit_jax import probe
 
   def loss(sp, tp, batch, rng):
-    targets = distill.teacher_targets(teacher, tp, batch["image"])
-    sa = distill.student_attention_outputs(student, sp, targets["attn_input"])
+    targets = probe.teacher_targets(teacher, tp, batch["image"])
+    sa = probe.student_attention_outputs(student, sp, targets["attn_input"])
     err = jnp.mean((sa - targets["sa"]) ** 2, axis=(1, 2, 3))
     l = jnp.mean(err / (jnp.var(targets["sa"], axis=(1, 2, 3)) + 1e-6))
     return l, {"loss": l}

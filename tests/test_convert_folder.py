@@ -137,7 +137,12 @@ def folder_run(tmp_path_factory):
 
 def test_convert_folder_headless_end_to_end(folder_run):
   config, workdir, results, _ = folder_run
-  assert config.model.num_classes is None and config.stages == ("distill_attention", "align")
+  assert config.teacher.architecture == "init"  # the config read no checkpoint; the run did:
+  assert (
+      results["config"]["model"]["num_classes"] is None
+      and results["config"]["model"]["width"] == 32
+  )
+  assert config.stages == ("distill_attention", "align")
   assert results["labelled"] is False and results["student_top1"] is None
   for name in (
       "student.npz",

@@ -13,7 +13,7 @@ import numpy as np
 import optax
 import pytest
 
-from linvit_jax import config_lib, distill, optim, surgery
+from linvit_jax import config_lib, distill, optim, probe, surgery
 from linvit_jax.models import attention as attn_lib
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
@@ -123,7 +123,7 @@ def at_and_off_equality(tiny):
     ones = jax.tree.map(jnp.ones_like, s_params)
     updates, state = opt.update(ones, opt.init(s_params), s_params)
     # The routing xent is minimal (= the teacher's entropy) rather than zero at equality.
-    tg = distill.teacher_targets(teacher, t_params, images)
+    tg = probe.teacher_targets(teacher, t_params, images)
     p = attn_lib.softmax_weights(tg["q"][1], tg["k"][1])
     entropy = -jnp.mean(jnp.sum(jax.scipy.special.xlogy(p, p), -1))
     xent = distill.routing_loss(
@@ -206,12 +206,12 @@ def test_scanned_trees_give_the_same_targets_and_outputs(tiny):
 
   @_jit
   def both(t_params, s_params, tp_scan, sp_scan):
-    tg = distill.teacher_targets(teacher, t_params, images)
-    tg_scan = distill.teacher_targets(t_scan, tp_scan, images)
-    out = distill.student_attention_outputs(student, s_params, tg["attn_input"], with_qk=True)
-    out_scan = distill.student_attention_outputs(s_scan, sp_scan, tg["attn_input"], with_qk=True)
+    tg = probe.teacher_targets(teacher, t_params, images)
+    tg_scan = probe.teacher_targets(t_scan, tp_scan, images)
+    out = probe.student_attention_outputs(student, s_params, tg["attn_input"], with_qk=True)
+    out_scan = probe.student_attention_outputs(s_scan, sp_scan, tg["attn_input"], with_qk=True)
     calibrated = distill.calibrate_out_projection(tg, s_scan, sp_scan)
-    y_cal = distill.student_attention_outputs(s_scan, calibrated, tg["attn_input"])
+    y_cal = probe.student_attention_outputs(s_scan, calibrated, tg["attn_input"])
     return tg, tg_scan, out, out_scan, calibrated, y_cal
 
   tg, tg_scan, out, out_scan, calibrated, y_cal = both(t_params, s_params, tp_scan, sp_scan)
@@ -249,7 +249,7 @@ def test_distillation_cuts_attention_error_at_least_5x(tiny):
   teacher, t_params, student, s_params, images = tiny
   s_params = _jit(
       lambda tp, sp: distill.calibrate_out_projection(
-          distill.teacher_targets(teacher, tp, images), student, sp
+          probe.teacher_targets(teacher, tp, images), student, sp
       )
   )(t_params, s_params)
   loss_fn = distill.make_distill_loss(teacher, student, dict(w_routing=0.1, routing_queries=8))
@@ -428,8 +428,8 @@ def test_routing_with_the_forwards_phi_equals_recomputing_it(tiny):
   rng = jax.random.PRNGKey(3)
 
   def routing(sp, reuse):
-    targets = distill.teacher_targets(teacher, t_params, images)
-    _, q, k, phis = distill.student_attention_outputs(
+    targets = probe.teacher_targets(teacher, t_params, images)
+    _, q, k, phis = probe.student_attention_outputs(
         student, sp, targets["attn_input"], with_qk=True, with_phi=True
     )
     assert len(phis) == 2 and all(p is not None for p in phis)

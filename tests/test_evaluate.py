@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from linvit_jax import evaluate
+from linvit_jax import metrics
 from linvit_jax import sharding
 
 
@@ -33,9 +34,9 @@ def test_evaluate_ignores_padding():
 
 def test_top1_hits_integer_and_multi_hot_labels():
   logits = jnp.array([[0.1, 2.0, 0.3], [3.0, 0.0, 1.0], [0.0, 0.0, 5.0]])
-  np.testing.assert_array_equal(evaluate.top1_hits(logits, jnp.array([1, 2, 2])), [1, 0, 1])
+  np.testing.assert_array_equal(metrics.top1_hits(logits, jnp.array([1, 2, 2])), [1, 0, 1])
   multi_hot = jnp.array([[0, 1, 1], [0, 1, 1], [1, 0, 0]], jnp.float32)
-  hits = evaluate.top1_hits(logits, multi_hot)
+  hits = metrics.top1_hits(logits, multi_hot)
   assert hits.dtype == jnp.float32
   np.testing.assert_array_equal(hits, [1, 0, 0])
 
