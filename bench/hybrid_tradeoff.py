@@ -55,7 +55,9 @@ def main(argv=None) -> dict:
   with open(os.path.join(args.workdir, "config.json")) as f:
     config = mlc.ConfigDict(json.load(f))
   stage = next(s for s in config.stages if config[s].kind == "distill_attention")
-  teacher_model, student_model = from_config.build_models(config.model, export.student_attention(config))
+  teacher_model, student_model = from_config.build_models(
+      config.model, export.student_attention(config)
+  )
   sample = sources._sample_images(config, config.eval.fidelity_images)  # held-out views
   shapes = jax.eval_shape(teacher_model.init, jax.random.PRNGKey(0), sample[:1])["params"]
   teacher_params = vit.load(shapes, config.teacher.init, from_config.model_kwargs(config.model))
@@ -68,9 +70,7 @@ def main(argv=None) -> dict:
   rows = []
   for k in (int(x) for x in args.ks.split(",")):
     layers = surgery.worst_layers(fid, k)
-    model, params = surgery.to_softmax_layers(
-        teacher_params, student_model, student_params, layers
-    )
+    model, params = surgery.to_softmax_layers(teacher_params, student_model, student_params, layers)
     row = {
         "k": k,
         "softmax_layers": layers,
