@@ -172,6 +172,7 @@ def distill() -> dict:
       lookahead=0,  # k: teacher sublayers the attention error is pushed through
       w_lookahead=0.0,
       w_feature=0.0,  # end-to-end alignment of the student's own stream
+      feature_keys=("encoded", "pre_logits"),  # the student's own features w_feature matches
       w_logit_kd=0.0,
       kd_temperature=1.0,
   )

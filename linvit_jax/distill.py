@@ -17,8 +17,7 @@ Losses (each a function below; formulas in their docstrings):
     logit_kd_loss           Hinton KD with temperature;  softmax_xent / sigmoid_xent for labels
 
 The attention-distillation stage's loss, called inside a jitted train step (weights from the
-`cfg.distill` ml_collections block; its fields and defaults are config_lib.distill()'s, plus
-`feature_keys`, default FEATURE_KEYS):
+`cfg.distill` ml_collections block; its fields and defaults are config_lib.distill()'s):
 
     loss_fn = make_distill_loss(teacher_model, student_model, config.distill)
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
@@ -67,11 +66,9 @@ ModelLike = probe.ModelLike
 EPS = probe.EPS  # guards variances and norms in denominators (absolute: outputs can be tiny)
 LOG_EPS = 1e-9  # guards log() of attention weights that a feature map can make exactly zero
 
-# The student's own features that w_feature matches (`feature_keys`: a loss option that the
-# config's `distill` block does not carry).
-FEATURE_KEYS = ("encoded", "pre_logits")
-# The `cfg.distill` fields and their defaults: the config's (config_lib.distill), plus feature_keys.
-_DEFAULTS = {**config_lib.distill(), "feature_keys": FEATURE_KEYS}
+# The `cfg.distill` fields and their defaults: the config's, read once.
+_DEFAULTS = config_lib.distill()
+FEATURE_KEYS = _DEFAULTS["feature_keys"]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,65 @@
+"""preflight.py: a stage block holds exactly the fields its kind reads; anything else is an error
+that names the field and the kind, before any compute (config files and --config overrides)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from linvit_jax import config_lib
+from linvit_jax import preflight
+from linvit_jax.errors import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_each_kind_has_its_own_schema():
+  assert "w_feature" not in config_lib.stage_fields("distill_attention")  # config.distill's
+  assert {"w_label", "label_loss"} <= config_lib.stage_fields("finetune")
+  assert "w_label" not in config_lib.stage_fields("align")  # label-free
+  assert config_lib.stage("align", steps=4, batch_size=2, lr=1.0)["trainable"] == "all"
+  with pytest.raises(
+      ValueError, match=r"a distill_attention stage has no field\(s\) \['w_feature'\]"
+  ):
+    config_lib.stage("distill_attention", steps=4, batch_size=2, lr=1.0, w_feature=1.0)
+
+
+def test_a_field_the_kind_does_not_read_is_an_error():
+  config = config_lib.base_config()
+  preflight.check_stage_fields("finetune", config.finetune)
+  config.distill_attention.w_feature = 1.0  # what a config file could write (it is not locked)
+  with pytest.raises(ConfigError, match=r"config.distill_attention.w_feature: a distill_attention"):
+    preflight.validate(config)
+  config = config_lib.base_config()
+  del config.finetune["label_loss"]
+  with pytest.raises(
+      ConfigError, match=r"config.finetune \(finetune stage\) lacks \['label_loss'\]"
+  ):
+    preflight.validate(config)
+  config = config_lib.base_config()
+  config.finetune.kind = "distil"
+  with pytest.raises(ConfigError, match=r"config.finetune.kind='distil': unknown stage kind"):
+    preflight.validate(config)
+
+
+class _null:
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    return False
+
+
+def test_cli_override_of_an_unread_field_names_the_kind(tmp_path):
+  cmd = [
+      sys.executable, "-m", "linvit_jax.main", "--config", "configs/demo.py:tiny=True",
+      "--workdir", str(tmp_path / "w"), "--config.distill_attention.w_feature=1",
+  ]  # fmt: skip
+  out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 2
+  last = out.stderr.strip().splitlines()[-1]
+  assert "no such config field 'w_feature'" in last
+  assert "a distill_attention stage does not read 'w_feature'" in last
+  assert "config.distill's" in last and not os.path.exists(tmp_path / "w")
