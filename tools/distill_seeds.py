@@ -1,6 +1,7 @@
-"""Distillation stability across seeds: copy_same + N distillation steps, nothing else.
+"""Distillation stability across seeds (a study: whole conversions, so a tool, not a benchmark):
+copy_same + N distillation steps, nothing else.
 
-    python -m bench.distill_seeds --seeds 0,1,2,3,4 [--steps 100] [--set k=v ...] --out OUT
+    python tools/distill_seeds.py --seeds 0,1,2,3,4 [--steps 100] [--set k=v ...] --out OUT
 
 For each seed: the demo's conversion (shipped 50-token teacher, hedgehog, copy_same, calibrated)
 followed by `steps` of distill_attention only; records top-1 before fine-tuning, the per-layer

@@ -1,0 +1,80 @@
+"""The arrows point down (shared/DESIGN.md): checked on the import statements themselves, so a new
+import that climbs a floor fails here instead of growing a tower."""
+
+import ast
+import glob
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _module(path: str) -> str:
+  rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+  return rel[: -len(".__init__")] if rel.endswith(".__init__") else rel
+
+
+def _imports(path: str) -> set[str]:
+  """Every linvit_jax module `path` imports, at module level or inside functions."""
+  with open(path) as f:
+    tree = ast.parse(f.read())
+  out = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      out.update(a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      out.add(node.module)
+      out.update(f"{node.module}.{a.name}" for a in node.names)
+  return {m for m in out if m.startswith("linvit_jax")}
+
+
+def _graph(pattern: str) -> dict[str, set[str]]:
+  paths = glob.glob(os.path.join(ROOT, pattern), recursive=True)
+  return {_module(p): _imports(p) for p in paths}
+
+
+LIBRARY = _graph("linvit_jax/**/*.py")
+KNOWN = set(LIBRARY)
+
+
+def _uses(importer: str, imported: str) -> bool:
+  return f"linvit_jax.{imported}" in LIBRARY[f"linvit_jax.{importer}"]
+
+
+@pytest.mark.parametrize(
+    "importer, imported",
+    [
+        ("stages", "evaluate"),  # losses and evaluation are siblings ...
+        ("evaluate", "distill"),
+        ("distill", "evaluate"),
+        ("probe", "distill"),  # ... over the probe both read layers through
+        ("probe", "evaluate"),
+        ("evaluate", "stages"),
+        ("train", "run"),
+    ],
+)
+def test_siblings_do_not_import_each_other(importer, imported):
+  assert not _uses(importer, imported)
+
+
+def test_models_know_no_trainer_and_no_data():
+  upper = ("train", "stages", "run", "distill", "evaluate", "report", "preflight", "data", "probe")
+  for name, imports in LIBRARY.items():
+    if name.startswith("linvit_jax.models."):
+      bad = sorted(m for m in imports if any(m.startswith(f"linvit_jax.{u}") for u in upper))
+      assert not bad, f"{name} imports {bad}"
+
+
+def test_only_the_entry_points_import_the_driver():
+  entry = {"linvit_jax.run", "linvit_jax.main", "linvit_jax.api", "linvit_jax.ablation"}
+  for name, imports in {**LIBRARY, **_graph("bench/*.py")}.items():
+    if name not in entry:
+      assert "linvit_jax.run" not in imports, f"{name} imports the driver"
+
+
+def test_config_files_are_data():
+  for name, imports in _graph("configs/*.py").items():
+    # config helpers only (and the ablation's arm table); no checkpoint or model code
+    assert imports <= {"linvit_jax", "linvit_jax.config_lib", "linvit_jax.ablation",
+                       "linvit_jax.ablation.ARMS"}, name  # fmt: skip
