@@ -64,7 +64,7 @@ def build(
   from linvit_jax.models import from_config
   from linvit_jax.models import vit_checkpoint
 
-  c = _config(init, batch, feature_map, res)
+  c = from_config.resolve_from_init(_config(init, batch, feature_map, res))
   teacher, student = from_config.build_models(c.model, export.student_attention(c))
   size = c.data.image_size
   rng = jax.random.PRNGKey(0)

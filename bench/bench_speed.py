@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from bench import common
+from linvit_jax import gfile
 from linvit_jax.models import attention as attn_lib
 from linvit_jax.models import vit
 
@@ -479,9 +480,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         date=time.strftime("%Y-%m-%d %H:%M"),
     )
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
-    with open(out_path + ".tmp", "w") as f:
+    with gfile.atomic_open(out_path) as f:
       json.dump(result, f, indent=1)
-    os.replace(out_path + ".tmp", out_path)
     return result
 
   for g in groups:

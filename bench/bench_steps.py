@@ -6,9 +6,8 @@
 
 The steps are the project's own: the model, distill and stage blocks of configs/imagenet_vit.py,
 `stages.build` for the loss and trainable mask, `optim.make_optimizer` and `train.make_train_step`
-(jitted exactly as the stage runner calls them: `step(state, frozen_teacher_params, batch)`). If
-those modules cannot be imported (they are young), a self-contained equivalent is measured instead
-and the JSON says so (`implementation`).
+(jitted exactly as the stage runner calls them: `step(state, frozen_teacher_params, batch)`); the
+JSON names them (`implementation`).
 
 Timed interleaved with the reference matmul, median of the rounds, warm-up excluded:
   student_fwdbwd  plain student forward+backward (label xent), no optimizer: the 1.5x yardstick
@@ -31,13 +30,14 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import ml_collections as mlc
-import optax
 
 from bench import common
+from linvit_jax import export, optim, stages, train
+from linvit_jax.models import from_config
 from linvit_jax.models import attention as attn_lib
-from linvit_jax.models import vit
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IMPLEMENTATION = "project (stages.build + train.make_train_step, configs/imagenet_vit.py)"
 
 
 def _project_config(variant: str, feature_map: str, image_size: int) -> mlc.ConfigDict:
@@ -76,10 +76,7 @@ def _flops(c: mlc.ConfigDict, feature_map: str, image_size: int) -> dict[str, fl
 
 def _project_steps(c: mlc.ConfigDict, batch: dict[str, jax.Array], rng: jax.Array):
   """The distill and finetune steps exactly as train.run_stage builds them."""
-  # young modules: imported here; failures reported
-  from linvit_jax import optim, run, stages, train
-
-  teacher, student = run.build_models(c)
+  teacher, student = from_config.build_models(c.model, export.student_attention(c))
   k_t, k_s, k_state = jax.random.split(rng, 3)
   t_params = jax.jit(teacher.init)(k_t, batch["image"][:1])["params"]
   s_params = jax.jit(student.init)(k_s, batch["image"][:1])["params"]
@@ -93,73 +90,6 @@ def _project_steps(c: mlc.ConfigDict, batch: dict[str, jax.Array], rng: jax.Arra
     step = jax.jit(train.make_train_step(loss_fn, tx, schedule, mask), donate_argnums=())
     state = train.init_train_state(s_params, tx, k_state)
     steps[name] = (step, state)
-  return teacher, student, t_params, s_params, steps
-
-
-def _fallback_steps(c: mlc.ConfigDict, batch: dict[str, jax.Array], rng: jax.Array):
-  """Self-contained equivalent (only if the project's modules fail to import): teacher forward
-  with intermediates, teacher-forced student attention, nmse, masked AdamW on attention params."""
-  model_kw = {
-      k: v
-      for k, v in c.model.to_dict().items()
-      if k not in ("width", "depth", "mlp_dim", "num_heads", "patch_size")
-  }
-  teacher = vit.Model(**{**model_kw, "attention": "softmax"})
-  student = vit.Model(**{**model_kw, "attention": c.student.attention})
-  k_t, k_s = jax.random.split(rng)
-  t_params = jax.jit(teacher.init)(k_t, batch["image"][:1])["params"]
-  s_params = jax.jit(student.init)(k_s, batch["image"][:1])["params"]
-  spec = attn_lib.parse_spec(c.student.attention)
-  attn = "MultiHeadDotProductAttention_0"
-  depth = common.vit_dims(c.model.variant)["depth"]
-
-  def distill_loss(sp, tp, images):
-    (_, out), state = teacher.apply({"params": tp}, images, mutable=["intermediates"])
-    inter = state["intermediates"]["Transformer"]
-    loss = 0.0
-    for l in range(depth):
-      x = jax.lax.stop_gradient(inter[f"encoderblock_{l}"]["attn_input"][0])
-      target = jax.lax.stop_gradient(out["encoder"][f"block{l:02d}"]["sa"])
-      y = attn_lib.Attention(student.num_heads, spec).apply(
-          {"params": sp["Transformer"][f"encoderblock_{l}"][attn]}, x
-      )
-      loss += jnp.mean((y - target) ** 2) / (jnp.var(target) + 1e-12)
-    return loss / depth
-
-  def xent(logits, labels):
-    return -jnp.mean(jnp.sum(labels * jax.nn.log_softmax(logits), -1))
-
-  def finetune_loss(sp, tp, b):
-    logits = student.apply({"params": sp}, b["image"])[0]
-    t_logits = jax.lax.stop_gradient(teacher.apply({"params": tp}, b["image"])[0])
-    return xent(logits, b["labels"]) + xent(logits, jax.nn.softmax(t_logits))
-
-  steps = {}
-  for name, loss, trainable in (
-      (
-          "distill_attention",
-          lambda sp, tp, b: distill_loss(sp, tp, b["image"]),
-          r".*/" + attn + r"/.*",
-      ),
-      ("finetune", finetune_loss, r".*"),
-  ):
-    import re
-
-    mask = jax.tree_util.tree_map_with_path(
-        lambda p, _: bool(re.fullmatch(trainable, "/".join(str(k.key) for k in p))), s_params
-    )
-    tx = optax.multi_transform(
-        {"t": optax.adamw(1e-4), "f": optax.set_to_zero()},
-        jax.tree.map(lambda m: "t" if m else "f", mask),
-    )
-
-    def step(state, tp, b, loss=loss, tx=tx):
-      params, opt_state = state
-      l, g = jax.value_and_grad(loss)(params, tp, b)
-      updates, opt_state = tx.update(g, opt_state, params)
-      return (optax.apply_updates(params, updates), opt_state), {"loss": l}
-
-    steps[name] = (jax.jit(step), (s_params, tx.init(s_params)))
   return teacher, student, t_params, s_params, steps
 
 
@@ -189,15 +119,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   labels = jax.nn.one_hot(jax.random.randint(rng, (batch_size,), 0, 1000), 1000)
   batch = {"image": images, "labels": labels}
 
-  try:
-    teacher, student, t_params, s_params, steps = _project_steps(c, batch, rng)
-    implementation = "project (stages.build + train.make_train_step, configs/imagenet_vit.py)"
-  except Exception as e:  # noqa: BLE001 - report which implementation was measured, and why
-    print(
-        f"project steps unavailable ({type(e).__name__}: {e}); measuring the fallback", flush=True
-    )
-    teacher, student, t_params, s_params, steps = _fallback_steps(c, batch, rng)
-    implementation = f"self-contained fallback ({type(e).__name__}: {str(e)[:120]})"
+  teacher, student, t_params, s_params, steps = _project_steps(c, batch, rng)
 
   def xent(logits, y):
     return -jnp.mean(jnp.sum(y * jax.nn.log_softmax(logits.astype(jnp.float32)), -1))
@@ -254,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   matmul_gflops = ref_flops / common.median(sum(t.ref_wall.values(), [])) / 1e9
   result = dict(
       plan=args.plan,
-      implementation=implementation,
+      implementation=IMPLEMENTATION,
       variant=variant,
       image_size=size,
       batch=batch_size,

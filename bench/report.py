@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bench.common import GB, fmt, fmt_bytes
+from linvit_jax import report as report_lib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LINEAR = ("elu1", "relu", "hedgehog", "favor")
@@ -312,62 +313,58 @@ def _verdict(vs: list[bool]) -> str:
 
 
 def plot(speed: dict, path_speed: str, path_memory: str) -> None:
-  import matplotlib
+  """cpu_speed.png (images/s vs tokens) and cpu_memory.png (peak GB per image vs tokens)."""
+  softmax_like = [op for op in ORDER if op not in LINEAR]
 
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  def title(what: str) -> str:
+    return "one attention layer" if what == "layer" else f"ViT-{speed['variant']}"
 
-  fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
-  for i, what in enumerate(("layer", "vit")):
-    for j, mode in enumerate(("fwd", "fwdbwd")):
-      ax = axes[i, j]
-      for op in ORDER:
-        pts = [
-            (r["tokens"], r["images_per_s"])
-            for r in _rows(speed, what, mode)
-            if r["op"] == op and _timed(r)
-        ]
-        if pts:
-          ax.plot(*zip(*pts), marker="o", label=op, ls="--" if op not in LINEAR else "-")
-      ax.set_xscale("log")
-      ax.set_yscale("log")
-      ax.set_title(
-          f"{'one attention layer' if what == 'layer' else 'ViT-' + speed['variant']}, " f"{mode}"
+  panels = []
+  for what in ("layer", "vit"):
+    for mode in ("fwd", "fwdbwd"):
+      series = {
+          op: [
+              (r["tokens"], r["images_per_s"])
+              for r in _rows(speed, what, mode)
+              if r["op"] == op and _timed(r)
+          ]
+          for op in ORDER
+      }
+      panels.append(
+          dict(
+              series=series,
+              dashed=softmax_like,
+              title=f"{title(what)}, {mode}",
+              xlabel="tokens" if what == "vit" else "",
+              ylabel="images/s",
+          )
       )
-      ax.set_ylabel("images/s")
-      ax.grid(True, which="both", alpha=0.3)
-      if i == 1:
-        ax.set_xlabel("tokens")
-  axes[0, 0].legend(fontsize=8)
-  fig.suptitle(
-      f"{speed['machine']['backend']} ({speed['machine']['device']}), {speed['dtype']}: "
-      "images/s vs tokens (batch differs per size; see RESULTS.md)",
-      fontsize=10,
+  machine = speed["machine"]
+  report_lib.plot_lines(
+      panels,
+      path_speed,
+      size=(11, 8),
+      title=f"{machine['backend']} ({machine['device']}), {speed['dtype']}: images/s vs tokens "
+      "(batch differs per size; see RESULTS.md)",
   )
-  fig.tight_layout()
-  fig.savefig(path_speed, dpi=110)
-  plt.close(fig)
-
-  fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-  for ax, what in zip(axes, ("layer", "vit")):
-    for op in ORDER:
-      pts = [
-          (r["tokens"], r["memory"]["peak"] / r["batch"] / GB)
-          for r in _rows(speed, what, "fwdbwd")
-          if r["op"] == op and "memory" in r
-      ]
-      if pts:
-        ax.plot(*zip(*pts), marker="o", label=op, ls="--" if op not in LINEAR else "-")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("tokens")
-    ax.set_ylabel("XLA peak GB per image (fwd+bwd)")
-    ax.set_title("one attention layer" if what == "layer" else f"ViT-{speed['variant']}")
-    ax.grid(True, which="both", alpha=0.3)
-  axes[0].legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path_memory, dpi=110)
-  plt.close(fig)
+  panels = [
+      dict(
+          series={
+              op: [
+                  (r["tokens"], r["memory"]["peak"] / r["batch"] / GB)
+                  for r in _rows(speed, what, "fwdbwd")
+                  if r["op"] == op and "memory" in r
+              ]
+              for op in ORDER
+          },
+          dashed=softmax_like,
+          title=title(what),
+          xlabel="tokens",
+          ylabel="XLA peak GB per image (fwd+bwd)",
+      )
+      for what in ("layer", "vit")
+  ]
+  report_lib.plot_lines(panels, path_memory)
 
 
 # ----------------------------------------------------------------------------- document

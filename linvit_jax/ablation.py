@@ -28,6 +28,7 @@ import ml_collections as mlc
 import numpy as np
 
 from linvit_jax import gfile
+from linvit_jax import report
 from linvit_jax.errors import UserError
 
 ARMS: dict[str, dict[str, Any]] = {
@@ -109,35 +110,6 @@ def summarize(results: Mapping[str, list[dict]], teacher_top1: float | None) -> 
   return "\n".join(lines)
 
 
-def plot_curves(results: Mapping[str, list[dict]], path: str, teacher_top1: float | None) -> None:
-  from linvit_jax.report import new_figure
-
-  fig = new_figure(figsize=(7, 4.2))
-  ax = fig.subplots()
-  for arm, runs in results.items():
-    curves = []
-    for r in runs:
-      rows = [h for h in r["histories"].get("finetune", []) if "eval/top1" in h]
-      curves.append([(h["step"], h["eval/top1"]) for h in rows])
-    if not curves or not curves[0]:
-      continue
-    steps = [s for s, _ in curves[0]]
-    acc = np.array([[a for _, a in c][: len(steps)] for c in curves if len(c) >= len(steps)])
-    mean, std = 100 * acc.mean(0), 100 * acc.std(0)
-    ax.plot(steps, mean, marker="o", ms=3, label=arm)
-    ax.fill_between(steps, mean - std, mean + std, alpha=0.15)
-  if teacher_top1 is not None:
-    ax.axhline(100 * teacher_top1, color="k", ls="--", lw=1, label="teacher (before)")
-  ax.set_xlabel("fine-tune step")
-  ax.set_ylabel("test top-1 (%)")
-  ax.set_title("Same fine-tune budget, different starting points")
-  ax.legend(fontsize=7, loc="lower right")
-  ax.grid(alpha=0.3)
-  fig.tight_layout()
-  with gfile.open(path, "wb") as f:  # matplotlib writes file objects: gs:// paths work too
-    fig.savefig(f, format="png", dpi=120)
-
-
 def run_budget(config: Mapping[str, Any], arm: str) -> dict[str, Any]:
   """What must agree for two runs to sit in one table: model, operator, teacher, budget."""
   c, spec = config, ARMS[arm]
@@ -203,7 +175,7 @@ def write_report(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
         f"distillation: {a.distill_steps} steps; tokens: {tokens(config)}\n\n{table}\n\n"
         f"Made of these runs (each `{workdir}/<arm>/seed<N>/results.json`):\n\n{runs_md}\n"
     )
-  plot_curves(results, os.path.join(workdir, "ablation.png"), teacher_top1)
+  report.plot_ablation_curves(results, os.path.join(workdir, "ablation.png"), teacher_top1)
   print(table)
   return {"table": table, "teacher_top1": teacher_top1, "results": results}
 

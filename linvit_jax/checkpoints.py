@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import tempfile
 import zipfile
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -314,37 +313,17 @@ def save_npz(path: str, params: Mapping[str, Any]) -> None:
   if not flat:
     raise CheckpointError(f"refusing to save an empty checkpoint to '{path}'")
   if gfile.is_remote(path):
+    # Remote files seek poorly (np.savez's zip writer seeks back to fill in sizes): build the
+    # archive in memory and write it in one piece.
     buf = io.BytesIO()
     np.savez(buf, **flat)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    parent = path.rsplit("/", 1)[0]
-    gfile.makedirs(parent)
-    try:
-      with gfile.open(tmp, "wb") as f:
-        f.write(buf.getvalue())
-      gfile.rename(tmp, path)
-    except BaseException:
-      if gfile.exists(tmp):
-        gfile.remove(tmp)
-      raise
+    gfile.makedirs(path.rsplit("/", 1)[0])
+    with gfile.atomic_open(path, "wb") as f:
+      f.write(buf.getvalue())
     return
-  parent = os.path.dirname(os.path.abspath(path))
-  os.makedirs(parent, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      np.savez(f, **flat)  # A file object, so np.savez does not append '.npz' to the name.
-      f.flush()
-      os.fsync(f.fileno())
-    # mkstemp makes the file owner-only; a checkpoint is shared like any file the user writes.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+  gfile.makedirs(os.path.dirname(os.path.abspath(path)))
+  with gfile.atomic_open(path, "wb") as f:
+    np.savez(f, **flat)  # A file object, so np.savez does not append '.npz' to the name.
 
 
 # ------------------------------------------------------------------------------------------------
@@ -394,17 +373,10 @@ def is_posemb(name: str) -> bool:
 
 
 def dont_load_matcher(dont_load: Sequence[str]) -> Callable[[str], bool]:
-  """Whether a '/'-joined param name fully matches one of the `dont_load` regexes; a bad regex
-  is a CheckpointError now, not at the first name."""
-  if isinstance(dont_load, str):
-    dont_load = (dont_load,)  # A lone string would otherwise be iterated per character.
-  patterns = []
-  for p in dont_load:
-    try:
-      patterns.append(re.compile(p))
-    except re.error as e:
-      raise CheckpointError(f"dont_load pattern {p!r} is not a valid regex: {e}") from e
-  return lambda name: any(p.fullmatch(name) for p in patterns)
+  """Whether a '/'-joined param name fully matches one of the `dont_load` regexes (one regex or
+  several); a bad regex is a CheckpointError now, not at the first name."""
+  patterns = tree_lib.compile_patterns(dont_load, error=CheckpointError, what="dont_load pattern")
+  return lambda name: tree_lib.matches(name, patterns)
 
 
 def raise_problems(source: str, problems: list[str], hint: str = "") -> None:

@@ -251,10 +251,8 @@ def _save_safetensors(path: str, params: Any, cfg: Mapping[str, Any]) -> None:
 
   flat = {k: np.ascontiguousarray(np.asarray(v)) for k, v in checkpoints.flatten(params).items()}
   data = st_numpy.save(flat, metadata={"student_config": json.dumps(cfg)})
-  tmp = path + ".tmp"
-  with gfile.open(tmp, "wb") as f:
+  with gfile.atomic_open(path, "wb") as f:
     f.write(data)
-  gfile.rename(tmp, path)
 
 
 @dataclasses.dataclass

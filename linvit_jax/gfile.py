@@ -9,8 +9,11 @@ fake to exercise the remote branch offline.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import os
 import shutil
+import tempfile
+from collections.abc import Iterator
 from typing import IO, Any
 
 
@@ -76,13 +79,49 @@ def copy(src: str, dst: str) -> None:
     shutil.copyfile(src, dst)
 
 
+@contextlib.contextmanager
+def atomic_open(path: str, mode: str = "w") -> Iterator[IO[Any]]:
+  """A file object for writing whose contents replace `path` only when the block completes.
+
+  The writes go to a temporary file beside `path`, renamed over it at the end, so that a reader
+  never sees a half-written file and an error (or a kill) leaves the old file as it was; an error
+  also removes the temporary file (a kill leaves it: `.<name>.<random>.tmp` locally,
+  `<path>.tmp-<pid>` remotely). Local files are fsynced before the rename, so a crash of the
+  machine cannot leave an empty file under the new name. The parent directory must exist.
+  """
+  if is_remote(path):
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+      with open(tmp, mode) as f:
+        yield f
+      rename(tmp, path)
+    except BaseException:
+      if exists(tmp):
+        remove(tmp)
+      raise
+    return
+  parent = os.path.dirname(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, mode) as f:
+      yield f
+      f.flush()
+      os.fsync(f.fileno())
+    # mkstemp makes the file owner-only; the result is shared like any file the user writes.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
 def write_text(path: str, text: str) -> None:
-  """Writes `text` to `path` through a temporary file renamed over it, so that a reader never
-  sees a half-written file (a kill mid-write leaves the old file and `<path>.tmp`)."""
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
+  """Writes `text` to `path` atomically (`atomic_open`): a reader sees the old text or the new."""
+  with atomic_open(path, "w") as f:
     f.write(text)
-  rename(tmp, path)
 
 
 def read_text(path: str) -> str | None:

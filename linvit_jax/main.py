@@ -13,7 +13,6 @@ ablation driver.
 
 from __future__ import annotations
 
-import errno
 import functools
 import logging as std_logging
 import os
@@ -34,6 +33,7 @@ from ml_collections import config_flags
 
 from linvit_jax import config_files
 from linvit_jax import quiet_tf
+from linvit_jax import errors
 from linvit_jax.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -100,7 +100,6 @@ def main(argv: list[str], command: Command = convert) -> None:
   command(FLAGS.config, FLAGS.workdir)
 
 
-_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)
 _INTERRUPTED = (
     "interrupted outside a training stage; finished stages are checkpointed, rerun "
     "the same command to resume"
@@ -110,7 +109,7 @@ _INTERRUPTED = (
 def _user_error_message(e: BaseException) -> str | None:
   if isinstance(e, UserError):
     return str(e)
-  if isinstance(e, OSError) and e.errno in _DISK_ERRNOS:
+  if isinstance(e, OSError) and e.errno in errors.DISK_ERRORS:
     where = f" {e.filename!r}" if e.filename else f" under --workdir {FLAGS['workdir'].value!r}"
     return f"cannot write{where}: {e.strerror or e}"
   return None
@@ -211,7 +210,7 @@ def cli(command: Command = convert) -> None:
     app.run(functools.partial(main, command=command), flags_parser=_parse_flags)
   except KeyError as e:  # a config field that does not exist
     _fail(str(e))
-  except KeyboardInterrupt as e:  # train.StageInterrupted says which step it saved
+  except KeyboardInterrupt as e:  # preemption.StageInterrupted says which step it saved
     print(f"error: {str(e) or _INTERRUPTED}", file=sys.stderr)
     sys.exit(128 + int(getattr(e, "signum", 2)))  # 130 after Ctrl-C, 143 after SIGTERM
   except Exception as e:

@@ -82,7 +82,7 @@ def masked_optimizer(tx: optax.GradientTransformation, mask: Any) -> optax.Gradi
 def optimizer_settings(opt_cfg: Any) -> dict[str, Any]:
   """An optimizer block (dict, ConfigDict or None) with every field: those it omits or leaves
   None come from config_lib.OPTIMIZER_DEFAULTS; a field not there is an error (a typo)."""
-  opt_cfg = opt_cfg.to_dict() if hasattr(opt_cfg, "to_dict") else dict(opt_cfg or {})
+  opt_cfg = tree_lib.as_dict(opt_cfg)
   defaults = config_lib.OPTIMIZER_DEFAULTS
   unknown = sorted(set(opt_cfg) - set(defaults))
   if unknown:

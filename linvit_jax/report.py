@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -342,3 +342,89 @@ def plot_fidelity_curves(
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   return True
+
+
+def plot_ablation_curves(
+    results: Mapping[str, list[dict]], path: str, teacher_top1: float | None
+) -> None:
+  """Test top-1 during fine-tuning, mean ± std over seeds, one line per ablation arm."""
+  fig = new_figure(figsize=(7, 4.2))
+  ax = fig.subplots()
+  for arm, runs in results.items():
+    curves = []
+    for r in runs:
+      rows = [h for h in r["histories"].get("finetune", []) if "eval/top1" in h]
+      curves.append([(h["step"], h["eval/top1"]) for h in rows])
+    if not curves or not curves[0]:
+      continue
+    steps = [s for s, _ in curves[0]]
+    acc = np.array([[a for _, a in c][: len(steps)] for c in curves if len(c) >= len(steps)])
+    mean, std = 100 * acc.mean(0), 100 * acc.std(0)
+    ax.plot(steps, mean, marker="o", ms=3, label=arm)
+    ax.fill_between(steps, mean - std, mean + std, alpha=0.15)
+  if teacher_top1 is not None:
+    ax.axhline(100 * teacher_top1, color="k", ls="--", lw=1, label="teacher (before)")
+  ax.set_xlabel("fine-tune step")
+  ax.set_ylabel("test top-1 (%)")
+  ax.set_title("Same fine-tune budget, different starting points")
+  ax.legend(fontsize=7, loc="lower right")
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  with gfile.open(path, "wb") as f:  # matplotlib writes file objects: gs:// paths work too
+    fig.savefig(f, format="png", dpi=120)
+
+
+def plot_lines(
+    panels: list[dict[str, Any]], path: str, *, ncols: int = 2, title: str = "", size=(11, 4.2)
+) -> None:
+  """A grid of line plots, one panel per dict: `series` {label: [(x, y), ...]}, `title`,
+  `xlabel`, `ylabel`, optional `dashed` (labels drawn dashed), `log` (both axes log; default
+  True). The benchmarks' speed and memory curves are drawn with it."""
+  nrows = -(-len(panels) // ncols)
+  fig = new_figure(figsize=size)
+  axes = np.asarray(fig.subplots(nrows, ncols, squeeze=False)).ravel()
+  for ax, panel in zip(axes, panels):
+    for label, pts in panel["series"].items():
+      if pts:
+        ls = "--" if label in panel.get("dashed", ()) else "-"
+        ax.plot(*zip(*pts), marker="o", label=label, ls=ls)
+    if panel.get("log", True):
+      ax.set_xscale("log")
+      ax.set_yscale("log")
+    ax.set_title(panel.get("title", ""))
+    ax.set_xlabel(panel.get("xlabel", ""))
+    ax.set_ylabel(panel.get("ylabel", ""))
+    ax.grid(True, which="both", alpha=0.3)
+  axes[0].legend(fontsize=8)
+  if title:
+    fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  with gfile.open(path, "wb") as f:
+    fig.savefig(f, format="png", dpi=110)
+
+
+def plot_token_study(
+    points: Mapping[str, Sequence[tuple[int, float, float, float]]],
+    tokens: Sequence[int],
+    path: str,
+) -> None:
+  """Δ top-1 to the teacher vs tokens per image: per arm, (tokens, mean, spread, teacher) points."""
+  fig = new_figure(figsize=(6.5, 4))
+  ax = fig.subplots()
+  for arm, pts in points.items():
+    if not pts:
+      continue
+    t, m, sd, teach = map(np.asarray, zip(*pts))
+    ax.errorbar(t, m - teach, yerr=np.nan_to_num(sd), marker="o", capsize=3, label=arm)
+  ax.axhline(0, color="k", ls="--", lw=1, label="teacher")
+  ax.set_xscale("log")
+  ax.set_xticks(list(tokens), [str(t) for t in tokens])
+  ax.set_xticks([], minor=True)  # no "2×10¹"-style minor labels between the token counts
+  ax.set_xlabel("tokens per image (patches + cls)")
+  ax.set_ylabel("Δ top-1 to the teacher (points)")
+  ax.set_title("Same fine-tune budget: what copying buys at each token count")
+  ax.legend(fontsize=7)
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  with gfile.open(path, "wb") as f:
+    fig.savefig(f, format="png", dpi=120)

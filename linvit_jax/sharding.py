@@ -8,7 +8,9 @@ devices and 2 processes × 4 devices on localhost; GPU and TPU are untested here
   device sees `global_batch / (data·fsdp)` examples; other axes (e.g. "model") replicate it.
 * Parameters are fully-sharded (fsdp) along the "fsdp" axis: every leaf of at least `min_size`
   elements is split on its largest dimension that the axis divides; smaller leaves (biases,
-  LayerNorms, scalars) are replicated. Per-path regex rules (re.fullmatch) override this.
+  LayerNorms, scalars) are replicated. Per-path regex rules (re.fullmatch, the first that
+  matches) override this. A train state's optimizer leaves follow the param each one mirrors
+  (`state_shardings`).
 * Each process feeds only its own rows of the global batch; `make_global_batch` stitches them
   into one global `jax.Array` with `jax.make_array_from_process_local_data`.
 
@@ -22,7 +24,6 @@ import functools
 import logging
 import math
 import os
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Union
 
@@ -401,24 +402,26 @@ def param_partition_specs(
   on every device, a tuple / PartitionSpec = exactly that. Leaves no rule matches get "fsdp" if
   they have at least `min_size` elements, else are replicated.
   """
-  compiled = [(re.compile(pattern), pattern, spec) for pattern, spec in (rules or ())]
+  rules = list(rules or ())
+  compiled = tree_lib.compile_patterns([pattern for pattern, _ in rules])
   fsdp_size = axis_sizes.get(FSDP_AXIS, 1)
 
   def one(path, leaf):
     name = tree_lib.path_str(path)
     shape = tuple(np.shape(leaf)) if not hasattr(leaf, "shape") else tuple(leaf.shape)
-    for regex, pattern, spec in compiled:
-      if regex.fullmatch(name):
-        if spec is None or spec == "replicate":
-          return P()
-        if spec == "fsdp":
-          return _fsdp_spec(shape, fsdp_size) if fsdp_size > 1 else P()
-        if isinstance(spec, str):
-          raise ValueError(
-              f"param rule {pattern!r}: spec {spec!r} must be 'fsdp', 'replicate', "
-              "None or a tuple of mesh axis names"
-          )
-        return _explicit_spec(name, pattern, spec, shape, axis_sizes)
+    hit = tree_lib.first_match(name, compiled)
+    if hit is not None:
+      pattern, spec = rules[hit]
+      if spec is None or spec == "replicate":
+        return P()
+      if spec == "fsdp":
+        return _fsdp_spec(shape, fsdp_size) if fsdp_size > 1 else P()
+      if isinstance(spec, str):
+        raise ValueError(
+            f"param rule {pattern!r}: spec {spec!r} must be 'fsdp', 'replicate', "
+            "None or a tuple of mesh axis names"
+        )
+      return _explicit_spec(name, pattern, spec, shape, axis_sizes)
     if fsdp_size > 1 and math.prod(shape) >= min_size:
       return _fsdp_spec(shape, fsdp_size)
     return P()
@@ -432,6 +435,54 @@ def param_shardings(
   """`NamedSharding` per leaf; see `param_partition_specs` for the rules."""
   specs = param_partition_specs(params_shapes, mesh_shape(mesh), rules=rules, min_size=min_size)
   return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
+
+
+def abstract_tree(tree: Any) -> Any:
+  """`tree` as jax.ShapeDtypeStructs (dtypes as jax would hold them: float64 → float32 without
+  x64), so that shardings are planned without touching the values; structs stay as they are."""
+
+  def one(x):
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return x
+    dtype = jax.dtypes.canonicalize_dtype(x.dtype if hasattr(x, "dtype") else np.result_type(x))
+    return jax.ShapeDtypeStruct(np.shape(x), dtype)
+
+  return jax.tree.map(one, tree)
+
+
+def with_shardings(abstract: Any, shardings: Any) -> Any:
+  """ShapeDtypeStructs that carry `shardings` (what orbax restores into, already placed)."""
+  return jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+  )
+
+
+def state_shardings(
+    abstract_state: Any,
+    mesh: Mesh,
+    param_rules: Rules | None = None,
+    min_size: int = DEFAULT_MIN_SIZE,
+) -> Any:
+  """Shardings of a train state (any pytree with a `.params` field, e.g. train.TrainState, as
+  ShapeDtypeStructs): params by the rules; optimizer leaves that mirror a param (path suffix +
+  shape) like it; everything else by the rules too."""
+  by_rules = param_shardings(abstract_state, mesh, param_rules, min_size)
+  param_sh = param_shardings(abstract_state.params, mesh, param_rules, min_size)
+  by_path = {}
+  for (path, leaf), sh in zip(
+      jax.tree_util.tree_flatten_with_path(abstract_state.params)[0], jax.tree.leaves(param_sh)
+  ):
+    by_path[tree_lib.path_str(path)] = (tuple(leaf.shape), sh)
+
+  def one(path, leaf, default):
+    parts = tree_lib.path_str(path).split("/")
+    for k in range(1, len(parts)):
+      hit = by_path.get("/".join(parts[k:]))
+      if hit is not None and hit[0] == tuple(leaf.shape):
+        return hit[1]
+    return default
+
+  return jax.tree_util.tree_map_with_path(one, abstract_state, by_rules)
 
 
 def shard_tree(tree: Any, shardings: Any) -> Any:

@@ -1,13 +1,12 @@
 r"""The token-count study: the ablation at several token counts, and the seed paper's claims.
 
-  python -m linvit_jax.token_study workdirs/ablation_p7 workdirs/ablation_p4 \
-      --out docs --readme README.md
+  python -m linvit_jax.token_study workdirs/ablation_p7 workdirs/ablation_p4 --out docs
 
 Each argument is an ablation workdir (`python -m linvit_jax.ablation ...`), one teacher and token
 count each. Writes `ablation_tokens.png` (Δ to the teacher vs tokens, one line per arm, ± std over
 seeds) and `ablation.md` (each workdir's table, the runs it is made of, and a verdict per claim and
-token count) into --out; with --readme, the README's block between `<!-- ablation:begin -->` and
-`<!-- ablation:end -->` is replaced by the same tables, so no number in it is typed by hand.
+token count) into --out. The same tables go into the README through
+tools/update_token_study_readme.py (the package never edits the repository's docs).
 
 The claims (copy_attention = attention copied too, copy_same = MLPs etc. copied, attention fresh):
   1. copy_attention ≤ random after the same fine-tune budget;
@@ -21,12 +20,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from linvit_jax import ablation, gfile
+from linvit_jax import ablation, gfile, report
 
 ARM_ORDER = tuple(ablation.ARMS)
 
@@ -154,48 +152,23 @@ def tables(studies: Sequence[Mapping[str, Any]]) -> str:
 
 
 def plot(studies: Sequence[Mapping[str, Any]], path: str) -> None:
-  from linvit_jax.evaluate import new_figure
-
+  """ablation_tokens.png (report.plot_token_study) from the studies' per-arm top-1s."""
   studies = sorted(studies, key=lambda s: s["tokens"])
-  fig = new_figure(figsize=(6.5, 4))
-  ax = fig.subplots()
-  for arm in ARM_ORDER:
-    pts = [
-        (s["tokens"], *_mean_sem(s["arms"][arm]["top1"])[:2], s["teacher"])
-        for s in studies
-        if arm in s["arms"]
-    ]
-    if not pts:
-      continue
-    t, m, sd, teach = map(np.asarray, zip(*pts))
-    ax.errorbar(t, m - teach, yerr=np.nan_to_num(sd), marker="o", capsize=3, label=arm)
-  ax.axhline(0, color="k", ls="--", lw=1, label="teacher")
-  ax.set_xscale("log")
-  ax.set_xticks([s["tokens"] for s in studies], [str(s["tokens"]) for s in studies])
-  ax.set_xticks([], minor=True)  # no "2×10¹"-style minor labels between the token counts
-  ax.set_xlabel("tokens per image (patches + cls)")
-  ax.set_ylabel("Δ top-1 to the teacher (points)")
-  ax.set_title("Same fine-tune budget: what copying buys at each token count")
-  ax.legend(fontsize=7)
-  ax.grid(alpha=0.3)
-  fig.tight_layout()
-  with gfile.open(path, "wb") as f:
-    fig.savefig(f, format="png", dpi=120)
-
-
-def replace_block(text: str, block: str, name: str = "ablation") -> str:
-  """`text` with the lines between <!-- name:begin --> and <!-- name:end --> set to `block`."""
-  pattern = re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
-  if not pattern.search(text):
-    raise ValueError(f"no <!-- {name}:begin --> ... <!-- {name}:end --> block to replace")
-  return pattern.sub(lambda m: m.group(1) + block.rstrip("\n") + "\n" + m.group(2), text)
+  points = {
+      arm: [
+          (s["tokens"], *_mean_sem(s["arms"][arm]["top1"])[:2], s["teacher"])
+          for s in studies
+          if arm in s["arms"]
+      ]
+      for arm in ARM_ORDER
+  }
+  report.plot_token_study(points, [s["tokens"] for s in studies], path)
 
 
 def main(argv: Sequence[str] | None = None) -> str:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("workdirs", nargs="+", help="ablation workdirs, one per token count")
   p.add_argument("--out", required=True, help="folder for ablation.md and ablation_tokens.png")
-  p.add_argument("--readme", default="", help="README whose ablation block is regenerated")
   args = p.parse_args(argv)
   studies = [load(w) for w in args.workdirs]
   md = tables(studies)
@@ -219,9 +192,6 @@ def main(argv: Sequence[str] | None = None) -> str:
         + "\n\n![Δ to teacher vs tokens](ablation_tokens.png)\n\n"
         + "\n".join(sections)
     )
-  if args.readme:
-    text = gfile.read_text(args.readme)
-    gfile.write_text(args.readme, replace_block(text, md))
   print(md)
   return md
 

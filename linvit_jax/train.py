@@ -14,10 +14,10 @@ this file knows nothing about what the loss computes. `run_stage` owns everythin
   counted, and after `max_nonfinite_in_a_row` such steps in a row the stage stops with an error;
 * process 0 shows a tqdm bar and writes metrics.jsonl + TensorBoard events in `<workdir>/<stage>/`;
 * Ctrl-C (SIGINT) or SIGTERM (how Cloud TPU VMs and most schedulers announce a preemption)
-  finishes the current step, saves a checkpoint and raises `StageInterrupted` (a
-  KeyboardInterrupt; the CLI exits 128 + signal: 130 or 143): rerunning the same command resumes there;
-  a full or unwritable disk is a `WorkdirWriteError` (an OSError) naming the directory, raised
-  after the previous checkpoint is known to be intact.
+  finishes the current step, saves a checkpoint and raises `preemption.StageInterrupted` (a
+  KeyboardInterrupt; the CLI exits 128 + signal: 130 or 143): rerunning the same command resumes
+  there (preemption.py); a full or unwritable disk is an `errors.WorkdirWriteError` (an OSError)
+  naming the directory, raised after the previous checkpoint is known to be intact.
 
 Stage config (ConfigDict or dict; the fields it omits take config_lib's defaults:
 stage_bookkeeping(steps) and OPTIMIZER_DEFAULTS):
@@ -30,12 +30,9 @@ stage_bookkeeping(steps) and OPTIMIZER_DEFAULTS):
 
 from __future__ import annotations
 
-import errno
 import functools
 import logging
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -49,8 +46,10 @@ import orbax.checkpoint as ocp
 import tqdm
 
 from linvit_jax import config_lib
+from linvit_jax import errors
 from linvit_jax import metrics as metrics_lib
 from linvit_jax import optim
+from linvit_jax import preemption
 from linvit_jax import sharding as sharding_lib
 from linvit_jax import tree as tree_lib
 from linvit_jax.checkpoints import CheckpointError
@@ -68,59 +67,6 @@ class NonFiniteLossError(UserError, FloatingPointError):
   """The loss or gradients stayed non-finite for `max_nonfinite_in_a_row` steps."""
 
 
-class StageInterrupted(KeyboardInterrupt):
-  """Ctrl-C or SIGTERM during a stage; the message says which step was checkpointed.
-
-  A KeyboardInterrupt, so that callers (and the CLI: exit 128 + signum) treat both as Ctrl-C;
-  `signum` says which one it was.
-  """
-
-  def __init__(self, message: str = "", signum: int = signal.SIGINT):
-    super().__init__(message)
-    self.signum = signum
-
-
-class WorkdirWriteError(UserError, OSError):
-  """Checkpoints or metrics could not be written: disk full, quota, read-only or no permission."""
-
-  def __init__(self, message: str, code: int):
-    super().__init__(message)
-    self.errno = code
-
-  def __str__(self) -> str:
-    return self.args[0]
-
-
-# errno → what the user should read; orbax/tensorstore report these inside other exception types.
-_DISK_ERRORS = {
-    errno.ENOSPC: "the disk is full (No space left on device)",
-    errno.EDQUOT: "the disk quota is exceeded",
-    errno.EROFS: "the file system is read-only",
-    errno.EACCES: "permission denied",
-}
-_DISK_MESSAGES = {
-    "No space left on device": errno.ENOSPC,
-    "Disk quota exceeded": errno.EDQUOT,
-    "Read-only file system": errno.EROFS,
-    "Permission denied": errno.EACCES,
-}
-
-
-def disk_error_code(e: BaseException) -> int | None:
-  """The errno of a disk problem anywhere in e's cause/context chain, or None."""
-  seen = set()
-  while e is not None and id(e) not in seen:
-    seen.add(id(e))
-    code = getattr(e, "errno", None)
-    if code in _DISK_ERRORS:
-      return code
-    for text, code in _DISK_MESSAGES.items():
-      if text in str(e):
-        return code
-    e = e.__cause__ or e.__context__
-  return None
-
-
 @flax.struct.dataclass
 class TrainState:
   step: jax.Array  # int32 []: updates done = batches consumed
@@ -135,15 +81,16 @@ class TrainState:
 # Config.
 
 
-def _get(cfg: Any, key: str, default: Any) -> Any:
-  if cfg is None:
-    return default
-  value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-  return default if value is None and default is not None else value
+def _get(cfg: Mapping[str, Any], key: str, default: Any) -> Any:
+  value = cfg.get(key, default)
+  return default if value is None and default is not None else value  # a None field: the default
 
 
 def stage_settings(stage_cfg: Any) -> dict[str, Any]:
-  """The stage fields this runner uses, checked, with config_lib's defaults filled in."""
+  """The stage fields this runner uses, checked, with config_lib's defaults filled in.
+
+  `stage_cfg`: the stage block as a dict, a ConfigDict or None."""
+  stage_cfg = tree_lib.as_dict(stage_cfg)
   name = _get(stage_cfg, "name", None)
   s = {"name": name}
   for k in ("steps", "batch_size"):
@@ -158,14 +105,10 @@ def stage_settings(stage_cfg: Any) -> dict[str, Any]:
     s["optimizer"] = optim.optimizer_settings(opt_cfg)
   except ValueError as e:
     raise ValueError(f"stage {name!r}: {e}") from None
-  opt_given = opt_cfg.to_dict() if hasattr(opt_cfg, "to_dict") else dict(opt_cfg or {})
+  opt_given = tree_lib.as_dict(opt_cfg)
   if "accum_steps" not in opt_given and _get(stage_cfg, "accum_steps", None):
     s["optimizer"]["accum_steps"] = int(_get(stage_cfg, "accum_steps", 1))
   return s
-
-
-# Kept for run.validate until run.py calls optim.make_optimizer itself.
-make_optimizer = optim.make_optimizer
 
 
 # ------------------------------------------------------------------------------------------------
@@ -275,48 +218,6 @@ def init_train_state(
   )
 
 
-def _abstract(tree: Any) -> Any:
-  def one(x):
-    if isinstance(x, jax.ShapeDtypeStruct):
-      return x
-    dtype = jax.dtypes.canonicalize_dtype(x.dtype if hasattr(x, "dtype") else np.result_type(x))
-    return jax.ShapeDtypeStruct(np.shape(x), dtype)
-
-  return jax.tree.map(one, tree)
-
-
-def state_shardings(
-    abstract_state: TrainState,
-    mesh: jax.sharding.Mesh,
-    param_rules: sharding_lib.Rules | None = None,
-    min_size: int = sharding_lib.DEFAULT_MIN_SIZE,
-) -> TrainState:
-  """Params by the rules; optimizer leaves that mirror a param (path suffix + shape) like it."""
-  by_rules = sharding_lib.param_shardings(abstract_state, mesh, param_rules, min_size)
-  param_sh = sharding_lib.param_shardings(abstract_state.params, mesh, param_rules, min_size)
-  by_path = {}
-  for (path, leaf), sh in zip(
-      jax.tree_util.tree_flatten_with_path(abstract_state.params)[0], jax.tree.leaves(param_sh)
-  ):
-    by_path[tree_lib.path_str(path)] = (tuple(leaf.shape), sh)
-
-  def one(path, leaf, default):
-    parts = tree_lib.path_str(path).split("/")
-    for k in range(1, len(parts)):
-      hit = by_path.get("/".join(parts[k:]))
-      if hit is not None and hit[0] == tuple(leaf.shape):
-        return hit[1]
-    return default
-
-  return jax.tree_util.tree_map_with_path(one, abstract_state, by_rules)
-
-
-def _with_shardings(abstract: Any, shardings: Any) -> Any:
-  return jax.tree.map(
-      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
-  )
-
-
 # ------------------------------------------------------------------------------------------------
 # The runner.
 
@@ -387,15 +288,17 @@ def run_stage(
   if callable(init_params):
     params_shapes = jax.eval_shape(init_params, init_rng)
   else:
-    params_shapes = _abstract(init_params)
+    params_shapes = sharding_lib.abstract_tree(init_params)
   mask = optim.trainable_mask(params_shapes, trainable_mask)
   tx, schedule = optim.make_optimizer(opt, total, mask)
 
   create_state = functools.partial(init_train_state, tx=tx, rng=train_rng)
   abstract_state = jax.eval_shape(create_state, params_shapes)
-  state_sh = state_shardings(abstract_state, mesh, param_rules, min_shard_size)
+  state_sh = sharding_lib.state_shardings(abstract_state, mesh, param_rules, min_shard_size)
   frozen = {} if frozen is None else frozen
-  frozen_sh = sharding_lib.param_shardings(_abstract(frozen), mesh, param_rules, min_shard_size)
+  frozen_sh = sharding_lib.param_shardings(
+      sharding_lib.abstract_tree(frozen), mesh, param_rules, min_shard_size
+  )
 
   manager = _checkpoint_manager(os.path.join(stage_dir, "checkpoints"), int(cfg["max_to_keep"]))
   writer = None
@@ -405,7 +308,8 @@ def run_stage(
       if latest is not None:
         try:
           state = manager.restore(
-              latest, args=ocp.args.StandardRestore(_with_shardings(abstract_state, state_sh))
+              latest,
+              args=ocp.args.StandardRestore(sharding_lib.with_shardings(abstract_state, state_sh)),
           )
         except Exception as e:
           raise CheckpointError(
@@ -467,7 +371,7 @@ def run_stage(
       )
   except Exception as e:
     _close(manager, writer, failed=True)
-    code = None if isinstance(e, CheckpointError) else disk_error_code(e)
+    code = None if isinstance(e, CheckpointError) else errors.disk_error_code(e)
     if code is None:
       raise
     raise _write_error(name, stage_dir, code) from e
@@ -477,7 +381,7 @@ def run_stage(
   try:
     _close(manager, writer, failed=False)  # the last save completes here
   except Exception as e:
-    code = disk_error_code(e)
+    code = errors.disk_error_code(e)
     if code is None:
       raise
     raise _write_error(name, stage_dir, code) from e
@@ -502,7 +406,7 @@ def _close(manager: ocp.CheckpointManager, writer: Any, *, failed: bool) -> None
       logging.warning("while stopping after an error: %s: %s", type(e).__name__, e)
 
 
-def _write_error(name: str, stage_dir: str, code: int) -> WorkdirWriteError:
+def _write_error(name: str, stage_dir: str, code: int) -> errors.WorkdirWriteError:
   try:  # what is on disk now (a fresh read-only manager; the stage's own one is closed)
     with ocp.CheckpointManager(
         os.path.join(stage_dir, "checkpoints"), options=ocp.CheckpointManagerOptions(read_only=True)
@@ -515,8 +419,9 @@ def _write_error(name: str, stage_dir: str, code: int) -> WorkdirWriteError:
       if steps
       else "no complete checkpoint of this stage exists yet"
   )
-  return WorkdirWriteError(
-      f"stage {name!r}: cannot write checkpoints/metrics in {stage_dir!r}: {_DISK_ERRORS[code]}. "
+  return errors.WorkdirWriteError(
+      f"stage {name!r}: cannot write checkpoints/metrics in {stage_dir!r}: "
+      f"{errors.DISK_ERRORS[code]}. "
       f"Free space or pass another --workdir; {kept}.",
       code,
   )
@@ -591,7 +496,7 @@ def _train_loop(
 
   it: Iterator[Batch] = iter(batch_iter_fn(start))
   pending = None
-  ctrl_c = _DeferredInterrupt(every=log_every)
+  ctrl_c = preemption.DeferredInterrupt(every=log_every)
   try:
     for step in range(start, total):
       if ctrl_c.stop_now(step):
@@ -624,131 +529,8 @@ def _train_loop(
     bar.close()
     if pending is not None:  # log the last finished step (or stop, if it called for a stop)
       handle(*pending)
-    raise _interrupted(name, total, state, manager, ctrl_c.signum) from None
+    raise preemption.stage_interrupted(name, total, state, manager, ctrl_c.signum) from None
   finally:
     bar.close()
     ctrl_c.restore()
   return state
-
-
-# Signals that stop a stage at the next step boundary, checkpointed: Ctrl-C, and SIGTERM, which
-# Cloud TPU VMs (and most schedulers: Kubernetes, SLURM) send some seconds before a preemption.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-class _DeferredInterrupt:
-  """Ctrl-C or SIGTERM during the loop only sets a flag, acted on between steps: a
-  KeyboardInterrupt raised inside the step call would find the state already donated, with nothing
-  left to save. A second signal interrupts at once. Processes agree (a collective every `every`
-  steps) so that all of them save the same step; only the main thread can take signals
-  (elsewhere: plain Ctrl-C, and SIGTERM keeps its previous effect).
-
-  The previous handlers come back afterwards, also one installed outside Python, which
-  `signal.signal` cannot reinstall (and reports as SIG_DFL): in a multi-process run JAX's
-  preemption notifier holds SIGTERM, and SIG_DFL in its place would make a later SIGTERM kill the
-  process at once.
-  """
-
-  def __init__(self, every: int):
-    self.requested, self.signum, self._every = False, signal.SIGINT, max(every, 1)
-    self._previous: dict[int, tuple[Any, Any]] = {}  # signum: (Python handler, C-level action)
-    if threading.current_thread() is threading.main_thread():
-      for signum in STOP_SIGNALS:
-        action = _sigaction(signum)
-        self._previous[signum] = (signal.signal(signum, self._handle), action)
-
-  def _handle(self, signum, frame) -> None:
-    del frame
-    self.signum = signum
-    if self.requested:  # the second one: now
-      self.restore()
-      raise KeyboardInterrupt
-    self.requested = True
-    if signum == signal.SIGINT:
-      logging.warning("Ctrl-C: checkpointing after this step (press it again to stop at once)")
-    else:
-      name = signal.Signals(signum).name
-      logging.warning("%s: checkpointing after this step (a second %s stops at once)", name, name)
-
-  def stop_now(self, step: int, last: bool = False) -> bool:
-    if jax.process_count() == 1:
-      return self.requested
-    if step % self._every and not last:
-      return False
-    from jax.experimental import multihost_utils
-    # Each process's signal (0: none), so that all of them name the same one in their message.
-    asked = np.asarray(
-        multihost_utils.process_allgather(np.int32(self.signum if self.requested else 0))
-    )
-    if not asked.any():
-      return False
-    self.signum = int(asked[asked != 0][0])
-    return True
-
-  def restore(self) -> None:
-    previous, self._previous = self._previous, {}
-    for signum, (handler, action) in previous.items():
-      signal.signal(signum, signal.SIG_DFL if handler is None else handler)
-      _sigaction(signum, action)  # a handler from outside Python: back in place
-
-
-def _sigaction(signum: int, action: Any = None) -> Any:
-  """Reads (action None) or sets the C-level action of `signum` as an opaque `struct sigaction`
-  buffer; None where libc's sigaction cannot be reached (then only Python's handler is kept)."""
-  try:
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if action is not None:
-      libc.sigaction(signum, action, None)
-      return action
-    buf = ctypes.create_string_buffer(1024)  # larger than struct sigaction anywhere (Linux: 152)
-    return buf if libc.sigaction(signum, None, buf) == 0 else None
-  except (OSError, AttributeError, TypeError):  # no libc sigaction (Windows)
-    return None
-
-
-def _interrupted(
-    name: str,
-    total: int,
-    state: TrainState,
-    manager: ocp.CheckpointManager,
-    signum: int = signal.SIGINT,
-) -> StageInterrupted:
-  """Ctrl-C or SIGTERM (`signum`): checkpoints `state` at its step and says where a rerun resumes.
-
-  A KeyboardInterrupt that lands inside the step call (a second signal, or a loop outside the main
-  thread) may leave `state` donated (deleted); then nothing new can be saved and the rerun resumes
-  from the last periodic checkpoint.
-  """
-  saved, problem = None, ""
-  try:
-    leaves = jax.tree.leaves(state)
-    if any(getattr(x, "is_deleted", lambda: False)() for x in leaves):
-      problem = "the state was mid-update"
-    else:
-      step = int(jax.device_get(state.step))
-      if step not in manager.all_steps():
-        manager.save(step, args=ocp.args.StandardSave(state), force=True)
-      manager.wait_until_finished()
-      saved = step
-  except Exception as e:  # (report what is on disk instead)
-    problem = f"{type(e).__name__}: {e}"
-  by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
-  if saved is not None:
-    return StageInterrupted(
-        f"stage {name!r} interrupted{by} at step {saved} of {total}; "
-        "checkpoint saved, rerun the same command to resume",
-        signum,
-    )
-  latest = manager.latest_step()
-  where = (
-      f"resumes from the last checkpoint, step {latest}"
-      if latest is not None
-      else "starts this stage again"
-  )
-  return StageInterrupted(
-      f"stage {name!r} interrupted{by} ({problem}); nothing new was saved, "
-      f"rerunning the same command {where}",
-      signum,
-  )

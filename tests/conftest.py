@@ -1,4 +1,5 @@
-"""Shared test fixtures: the real big_vision checkpoint shipped in tests/data."""
+"""Shared test fixtures: the real big_vision checkpoint shipped in tests/data, and the robustness
+cases' tiny teacher and reference stage (tests/helpers/robust_config.py, tiny_task.py)."""
 
 import pytest
 
@@ -39,3 +40,23 @@ def tiny_hf_conversion(tmp_path_factory):
       max_images=8,
   )
   return student, tmp / "work"
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+  """The path of a random softmax teacher .npz shaped for tests/helpers/robust_config.py."""
+  from tests.helpers import robust_config as rc
+
+  path = str(tmp_path_factory.mktemp("teacher") / "teacher.npz")
+  rc.make_teacher(path)
+  return path
+
+
+@pytest.fixture(scope="module")
+def tiny_reference(tmp_path_factory):
+  """(flat params, history) of tiny_task's stage run once without interruption."""
+  from tests.helpers import robust_common
+  from tests.helpers import tiny_task as tt
+
+  params, history = tt.run_stage(tmp_path_factory.mktemp("tiny_ref"))
+  return robust_common.flat(params), history

@@ -7,6 +7,7 @@ import pytest
 
 from configs import ablation as ablation_config
 from linvit_jax import ablation, token_study
+from tools import update_token_study_readme
 
 
 def _fake_run(workdir, config, arm, seed, top1, *, teacher=None, before=0.5):
@@ -112,7 +113,8 @@ def test_token_study_verdicts_plot_and_readme_block(tmp_path):
   readme = tmp_path / "README.md"
   readme.write_text("intro\n<!-- ablation:begin -->\nold numbers\n<!-- ablation:end -->\nrest\n")
   out = tmp_path / "docs"
-  md = token_study.main([p7, p4, "--out", str(out), "--readme", str(readme)])
+  md = token_study.main([p7, p4, "--out", str(out)])
+  assert update_token_study_readme.main([p7, p4, "--readme", str(readme)]) == md
   rows = [
       line for line in md.splitlines() if line.startswith("| 17 |") or line.startswith("| 50 |")
   ]
@@ -133,4 +135,4 @@ def test_token_study_verdicts_plot_and_readme_block(tmp_path):
 
 def test_readme_without_the_block_is_an_error():
   with pytest.raises(ValueError, match="ablation:begin"):
-    token_study.replace_block("no markers here", "x")
+    update_token_study_readme.replace_block("no markers here", "x")

@@ -3,8 +3,12 @@ see its .json)."""
 
 import json
 import os
+import threading
+import time
 import types
 
+import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
@@ -12,8 +16,13 @@ import pytest
 from linvit_jax import checkpoints as ckpt
 from linvit_jax import gfile
 from linvit_jax.checkpoints import CheckpointError
+from linvit_jax.models import from_config
+from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint as vit_ckpt
 from linvit_jax.models.variants import decode_variant
+from tests.helpers import robust_common as robust
+from tests.helpers import robust_config as rc
+from tests.helpers.robust_common import GS_PATH
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 FIXTURE = os.path.join(DATA, "vit_w192_d4_p16_i64_tok_learn.npz")
@@ -548,3 +557,61 @@ def test_decode_variant():
   assert decode_variant(None) == {}
   with pytest.raises(ValueError, match="unknown ViT variant 'X/16'"):
     decode_variant("X/16")
+
+
+# ------------------------------------------------------------------------------------------------
+# Robustness (ROBUSTNESS.md): layouts follow the model config; remote reads fail fast.
+
+
+@pytest.mark.parametrize(
+    "saved_scan,model_scan",
+    [(True, False), (False, True)],
+    ids=["scanned_file_loop_model", "loop_file_scanned_model"],
+)
+def test_scan_layout_mismatch_is_converted_not_an_error(saved_scan, model_scan, tmp_path):
+  """big_vision's semantics: the layout follows the model config; values are unchanged."""
+  loop_path, path = str(tmp_path / "loop.npz"), str(tmp_path / "t.npz")
+  rc.make_teacher(loop_path)
+  robust.save_variant(path, scan=saved_scan)
+  config = robust.config(path)
+  config.model.scan = model_scan
+  kw = from_config.model_kwargs(config.model)
+  model = vit.Model(**kw, attention="softmax")
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 1)))["params"]
+  loaded = vit.load(shapes, path, kw)
+  expected = ckpt.load_npz(loop_path)
+  if model_scan:
+    expected = vit_ckpt.pyloop_to_scan(expected)
+  robust.assert_bitwise(robust.flat(loaded), robust.flat(expected))
+
+
+def test_gs_path_without_network_fails_fast_and_says_why():
+  import tensorflow as tf  # imported first: its import time is not what is measured
+
+  del tf
+  t0 = time.time()
+  with pytest.raises(CheckpointError, match="credentials") as info:
+    ckpt.load_npz(GS_PATH)
+  assert time.time() - t0 < 60
+  assert str(info.value).startswith(f"checkpoint '{GS_PATH}': ")
+
+
+def test_remote_read_that_hangs_is_cut_off(monkeypatch):
+  release = threading.Event()
+
+  class HangingGFile:
+
+    @staticmethod
+    def exists(path):
+      release.wait(30)
+      return True
+
+  monkeypatch.setattr(gfile, "tf_gfile", lambda: HangingGFile)
+  monkeypatch.setattr(ckpt, "REMOTE_TIMEOUT_S", 0.5)
+  t0 = time.time()
+  try:
+    with pytest.raises(CheckpointError, match=r"no answer within 0 s .*credentials"):
+      ckpt.load_npz("gs://bucket/slow.npz")
+  finally:
+    release.set()
+  assert time.time() - t0 < 10

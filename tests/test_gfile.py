@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from linvit_jax import ablation
+from linvit_jax import report
 from linvit_jax import gfile
 
 
@@ -54,6 +54,27 @@ def test_ablation_plot_goes_through_gfile(root):
       ]
   }
   path = os.path.join(root, "ablation.png")
-  ablation.plot_curves(runs, path, teacher_top1=0.7)
+  report.plot_ablation_curves(runs, path, teacher_top1=0.7)
   with gfile.open(path, "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_atomic_open_replaces_only_a_complete_file(root):
+  folder = os.path.join(root, "atomic")  # (ram:// outlives a test: a folder of its own)
+  gfile.makedirs(folder)
+  path = os.path.join(folder, "x.bin")
+  with gfile.atomic_open(path, "wb") as f:
+    f.write(b"old")
+  with pytest.raises(RuntimeError, match="cut short"):
+    with gfile.atomic_open(path, "wb") as f:
+      f.write(b"half of the new")
+      raise RuntimeError("cut short")
+  with gfile.open(path, "rb") as f:
+    assert f.read() == b"old"  # the failed write left the old file
+  assert gfile.listdir(folder) == ["x.bin"]  # and no temporary file
+  if not gfile.is_remote(
+      folder
+  ):  # the file is shared like any the user writes (not mkstemp's 0600)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask

@@ -1,9 +1,10 @@
-"""Preemption: SIGTERM (how Cloud TPU VMs announce one) stops a stage like Ctrl-C.
+"""preemption.py: Ctrl-C, and SIGTERM (how Cloud TPU VMs announce a preemption), stop a stage.
 
-The step in flight finishes, a checkpoint of that step is written, the CLI exits 143 (128 + SIGTERM) with
-`error: stage '<name>' interrupted by SIGTERM at step N of M; checkpoint saved, rerun the same
-command to resume`, and the same command resumes at N. The Ctrl-C cases (the same path) live in
-tests/test_robustness.py; both use the helpers in tests/helpers/ and the same tiny config.
+The step in flight finishes, a checkpoint of that step is written, the CLI exits 130 after Ctrl-C
+and 143 (128 + SIGTERM) after SIGTERM with `error: stage '<name>' interrupted [by SIGTERM] at step
+N of M; checkpoint saved, rerun the same command to resume`, and the same command resumes at N,
+bit for bit. A second signal stops at once; the previous signal handlers come back. The cases use
+the helpers in tests/helpers/ and the tiny config of the robustness matrix (ROBUSTNESS.md).
 """
 
 import ctypes
@@ -14,12 +15,16 @@ import subprocess
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 import pytest
 
 from linvit_jax import metrics as metrics_lib
+from linvit_jax import preemption
+from linvit_jax import sharding
 from linvit_jax import train
-from tests.helpers import robust_config as rc
+from tests.helpers import robust_common as robust
 from tests.helpers import tiny_task as tt
 from tests.helpers.subprocs import ROBUST_CONFIG, ROOT, last_line, subprocess_env
 
@@ -29,32 +34,10 @@ import local_multihost  # noqa: E402
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-@pytest.fixture(scope="module")
-def teacher(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("teacher") / "teacher.npz")
-  rc.make_teacher(path)
-  return path
-
-
-def _signal_at(step_to_signal: int, signum: int, times: int = 1):
-  """tiny_task's batches; asking for batch `step_to_signal` sends this process `signum` (the
-  runner finishes that step, then saves: the checkpoint is step_to_signal + 1)."""
-  inner = tt.batch_iter_fn()
-
-  def make(start):
-    for step, batch in enumerate(inner(start), start):
-      if step == step_to_signal:
-        for _ in range(times):
-          os.kill(os.getpid(), signum)
-      yield batch
-
-  return make
-
-
 def _c_handler(signum: int) -> int:
   """The handler address the kernel holds for `signum` (0 = SIG_DFL, 1 = SIG_IGN): what
   `signal.getsignal` does not see when the handler was installed outside Python."""
-  action = train._sigaction(signum)
+  action = preemption._sigaction(signum)
   return ctypes.c_void_p.from_buffer(action).value or 0
 
 
@@ -62,10 +45,68 @@ def _c_handler(signum: int) -> int:
 # In-process: the stage runner.
 
 
+def test_ctrl_c_saves_and_the_rerun_is_bitwise_equal(tmp_path, tiny_reference):
+  with pytest.raises(preemption.StageInterrupted) as info:
+    tt.run_stage(
+        tmp_path, batch_iter_fn=robust.signal_at(2, signal.SIGINT)
+    )  # periodic checkpoints: 2, 4, 6
+  assert str(info.value) == (
+      "stage 'tiny' interrupted at step 3 of 6; checkpoint saved, rerun "
+      "the same command to resume"
+  )
+  with ocp.CheckpointManager(str(tmp_path / "tiny" / "checkpoints")) as m:
+    assert m.all_steps() == [2, 3]
+  params, history = tt.run_stage(tmp_path)
+  robust.assert_bitwise(robust.flat(params), tiny_reference[0])
+  assert [r["loss"] for r in history if "loss" in r] == [
+      r["loss"] for r in tiny_reference[1] if "loss" in r
+  ]
+
+
+def test_second_ctrl_c_stops_at_once_and_restores_the_handler(tmp_path):
+  inner = tt.batch_iter_fn()
+
+  def twice_at_3(start):
+    for step, batch in enumerate(inner(start), start):
+      if step == 3:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+      yield batch
+
+  with pytest.raises(
+      preemption.StageInterrupted, match="interrupted at step 3 of 6; checkpoint saved"
+  ):
+    tt.run_stage(tmp_path, batch_iter_fn=twice_at_3)
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_inside_a_step_falls_back_to_the_last_checkpoint(tmp_path):
+  """A donated (deleted) state cannot be saved: the message says where a rerun resumes."""
+  mesh = sharding.make_mesh([("data", -1), ("fsdp", 1)])
+  tt.run_stage(tmp_path, steps=2)
+  x = jax.device_put(jnp.zeros(3), sharding.replicated(mesh))
+  x.delete()
+  state = train.TrainState(
+      step=jnp.asarray(5),
+      params={"x": x},
+      opt_state=(),
+      rng=x,
+      nonfinite_total=jnp.asarray(0),
+      nonfinite_in_a_row=jnp.asarray(0),
+  )
+  with ocp.CheckpointManager(str(tmp_path / "tiny" / "checkpoints")) as m:
+    err = preemption.stage_interrupted("tiny", 9, state, m)
+  assert isinstance(err, KeyboardInterrupt)
+  assert (
+      "nothing new was saved, rerunning the same command resumes from the last checkpoint, "
+      "step 2" in str(err)
+  )
+
+
 def test_sigterm_saves_at_the_step_boundary_and_restores_the_handlers(tmp_path):
   before = {s: (signal.getsignal(s), _c_handler(s)) for s in SIGNALS}
-  with pytest.raises(train.StageInterrupted) as info:
-    tt.run_stage(tmp_path, batch_iter_fn=_signal_at(2, signal.SIGTERM))
+  with pytest.raises(preemption.StageInterrupted) as info:
+    tt.run_stage(tmp_path, batch_iter_fn=robust.signal_at(2, signal.SIGTERM))
   assert str(info.value) == (
       "stage 'tiny' interrupted by SIGTERM at step 3 of 6; checkpoint "
       "saved, rerun the same command to resume"
@@ -82,9 +123,10 @@ def test_sigterm_saves_at_the_step_boundary_and_restores_the_handlers(tmp_path):
 
 def test_second_sigterm_stops_at_once(tmp_path):
   with pytest.raises(
-      train.StageInterrupted, match="interrupted by SIGTERM at step 3 of 6; " "checkpoint saved"
+      preemption.StageInterrupted,
+      match="interrupted by SIGTERM at step 3 of 6; " "checkpoint saved",
   ):
-    tt.run_stage(tmp_path, batch_iter_fn=_signal_at(3, signal.SIGTERM, times=2))
+    tt.run_stage(tmp_path, batch_iter_fn=robust.signal_at(3, signal.SIGTERM, times=2))
   assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
@@ -129,6 +171,56 @@ def _assert_resumed(args, workdir, step, total, env):
   rows = metrics_lib.read_jsonl(str(workdir / "distill_attention" / metrics_lib.METRICS_FILE))
   steps = [r["step"] for r in rows if "loss" in r]
   assert steps == sorted(set(steps)) and steps[-1] == total  # no step logged twice
+  with open(workdir / "results.json") as f:
+    assert 0.0 <= json.load(f)["student_top1"] <= 1.0
+
+
+def test_cli_ctrl_c_saves_exits_130_and_the_rerun_resumes(teacher, tmp_path):
+  """SIGINT to `python -m linvit_jax.main` in the middle of a stage, then the same command."""
+  workdir = tmp_path / "w"
+  args = [
+      sys.executable,
+      "-m",
+      "linvit_jax.main",
+      "--config",
+      f"{ROBUST_CONFIG}:teacher={teacher},steps=400,finetune_steps=2,checkpoint_every=1000",
+      "--workdir",
+      str(workdir),
+  ]
+  log = workdir.parent / "first.log"
+  metrics = workdir / "distill_attention" / metrics_lib.METRICS_FILE
+  with open(log, "w") as f:
+    proc = subprocess.Popen(args, cwd=ROOT, env=subprocess_env(1), stdout=f, stderr=f)
+    try:
+      deadline = time.time() + 400
+      while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+          proc.send_signal(signal.SIGINT)
+          break
+        time.sleep(0.05)
+      proc.wait(timeout=120)
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+  out = log.read_text()
+  assert proc.returncode == 130, out[-4000:]
+  assert "Traceback" not in out, out[-4000:]
+  last = last_line(out)
+  assert last.startswith("error: stage 'distill_attention' interrupted at step "), last
+  assert last.endswith(" of 400; checkpoint saved, rerun the same command to resume"), last
+  step = int(last.split(" at step ")[1].split()[0])
+  assert 1 <= step < 400
+  assert (workdir / "distill_attention" / "checkpoints" / str(step)).is_dir()
+  assert not (workdir / "results.json").exists()
+
+  again = subprocess.run(
+      args, cwd=ROOT, env=subprocess_env(1), capture_output=True, text=True, timeout=600
+  )
+  assert again.returncode == 0, again.stderr[-4000:]
+  assert f"stage 'distill_attention': resuming from step {step} of 400" in again.stderr
+  rows = metrics_lib.read_jsonl(str(metrics))
+  steps = [r["step"] for r in rows if "loss" in r]
+  assert steps == sorted(set(steps)) and steps[-1] == 400  # no step logged twice
   with open(workdir / "results.json") as f:
     assert 0.0 <= json.load(f)["student_top1"] <= 1.0
 

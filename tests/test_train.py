@@ -1,9 +1,11 @@
-"""train.py: the stage runner on one device, 8 simulated devices, 2 processes, and after kill -9.
+"""train.py: the stage runner on one device, 8 simulated devices, 2 processes, and after kill -9
+(between steps and during a checkpoint write) or a full disk.
 
 The task is tests/helpers/tiny_task.py (an MLP matching a frozen linear teacher, with RNG noise,
 one frozen leaf); multi-device runs are subprocesses of that script.
 """
 
+import errno
 import json
 import os
 import random
@@ -21,12 +23,16 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 
+from linvit_jax import errors
 from linvit_jax import metrics as metrics_lib
 from linvit_jax import optim
+from linvit_jax import preemption
 from linvit_jax import sharding
 from linvit_jax import train
+from tests.helpers import robust_common as robust
+from tests.helpers import robust_slow_save
 from tests.helpers import tiny_task as tt
-from tests.helpers.subprocs import subprocess_env
+from tests.helpers.subprocs import HELPERS, ROOT, subprocess_env
 
 HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "tiny_task.py")
 TOL = 1e-5
@@ -346,3 +352,108 @@ def test_kill_9_then_restart_ends_bitwise_equal(eight_devices, tmp_path):
     )
   with open(out) as f:
     assert json.load(f)["runs"]["4x2"]["losses"] == ref["runs"]["4x2"]["losses"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Robustness (ROBUSTNESS.md): kill -9 during a checkpoint write, a full disk.
+
+
+def test_kill_9_during_a_checkpoint_write_keeps_the_previous_one(tmp_path):
+  """SIGKILL while checkpoint 2 is being written (a 64 MB frozen leaf makes the write slow):
+  checkpoint 1 restores, the torn one is discarded, the rerun ends bit-identical."""
+  script = os.path.join(HELPERS, "robust_slow_save.py")
+  ckpt_dir = tmp_path / "w" / "tiny" / "checkpoints"
+
+  def start(out):
+    return subprocess.Popen(
+        [sys.executable, script, "--workdir", str(tmp_path / "w"), "--out", str(out)],
+        cwd=ROOT,
+        env=subprocess_env(1, XLA_FLAGS=robust.SAME_XLA),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+  proc = start(tmp_path / "killed.npz")
+  deadline, killed_in = time.time() + 240, None
+  try:
+    while time.time() < deadline and proc.poll() is None:
+      names = os.listdir(ckpt_dir) if ckpt_dir.is_dir() else []
+      torn = [n for n in names if n.startswith("2.") and "tmp" in n]
+      if torn and "1" in names:
+        os.kill(proc.pid, signal.SIGKILL)
+        killed_in = torn[0]
+        break
+      time.sleep(0.002)
+  finally:
+    proc.kill()
+    _, err = proc.communicate()
+  assert killed_in, f"never caught checkpoint 2 mid-write:\n{err[-3000:]}"
+  assert not (tmp_path / "killed.npz").exists()
+  names = os.listdir(ckpt_dir)
+  assert killed_in in names and "2" not in names, names  # the write was really cut short
+  with ocp.CheckpointManager(
+      str(ckpt_dir), options=ocp.CheckpointManagerOptions(read_only=True)
+  ) as m:
+    assert m.latest_step() == 1
+    state = m.restore(1, args=ocp.args.StandardRestore())
+  assert int(state["step"]) == 1
+
+  proc = start(tmp_path / "resumed.npz")
+  _, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err[-3000:]
+  assert "resuming from step 1 of 4" in err
+  assert not [n for n in os.listdir(ckpt_dir) if "tmp" in n]  # the torn write was cleaned up
+  reference = robust_slow_save.run(str(tmp_path / "ref"), steps=4, ballast_mb=64)
+  resumed = dict(np.load(tmp_path / "resumed.npz"))
+  robust.assert_bitwise(resumed, reference)
+
+
+def test_full_disk_is_reported_and_nothing_is_lost(tmp_path, tiny_reference):
+  mnt = tmp_path / "disk"
+  if not robust.mount_tmpfs(mnt, "size=1m"):
+    pytest.skip("cannot mount a tmpfs here (needs root)")
+  try:
+    workdir = mnt / "w"
+    with pytest.raises(preemption.StageInterrupted):  # stopped at step 3, saved: it fits
+      tt.run_stage(workdir, batch_iter_fn=robust.signal_at(2, signal.SIGINT))
+    ballast = mnt / "ballast"
+    with open(ballast, "wb") as f:  # fill the disk
+      try:
+        while True:
+          f.write(b"\0" * 65536)
+          f.flush()
+      except OSError as e:
+        assert e.errno == errno.ENOSPC
+    with pytest.raises(errors.WorkdirWriteError) as info:
+      tt.run_stage(workdir, steps=6)
+    assert info.value.errno == errno.ENOSPC
+    assert str(info.value) == (
+        f"stage 'tiny': cannot write checkpoints/metrics in '{workdir}/tiny': the disk is full "
+        "(No space left on device). Free space or pass another --workdir; the last complete "
+        "checkpoint (step 3) is intact and a rerun resumes from it."
+    )
+    os.remove(ballast)
+    params, _ = tt.run_stage(workdir, steps=6)  # space again: resumes from 3
+  finally:
+    robust.umount(mnt)
+  robust.assert_bitwise(robust.flat(params), tiny_reference[0])
+
+
+def test_full_disk_in_the_async_writer_is_reported(tmp_path, monkeypatch):
+  """Without root: orbax reports a full disk as a ValueError from its writer thread."""
+  original = ocp.CheckpointManager.save
+
+  def save(self, step, *a, **k):
+    if step == 4:
+      raise ValueError(
+          'RESOURCE_EXHAUSTED: Error writing local file "x/_sharding": Failed to '
+          "write 4465 bytes to file 8: No space left on device [os_error_code='28']"
+      )
+    return original(self, step, *a, **k)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+  with pytest.raises(
+      errors.WorkdirWriteError, match=r"the disk is full .* checkpoint \(step 2\) " "is intact"
+  ):
+    tt.run_stage(tmp_path, steps=6)

@@ -1,9 +1,12 @@
-"""tree.py: '/'-joined paths, flatten / unflatten, and regex masks with re.fullmatch."""
+"""tree.py: '/'-joined paths, flatten / unflatten, regex masks and first-match rules with
+re.fullmatch, and config blocks as dicts."""
 
 import collections
+import re
 
 import flax.struct
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
@@ -74,3 +77,29 @@ def test_regex_mask_fullmatches_one_or_several_patterns():
   }
   assert tree.matches("head/kernel", tree.compile_patterns("head/.*"))
   assert not tree.matches("xhead/kernel", tree.compile_patterns("head/.*"))
+
+
+def test_first_match_is_the_first_rule_that_fullmatches():
+  rules = tree.compile_patterns([r".*/kernel", r"head/.*", r".*"])
+  assert tree.first_match("head/kernel", rules) == 0  # the first, although all three match
+  assert tree.first_match("head/bias", rules) == 1
+  assert tree.first_match("cls", rules) == 2
+  assert tree.first_match("cls", rules[:2]) is None
+  assert tree.first_match("xkernel", tree.compile_patterns("kernel")) is None  # whole name only
+
+
+def test_compile_patterns_names_a_bad_regex_in_the_callers_error():
+  assert [p.pattern for p in tree.compile_patterns("a|b")] == ["a|b"]  # one pattern, not 3
+  with pytest.raises(TreeError, match=r"dont_load pattern 'head/\(' is not a valid regex"):
+    tree.compile_patterns(["ok", "head/("], error=TreeError, what="dont_load pattern")
+  with pytest.raises(re.error):  # re.error by default
+    tree.compile_patterns("head/(")
+
+
+def test_as_dict_of_a_dict_a_config_dict_and_none():
+  cfg = ml_collections.ConfigDict({"lr": 0.1, "sub": {"wd": 0.0}})
+  plain = tree.as_dict(cfg)
+  assert plain == {"lr": 0.1, "sub": {"wd": 0.0}} and type(plain["sub"]) is dict
+  given = {"lr": 0.1}
+  assert tree.as_dict(given) == given and tree.as_dict(given) is not given  # a copy
+  assert tree.as_dict(None) == {}

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linvit_jax import tree as tree_lib
 from linvit_jax.models import feature_maps
 
 KINDS = ("softmax", "chunked_softmax", "linear")
@@ -82,7 +83,7 @@ def parse_spec(spec: Any) -> AttentionSpec:
       )
     return AttentionSpec(kind=spec)
   if isinstance(spec, Mapping) or hasattr(spec, "to_dict"):
-    fields = dict(spec.to_dict() if hasattr(spec, "to_dict") else spec)
+    fields = tree_lib.as_dict(spec)
     known = {f.name for f in dataclasses.fields(AttentionSpec)}
     unknown = sorted(set(fields) - known)
     if unknown:

@@ -68,7 +68,7 @@ def main(out: str) -> None:
   mask = {"dense": {"kernel": True, "bias": True}}
   tx, _ = optim.make_optimizer({}, 10, mask)
   abstract = jax.eval_shape(lambda p: train.init_train_state(p, tx, jax.random.PRNGKey(0)), small)
-  sh = train.state_shardings(abstract, mesh42, min_size=1024)
+  sh = sharding.state_shardings(abstract, mesh42, min_size=1024)
   flat = jax.tree_util.tree_flatten_with_path(sh)[0]
   r["state_specs"] = {tree_lib.path_str(p): str(s.spec) for p, s in flat}
 
