@@ -2,7 +2,8 @@
 
 import re
 
-from setuptools import find_packages, setup
+from setuptools import find_packages
+from setuptools import setup
 
 # Ranges are the ones this project was tested with (jax 0.10.x, flax 0.12.x on CPython 3.11).
 # A plain list of strings: the notebook's install cell reads it with ast.literal_eval.

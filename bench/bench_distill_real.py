@@ -25,7 +25,8 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -60,7 +61,11 @@ def build(
     init: str, batch: int, feature_map: str, only: Sequence[str] = (), res: int = 224
 ) -> dict[str, Any]:
   """The compiled cases with their arguments, and the config."""
-  from linvit_jax import export, optim, stages, surgery, train
+  from linvit_jax import export
+  from linvit_jax import optim
+  from linvit_jax import stages
+  from linvit_jax import surgery
+  from linvit_jax import train
   from linvit_jax.models import from_config
   from linvit_jax.models import vit_checkpoint
 

@@ -17,7 +17,8 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -30,8 +31,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   p.add_argument("--out", default=os.path.join(REPO, "bench", "results", "eval.json"))
   args = p.parse_args(argv)
   from configs import demo
-  from linvit_jax import evaluate, export, stages, surgery
-  from linvit_jax.models import from_config, vit_checkpoint
+  from linvit_jax import evaluate
+  from linvit_jax import export
+  from linvit_jax import stages
+  from linvit_jax import surgery
+  from linvit_jax.models import from_config
+  from linvit_jax.models import vit_checkpoint
 
   c = demo.get_config()
   c.compile_cache = "none"

@@ -25,7 +25,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from linvit_jax.data import input_pipeline, jft
+from linvit_jax.data import input_pipeline
+from linvit_jax.data import jft
 
 LABELS = 'onehot(1000, key="labels")|keep("image", "labels")'
 TRAIN_PP = "`decode_jpeg_and_inception_crop(224)`, `flip_lr` (big_vision's train pp)"

@@ -28,7 +28,8 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -173,7 +174,7 @@ class Case:
   memory: dict[str, float] | None = None
   compile_s: float = 0.0
 
-  def compile(self) -> "Case":
+  def compile(self) -> Case:
     t0 = time.perf_counter()
     self.fn = self.lowered.compile()
     self.compile_s = self.lower_s + time.perf_counter() - t0

@@ -25,16 +25,20 @@ import json
 import os
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections as mlc
 
 from bench import common
-from linvit_jax import export, optim, stages, train
-from linvit_jax.models import from_config
+from linvit_jax import export
+from linvit_jax import optim
+from linvit_jax import stages
+from linvit_jax import train
 from linvit_jax.models import attention as attn_lib
+from linvit_jax.models import from_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMPLEMENTATION = "project (stages.build + train.make_train_step, configs/imagenet_vit.py)"

@@ -20,7 +20,8 @@ import resource
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp

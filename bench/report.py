@@ -9,11 +9,14 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from bench.common import GB, fmt, fmt_bytes
+from bench.common import GB
+from bench.common import fmt
+from bench.common import fmt_bytes
 from linvit_jax import report as report_lib
 
 HERE = os.path.dirname(os.path.abspath(__file__))

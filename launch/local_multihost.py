@@ -41,7 +41,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Sequence
+from collections.abc import Sequence
+from typing import IO
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV_PYTHON = os.path.join(REPO_ROOT, ".venv", "bin", "python")

@@ -45,7 +45,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import IO, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import IO
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REMOTE_LOG_DIR = "linvit_jax_logs"  # under $HOME on every worker

@@ -15,7 +15,8 @@ from typing import Any
 
 from linvit_jax import config_files
 from linvit_jax.errors import UserError
-from linvit_jax.export import Student, load_student  # noqa: F401  (re-exported)
+from linvit_jax.export import Student  # noqa: F401  (re-exported)
+from linvit_jax.export import load_student  # noqa: F401  (re-exported)
 
 
 def load_config(config: str, **options: Any) -> Any:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax

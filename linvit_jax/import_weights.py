@@ -19,7 +19,8 @@ import json
 import os
 import sys
 
-from linvit_jax import checkpoints, gfile
+from linvit_jax import checkpoints
+from linvit_jax import gfile
 from linvit_jax.errors import UserError
 from linvit_jax.models import foreign
 

@@ -32,8 +32,8 @@ from absl import logging
 from ml_collections import config_flags
 
 from linvit_jax import config_files
-from linvit_jax import quiet_tf
 from linvit_jax import errors
+from linvit_jax import quiet_tf
 from linvit_jax.errors import UserError
 
 FLAGS = flags.FLAGS

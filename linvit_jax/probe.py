@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any, Union
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -30,7 +30,7 @@ from linvit_jax.models import vit
 
 Array = jax.Array
 Params = Mapping[str, Any]
-ModelLike = Union[nn.Module, Mapping[str, Any]]
+ModelLike = nn.Module | Mapping[str, Any]
 
 EPS = 1e-12  # guards norms and variances in denominators (absolute: outputs can be tiny)
 

@@ -208,7 +208,7 @@ def format_summary(results: Mapping[str, Any]) -> str:
     lines.append("layer" + header[5:] if len(header) > 5 else header)
     for i in range(len(fids[0][1])):
       cells = " ".join(
-          ("%10.3f / %-9.3f" % (v[i]["cosine"], v[i]["nmse"])).rjust(width) for _, v in fids
+          ("{:10.3f} / {:<9.3f}".format(v[i]["cosine"], v[i]["nmse"])).rjust(width) for _, v in fids
       )
       lines.append(f"{i:>5d}  {cells}".rstrip())
   if "teacher_images_per_s" in results:

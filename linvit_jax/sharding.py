@@ -25,11 +25,14 @@ import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from linvit_jax import tree as tree_lib
 
@@ -43,7 +46,7 @@ DEFAULT_INITIALIZATION_TIMEOUT_S = 300
 MeshConfig = Sequence[tuple[str, int]]
 # A rule's spec: "fsdp" (the automatic rule regardless of size), "replicate" / None, or an explicit
 # PartitionSpec (or tuple/list of mesh axis names / None per dimension).
-RuleSpec = Union[str, None, P, Sequence[Any]]
+RuleSpec = str | None | P | Sequence[Any]
 Rules = Sequence[tuple[str, RuleSpec]]
 
 

@@ -21,7 +21,8 @@ the teacher's params (or None), so the step stays a pure function of explicit py
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -42,13 +42,13 @@ import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 
-from linvit_jax import tree as tree_lib
 from linvit_jax import gfile
+from linvit_jax import tree as tree_lib
 from linvit_jax.errors import ConfigError
 from linvit_jax.errors import UserError
 from linvit_jax.models import attention as attn_lib
@@ -95,7 +95,7 @@ class SurgeryError(UserError, ValueError):
 
 
 def get_policy(
-    name_or_rules: Union[str, Sequence[Sequence[str]]], prepend: Sequence[Sequence[str]] = ()
+    name_or_rules: str | Sequence[Sequence[str]], prepend: Sequence[Sequence[str]] = ()
 ) -> Policy:
   """A named policy or explicit rules, validated, with `prepend` rules taking precedence."""
   if isinstance(name_or_rules, str):
@@ -283,7 +283,7 @@ def _hint(path: str) -> str:
 def transplant(
     teacher_params: Mapping[str, Any],
     student_params: Mapping[str, Any],
-    policy: Union[str, Sequence[Sequence[str]]] = "copy_same",
+    policy: str | Sequence[Sequence[str]] = "copy_same",
 ) -> tuple[Params, SurgeryReport]:
   """Student-layout params where each leaf is the teacher's ('copy') or the student's ('keep').
 

@@ -20,11 +20,14 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from linvit_jax import ablation, gfile, report
+from linvit_jax import ablation
+from linvit_jax import gfile
+from linvit_jax import report
 
 ARM_ORDER = tuple(ablation.ARMS)
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
-Patterns = Union[str, re.Pattern, Iterable[Union[str, re.Pattern]]]
+Patterns = str | re.Pattern | Iterable[str | re.Pattern]
 
 
 def flatten(tree: Mapping[str, Any], *, error: type[Exception] = ValueError) -> dict[str, Any]:

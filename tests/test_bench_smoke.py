@@ -6,7 +6,10 @@ import json
 
 import pytest
 
-from bench import bench_speed, bench_steps, common, report
+from bench import bench_speed
+from bench import bench_steps
+from bench import common
+from bench import report
 from linvit_jax.models import attention as attn_lib
 
 

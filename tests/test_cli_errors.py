@@ -21,7 +21,10 @@ from linvit_jax import preemption
 from linvit_jax import surgery
 from linvit_jax import train
 from tests.helpers.robust_common import GS_PATH
-from tests.helpers.subprocs import ROBUST_CONFIG, ROOT, last_line, subprocess_env
+from tests.helpers.subprocs import ROBUST_CONFIG
+from tests.helpers.subprocs import ROOT
+from tests.helpers.subprocs import last_line
+from tests.helpers.subprocs import subprocess_env
 
 
 def _cli(*args, num_devices=1, timeout=300, env_extra=None):

@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from linvit_jax.data import fashion_mnist, input_pipeline
+from linvit_jax.data import fashion_mnist
+from linvit_jax.data import input_pipeline
 
 if not os.path.exists(os.path.join(fashion_mnist.source_dir(), "t10k-labels-idx1-ubyte.gz")):
   pytest.skip(

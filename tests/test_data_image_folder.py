@@ -6,11 +6,12 @@ import logging
 import os
 
 import numpy as np
-from PIL import Image
 import pytest
 import tensorflow as tf
+from PIL import Image
 
-from linvit_jax.data import image_folder, input_pipeline
+from linvit_jax.data import image_folder
+from linvit_jax.data import input_pipeline
 
 PP_FILES = 'keep("file")'
 PP_32 = 'decode|resize(32)|value_range(-1,1)|keep("image", "file")'

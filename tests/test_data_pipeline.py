@@ -4,13 +4,14 @@ import collections
 import itertools
 import os
 
-from etils import epath
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
+from etils import epath
 
-from linvit_jax.data import input_pipeline, jft
+from linvit_jax.data import input_pipeline
+from linvit_jax.data import jft
 
 N_TRAIN, N_TEST = 96, 37
 # Train pp with every kind of random op, so determinism covers augmentation too.

@@ -5,7 +5,9 @@ import pytest
 import tensorflow as tf
 
 from linvit_jax.data.fashion_mnist import encode_png_gray
-from linvit_jax.data.preprocess import RNG_KEY, get_preprocess_fn, registered_ops
+from linvit_jax.data.preprocess import RNG_KEY
+from linvit_jax.data.preprocess import get_preprocess_fn
+from linvit_jax.data.preprocess import registered_ops
 
 
 def run(pp, **data):

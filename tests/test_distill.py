@@ -13,7 +13,11 @@ import numpy as np
 import optax
 import pytest
 
-from linvit_jax import config_lib, distill, optim, probe, surgery
+from linvit_jax import config_lib
+from linvit_jax import distill
+from linvit_jax import optim
+from linvit_jax import probe
+from linvit_jax import surgery
 from linvit_jax.models import attention as attn_lib
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint

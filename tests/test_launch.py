@@ -497,6 +497,7 @@ def test_local_launcher_passes_the_init_timeout_to_every_process():
 def test_initialize_distributed_reads_the_init_timeout(monkeypatch):
   """JAX_INITIALIZATION_TIMEOUT reaches jax.distributed.initialize and the start-up barrier."""
   import jax
+
   from linvit_jax import sharding
 
   calls = []

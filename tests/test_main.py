@@ -81,8 +81,8 @@ def test_cli_user_errors_are_one_line_with_exit_2(case, tmp_path):
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
-  from linvit_jax import run as run_lib
   import configs.demo
+  from linvit_jax import run as run_lib
 
   workdir = str(tmp_path_factory.mktemp("demo"))
   config = configs.demo.get_config("tiny=True")
@@ -126,10 +126,9 @@ def test_demo_tiny_runs_end_to_end(demo_run):
 
 def test_exported_student_loads_back_with_same_logits(demo_run):
   config, workdir, results = demo_run
+  from linvit_jax import export
   from linvit_jax.data import sources
   from linvit_jax.models import vit
-
-  from linvit_jax import export
 
   with open(os.path.join(workdir, "student_config.json")) as f:
     student_cfg = export.model_fields(json.load(f))
@@ -191,9 +190,8 @@ def test_print_config_lists_every_field_with_its_meaning():
   r = _cli("--config", "configs/demo.py:feature_map=elu1", "--print_config")
   assert r.returncode == 0, r.stderr
   lines = r.stdout.splitlines()
-  from linvit_jax import config_lib
-
   import configs.demo
+  from linvit_jax import config_lib
 
   expected = config_lib.describe(configs.demo.get_config("feature_map=elu1")).splitlines()
   assert lines[-len(expected) :] == expected  # every field, as the file resolves it

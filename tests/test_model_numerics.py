@@ -16,7 +16,9 @@ from linvit_jax import checkpoints
 from linvit_jax.models import vit
 from tests.helpers import robust_config as rc
 from tests.helpers.robust_common import SAME_XLA
-from tests.helpers.subprocs import ROOT, last_line, subprocess_env
+from tests.helpers.subprocs import ROOT
+from tests.helpers.subprocs import last_line
+from tests.helpers.subprocs import subprocess_env
 
 
 @pytest.mark.parametrize("fmap", ["elu1", "relu", "hedgehog", "favor", "chunked_softmax"])

@@ -5,13 +5,12 @@ The executed run takes a couple of CPU minutes; the other checks are instant (th
 functions run with a recording stand-in for pip and git, on fake /dev trees and checkouts).
 """
 
+import importlib.util
 import json
 import os
 import re
 import sys
 import tempfile
-
-import importlib.util
 
 import nbformat
 import pytest
@@ -347,6 +346,7 @@ def _stand_in_teacher(path):
   """A random softmax ViT with the demo teacher's architecture, for when the asset is absent."""
   import jax
   import numpy as np
+
   from linvit_jax import checkpoints
   from linvit_jax.models import vit
 

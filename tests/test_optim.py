@@ -5,7 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from linvit_jax import config_lib, optim, train
+from linvit_jax import config_lib
+from linvit_jax import optim
+from linvit_jax import train
 
 VIT_LIKE = {  # per-block and scanned encoder paths, and a head
     "Transformer": {

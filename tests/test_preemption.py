@@ -26,7 +26,10 @@ from linvit_jax import sharding
 from linvit_jax import train
 from tests.helpers import robust_common as robust
 from tests.helpers import tiny_task as tt
-from tests.helpers.subprocs import ROBUST_CONFIG, ROOT, last_line, subprocess_env
+from tests.helpers.subprocs import ROBUST_CONFIG
+from tests.helpers.subprocs import ROOT
+from tests.helpers.subprocs import last_line
+from tests.helpers.subprocs import subprocess_env
 
 sys.path.insert(0, os.path.join(ROOT, "launch"))
 import local_multihost  # noqa: E402

@@ -15,7 +15,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from linvit_jax import sharding
-from tests.helpers.subprocs import HELPERS, subprocess_env
+from tests.helpers.subprocs import HELPERS
+from tests.helpers.subprocs import subprocess_env
 
 
 @pytest.fixture(scope="module")

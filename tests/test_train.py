@@ -32,7 +32,9 @@ from linvit_jax import train
 from tests.helpers import robust_common as robust
 from tests.helpers import robust_slow_save
 from tests.helpers import tiny_task as tt
-from tests.helpers.subprocs import HELPERS, ROOT, subprocess_env
+from tests.helpers.subprocs import HELPERS
+from tests.helpers.subprocs import ROOT
+from tests.helpers.subprocs import subprocess_env
 
 HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "tiny_task.py")
 TOL = 1e-5

@@ -59,7 +59,8 @@ HALF = dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
 
 
 def hf_dinov2(root: str) -> None:
-  from transformers import Dinov2Config, Dinov2Model
+  from transformers import Dinov2Config
+  from transformers import Dinov2Model
 
   cfg = Dinov2Config(
       hidden_size=32,
@@ -83,7 +84,8 @@ def hf_dinov2(root: str) -> None:
 
 
 def hf_dinov2_registers(root: str) -> None:
-  from transformers import Dinov2WithRegistersConfig, Dinov2WithRegistersModel
+  from transformers import Dinov2WithRegistersConfig
+  from transformers import Dinov2WithRegistersModel
 
   cfg = Dinov2WithRegistersConfig(
       hidden_size=32,
@@ -116,7 +118,8 @@ def hf_dinov2_registers(root: str) -> None:
 
 
 def hf_vit(root: str) -> None:
-  from transformers import ViTConfig, ViTForImageClassification
+  from transformers import ViTConfig
+  from transformers import ViTForImageClassification
 
   cfg = ViTConfig(
       hidden_size=32,
@@ -139,7 +142,8 @@ def hf_vit(root: str) -> None:
 
 
 def hf_siglip(root: str) -> None:
-  from transformers import SiglipVisionConfig, SiglipVisionModel
+  from transformers import SiglipVisionConfig
+  from transformers import SiglipVisionModel
 
   cfg = SiglipVisionConfig(
       hidden_size=32,

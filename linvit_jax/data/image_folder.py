@@ -59,8 +59,8 @@ import os
 import re
 
 import numpy as np
-from PIL import Image
 import tensorflow as tf
+from PIL import Image
 
 NAME = "image_folder"
 NATIVE_EXTENSIONS = (".jpg", ".jpeg", ".png")

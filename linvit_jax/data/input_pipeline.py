@@ -58,15 +58,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from linvit_jax.data import fashion_mnist, image_folder, jft
-from linvit_jax.data.preprocess import RNG_KEY, get_preprocess_fn
+from linvit_jax.data import fashion_mnist
+from linvit_jax.data import image_folder
+from linvit_jax.data import jft
+from linvit_jax.data.preprocess import RNG_KEY
+from linvit_jax.data.preprocess import get_preprocess_fn
 
 Example = dict[str, Any]
 

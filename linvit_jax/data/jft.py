@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import tensorflow as tf
 
-from linvit_jax.data.ops_general import _check_depth, multi_hot_vector
-from linvit_jax.data.registry import Features, Op, register
+from linvit_jax.data.ops_general import _check_depth
+from linvit_jax.data.ops_general import multi_hot_vector
+from linvit_jax.data.registry import Features
+from linvit_jax.data.registry import Op
+from linvit_jax.data.registry import register
 
 COUNTS_FILE = "num_examples.json"
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from linvit_jax.data.registry import RNG_KEY, Features, Op, register
+from linvit_jax.data.registry import RNG_KEY
+from linvit_jax.data.registry import Features
+from linvit_jax.data.registry import Op
+from linvit_jax.data.registry import register
 
 
 def _check_depth(depth) -> None:

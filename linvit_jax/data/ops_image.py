@@ -21,11 +21,13 @@ Every op takes `key=` (or `inkey=`/`outkey=`), default "image". Images are HxWxC
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from linvit_jax.data.registry import keyed, register, size_pair
+from linvit_jax.data.registry import keyed
+from linvit_jax.data.registry import register
+from linvit_jax.data.registry import size_pair
 
 _METHODS = (
     "area",

@@ -18,13 +18,17 @@ argument raises ValueError naming the spec. New ops: `@register("name")` (regist
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 # Imported for their side effect: registering their ops.
 from linvit_jax.data import jft as _jft  # noqa: F401
 from linvit_jax.data import ops_general as _ops_general  # noqa: F401
 from linvit_jax.data import ops_image as _ops_image  # noqa: F401
-from linvit_jax.data.registry import RNG_KEY, Features, get_op, register, registered_ops
+from linvit_jax.data.registry import RNG_KEY
+from linvit_jax.data.registry import Features
+from linvit_jax.data.registry import get_op
+from linvit_jax.data.registry import register
+from linvit_jax.data.registry import registered_ops
 
 __all__ = ["get_preprocess_fn", "register", "registered_ops", "RNG_KEY"]
 

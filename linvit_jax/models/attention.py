@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import flax.linen as nn
-
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -10,7 +10,7 @@ the attention module), so a softmax teacher's q/k/v/out tree stays a subset of t
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax

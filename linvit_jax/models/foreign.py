@@ -35,7 +35,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from linvit_jax.checkpoints import CheckpointError, unflatten
+from linvit_jax.checkpoints import CheckpointError
+from linvit_jax.checkpoints import unflatten
 
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".pkl")
 HF_FAMILIES = (

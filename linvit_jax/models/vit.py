@@ -16,7 +16,8 @@ the same `out` keys as big_vision, so big_vision checkpoints load unchanged. Two
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -47,7 +48,7 @@ def posemb_sincos_2d(
 class MlpBlock(nn.Module):
   """Transformer MLP: Dense → GELU → Dropout → Dense."""
 
-  mlp_dim: Optional[int] = None  # defaults to 4x the input width
+  mlp_dim: int | None = None  # defaults to 4x the input width
   dropout: float = 0.0
   dtype_mm: str = "float32"
   gelu_approximate: bool = True
@@ -67,7 +68,7 @@ class MlpBlock(nn.Module):
 class Encoder1DBlock(nn.Module):
   """Pre-LN transformer block; `out` holds sa, +sa, mlp, +mlp like big_vision."""
 
-  mlp_dim: Optional[int] = None
+  mlp_dim: int | None = None
   num_heads: int = 12
   dropout: float = 0.0
   dtype_mm: str = "float32"
@@ -109,7 +110,7 @@ class Encoder(nn.Module):
   """Stack of blocks (python loop, or nn.scan with remat) followed by `encoder_norm`."""
 
   depth: int
-  mlp_dim: Optional[int] = None
+  mlp_dim: int | None = None
   num_heads: int = 12
   dropout: float = 0.0
   scan: bool = False
@@ -165,7 +166,7 @@ class Encoder(nn.Module):
 class MAPHead(nn.Module):
   """Multihead attention pooling with a learned probe (always softmax: one query is O(N))."""
 
-  mlp_dim: Optional[int] = None
+  mlp_dim: int | None = None
   num_heads: int = 12
   gelu_approximate: bool = True
   layernorm_epsilon: float = 1e-6
@@ -187,14 +188,14 @@ class _Model(nn.Module):
   """ViT model (big_vision's fields, plus `attention`, `gelu_approximate`, `layernorm_epsilon`
   and `reg_tokens`)."""
 
-  num_classes: Optional[int] = None
+  num_classes: int | None = None
   patch_size: Sequence[int] = (16, 16)
   width: int = 768
   depth: int = 12
-  mlp_dim: Optional[int] = None
+  mlp_dim: int | None = None
   num_heads: int = 12
   posemb: str = "learn"  # or "sincos2d"
-  rep_size: Union[int, bool] = False
+  rep_size: int | bool = False
   dropout: float = 0.0
   pool_type: str = "gap"  # or "map", "tok", "0", "none"
   head_zeroinit: bool = True
@@ -305,7 +306,7 @@ def _freeze_attention(spec: Any) -> Any:
 
 
 def Model(
-    num_classes: Optional[int] = None, *, variant: Optional[str] = None, **kw  # noqa: N802
+    num_classes: int | None = None, *, variant: str | None = None, **kw  # noqa: N802
 ) -> _Model:
   """big_vision-style factory: `Model(num_classes, variant="S/16", attention="elu1", ...)`."""
   kw = {**decode_variant(variant), **kw}
@@ -326,7 +327,7 @@ def layer_specs(model: _Model) -> tuple[attn_lib.AttentionSpec, ...]:
 
 
 def load(
-    init_params: Optional[Mapping[str, Any]],
+    init_params: Mapping[str, Any] | None,
     init_file: str,
     model_cfg: Mapping[str, Any],
     dont_load: Sequence[str] = (),

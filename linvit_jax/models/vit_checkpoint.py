@@ -23,21 +23,19 @@ from typing import Any
 import numpy as np
 import scipy.ndimage
 
-from linvit_jax.checkpoints import (
-    CheckpointError,
-    Params,
-    count_non_finite,
-    dont_load_matcher,
-    dtype_of,
-    flatten,
-    is_posemb,
-    load_npz,
-    merge_params,
-    raise_problems,
-    shape_of,
-    top_keys,
-    unflatten,
-)
+from linvit_jax.checkpoints import CheckpointError
+from linvit_jax.checkpoints import Params
+from linvit_jax.checkpoints import count_non_finite
+from linvit_jax.checkpoints import dont_load_matcher
+from linvit_jax.checkpoints import dtype_of
+from linvit_jax.checkpoints import flatten
+from linvit_jax.checkpoints import is_posemb
+from linvit_jax.checkpoints import load_npz
+from linvit_jax.checkpoints import merge_params
+from linvit_jax.checkpoints import raise_problems
+from linvit_jax.checkpoints import shape_of
+from linvit_jax.checkpoints import top_keys
+from linvit_jax.checkpoints import unflatten
 from linvit_jax.models import foreign
 from linvit_jax.models.variants import decode_variant
 

@@ -29,7 +29,8 @@ def main() -> None:
 
   import jax
   import jax.numpy as jnp
-  from jax.sharding import NamedSharding, PartitionSpec as P
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
 
   local = jax.local_device_count()
   pid = jax.process_index()

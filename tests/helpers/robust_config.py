@@ -21,6 +21,7 @@ def make_teacher(path: str, seed: int = 0, **model_over) -> None:
   """Saves a random softmax ViT with MODEL's shape (or `model_over`) as a big_vision npz."""
   import jax
   import numpy as np
+
   from linvit_jax import checkpoints
   from linvit_jax.models import vit
 

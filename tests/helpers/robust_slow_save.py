@@ -23,6 +23,7 @@ TRAINABLE = r"Dense_1/.*"  # the ballast (and Dense_0) stay frozen: they are sav
 def run(workdir: str, steps: int, ballast_mb: int) -> dict[str, np.ndarray]:
   import jax
   import jax.numpy as jnp
+
   from linvit_jax import sharding
   from linvit_jax import train
 

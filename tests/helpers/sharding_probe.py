@@ -23,7 +23,10 @@ def _error(fn) -> str | None:
 def main(out: str) -> None:
   import jax
   import jax.numpy as jnp
-  from linvit_jax import optim, sharding, train
+
+  from linvit_jax import optim
+  from linvit_jax import sharding
+  from linvit_jax import train
   from linvit_jax import tree as tree_lib
   from linvit_jax.models import vit
 

@@ -145,6 +145,7 @@ def run_stage(workdir, steps=6, batch_iter_fn=None, **cfg):
 def flat(tree) -> dict[str, np.ndarray]:
   import jax
   from jax.experimental import multihost_utils
+
   from linvit_jax import tree as tree_lib
 
   def fetch(x):  # multi-process: every process gathers the full value (a collective)
@@ -171,6 +172,7 @@ def main(argv=None) -> None:
 
   sharding.maybe_initialize_distributed()
   import jax
+
   from linvit_jax import train
 
   results = {"process_count": jax.process_count(), "device_count": jax.device_count(), "runs": {}}
