@@ -301,7 +301,7 @@ CKPT_CASES = {
 def before_compile(monkeypatch):
   """Images without the data pipeline, and a jax.jit that must not be reached."""
   monkeypatch.setattr(
-      run_lib, "_sample_images", lambda config, n: np.zeros((n, 28, 28, 1), np.float32)
+      sources, "_sample_images", lambda config, n: np.zeros((n, 28, 28, 1), np.float32)
   )
 
   def no_jit(*a, **k):

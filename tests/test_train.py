@@ -420,11 +420,10 @@ def test_full_disk_is_reported_and_nothing_is_lost(tmp_path, tiny_reference):
     with pytest.raises(preemption.StageInterrupted):  # stopped at step 3, saved: it fits
       tt.run_stage(workdir, batch_iter_fn=robust.signal_at(2, signal.SIGINT))
     ballast = mnt / "ballast"
-    with open(ballast, "wb") as f:  # fill the disk
+    with open(ballast, "wb", buffering=0) as f:  # fill the disk (unbuffered: close cannot fail)
       try:
         while True:
           f.write(b"\0" * 65536)
-          f.flush()
       except OSError as e:
         assert e.errno == errno.ENOSPC
     with pytest.raises(errors.WorkdirWriteError) as info:
