@@ -247,7 +247,7 @@ def _per_block_view(tree: Mapping[str, Any], what: str) -> dict[str, _Ref]:
         )
       rest = path[len(_SCANNED) :]
       for i in range(np.shape(leaf)[0]):
-        view[f"Transformer/encoderblock_{i}/{rest}"] = _Ref(leaf, i, path)
+        view[f"Transformer/{layout.block_name(i)}/{rest}"] = _Ref(leaf, i, path)
     else:
       view[path] = _Ref(leaf)
   return view

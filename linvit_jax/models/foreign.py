@@ -37,6 +37,7 @@ import numpy as np
 
 from linvit_jax.checkpoints import CheckpointError
 from linvit_jax.checkpoints import unflatten
+from linvit_jax.models import layout
 
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".pkl")
 HF_FAMILIES = (
@@ -297,7 +298,7 @@ def _params(
   for i, block in enumerate(blocks):
     for sub, leaves in block.items():
       for k, v in leaves.items():
-        flat[f"Transformer/encoderblock_{i}/{sub}/{k}"] = v
+        flat[f"Transformer/{layout.block_name(i)}/{sub}/{k}"] = v
   for k, v in final_norm.items():
     flat[f"Transformer/encoder_norm/{k}"] = v
   for k, v in (head or {}).items():
@@ -315,7 +316,7 @@ def _params(
 
 def _block(t: _Tensors, names: dict[str, str], heads: int, qkv_packed: bool) -> dict[str, Any]:
   """One pre-LN block from a dict of the source's names for each piece."""
-  attn = "MultiHeadDotProductAttention_0"
+  attn = layout.ATTN
   out: dict[str, Any] = {
       "LayerNorm_0": _ln(t(names["ln0"] + ".weight"), t(names["ln0"] + ".bias")),
       "LayerNorm_1": _ln(t(names["ln1"] + ".weight"), t(names["ln1"] + ".bias")),
@@ -530,7 +531,7 @@ def _from_hf(folder: str, config: dict[str, Any]) -> Imported:
 
 def _map_head(heads: int, probe, q, k, v, out, ln, fc1, fc2) -> dict[str, Any]:
   """big_vision's MAPHead from (weight, bias) pairs of torch layout ([out, in])."""
-  attn = "MultiHeadDotProductAttention_0"
+  attn = layout.ATTN
   return {
       "probe": probe,
       f"{attn}/query": _heads_in(*q, heads),

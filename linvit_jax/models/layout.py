@@ -3,16 +3,16 @@
 A big_vision ViT stores its encoder either as `Transformer/encoderblock_{i}` (python loop) or as one
 `Transformer/encoderblock` whose leaves carry a leading depth axis (`scan=True`). Every module that
 reaches into a block (losses, evaluation, surgery, checkpoints, the hybrid swap) asks here.
+No jax at module level: the checkpoint readers (numpy-only) use the names too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
-
-from linvit_jax.models import attention as attn_lib
+if TYPE_CHECKING:
+  from linvit_jax.models import attention as attn_lib
 
 # big_vision's module names inside Transformer/.
 ATTN = "MultiHeadDotProductAttention_0"
@@ -35,6 +35,8 @@ def block_params(params: Params, layer: int) -> Params:
   """Block `layer`'s params subtree, from a per-block or scanned (stacked) tree."""
   t = params["Transformer"]
   if SCANNED_BLOCK in t:
+    import jax
+
     return jax.tree.map(lambda x: x[layer], t[SCANNED_BLOCK])
   return t[block_name(layer)]
 
@@ -43,6 +45,8 @@ def block_names(params: Params) -> list[str]:
   """Per-block names of a params tree: encoderblock_0..L-1 (also for a scanned tree)."""
   t = params["Transformer"]
   if SCANNED_BLOCK in t:
+    import jax
+
     depth = len(jax.tree.leaves(t[SCANNED_BLOCK])[0])
     return [block_name(i) for i in range(depth)]
   return sorted(
@@ -53,6 +57,8 @@ def block_names(params: Params) -> list[str]:
 def attention_module(model: Any, spec: attn_lib.AttentionSpec) -> attn_lib.Attention:
   """One attention sublayer of `model` (a vit model) with operator `spec`, standalone: applied to
   a block's `ATTN` params it computes what that block's attention computes."""
+  from linvit_jax.models import attention as attn_lib
+
   return attn_lib.Attention(
       num_heads=model.num_heads,
       spec=spec,

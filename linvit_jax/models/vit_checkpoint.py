@@ -37,6 +37,7 @@ from linvit_jax.checkpoints import shape_of
 from linvit_jax.checkpoints import top_keys
 from linvit_jax.checkpoints import unflatten
 from linvit_jax.models import foreign
+from linvit_jax.models import layout
 from linvit_jax.models.variants import decode_variant
 
 
@@ -122,7 +123,7 @@ def fix_old_checkpoints(
       params["cls"] = params["cls"] + pe[:, :1]
 
   if "probe" in params:
-    head_parts = ("probe", "MlpBlock_0", "MultiHeadDotProductAttention_0", "LayerNorm_0")
+    head_parts = ("probe", "MlpBlock_0", layout.ATTN, "LayerNorm_0")
     params["MAPHead_0"] = {k: params.pop(k) for k in head_parts if k in params}
   return params
 
@@ -142,7 +143,7 @@ def pyloop_to_scan(params: Mapping[str, Any]) -> Params:
   indices = sorted(i for i in map(_block_index, enc) if i is not None)
   if not indices:
     return params
-  if "encoderblock" in enc:
+  if layout.SCANNED_BLOCK in enc:
     raise CheckpointError(
         "'Transformer' has both 'encoderblock' (scan) and 'encoderblock_N' " "(python loop) blocks"
     )
@@ -151,7 +152,7 @@ def pyloop_to_scan(params: Mapping[str, Any]) -> Params:
         f"'Transformer' blocks must be numbered 0..{len(indices) - 1} to be "
         f"stacked, found encoderblock_{indices}"
     )
-  blocks = [flatten(enc.pop(f"encoderblock_{i}")) for i in indices]
+  blocks = [flatten(enc.pop(layout.block_name(i))) for i in indices]
   for i, block in enumerate(blocks[1:], 1):
     if block.keys() != blocks[0].keys():
       diff = sorted(block.keys() ^ blocks[0].keys())
@@ -189,7 +190,7 @@ def scan_to_pyloop(params: Mapping[str, Any]) -> Params:
         f"the leading (depth) axis, sizes {sorted(map(str, depths))}"
     )
   for i in range(depths.pop()):
-    enc[f"encoderblock_{i}"] = unflatten({k: np.asarray(v)[i] for k, v in flat.items()})
+    enc[layout.block_name(i)] = unflatten({k: np.asarray(v)[i] for k, v in flat.items()})
   return params
 
 
@@ -391,7 +392,7 @@ def infer_vit_config(path: str) -> dict[str, Any]:
             f"keys: {top_keys(params)}): not a big_vision ViT checkpoint"
         ],
     )
-  scanned = isinstance(params.get("Transformer"), dict) and "encoderblock" in params["Transformer"]
+  scanned = isinstance(params.get("Transformer"), dict) and layout.is_scanned(params)
   block = "Transformer/encoderblock" if scanned else "Transformer/encoderblock_0"
   query = flat.get(f"{block}/MultiHeadDotProductAttention_0/query/kernel")
   dense0 = flat.get(f"{block}/MlpBlock_0/Dense_0/kernel")
