@@ -25,6 +25,9 @@ ARMS = {
     # ViT-AdaLA's stage 2: after distilling attention on half the budget, the whole network
     # tuned to the teacher's block outputs and final tokens at a small lr (align stage).
     "center_conv": {"center_keys": True, "conv_v": True},
+    # LoLCATs' hybrid inside each layer: exact softmax on a w×w patch window (+ prefix keys).
+    "center_conv_window3": {"center_keys": True, "conv_v": True, "window": 3},
+    "center_conv_window5": {"center_keys": True, "conv_v": True, "window": 5},
     "align_all": {"distill_fraction": 0.5, "align_trainable": "all", "lr_align": 2e-5},
     "all_align_all": {
         "exact_prefix": True,
@@ -92,7 +95,9 @@ def speed(arms: list[str], sizes: list[int], batch: int = 1) -> list[dict]:
     row = {"image_size": size, "teacher_images_per_s": t_ips}
     for name in arms:
       levers = {
-          k: v for k, v in ARMS[name].items() if k in ("exact_prefix", "center_keys", "conv_v")
+          k: v
+          for k, v in ARMS[name].items()
+          if k in ("exact_prefix", "center_keys", "conv_v", "window")
       }
       spec = dict(
           kind="linear",
@@ -100,6 +105,7 @@ def speed(arms: list[str], sizes: list[int], batch: int = 1) -> list[dict]:
           conv_v=levers.get("conv_v", False),
           exact_prefix_rows=levers.get("exact_prefix", False),
           center_keys=levers.get("center_keys", False),
+          window=levers.get("window", 0),
       )
       student = vit.Model(**arch, attention=spec)
       s_params = jax.jit(student.init)(jax.random.PRNGKey(0), images)["params"]

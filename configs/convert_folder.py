@@ -48,12 +48,14 @@ split, H = `holdout`); `knn=none` turns it off.
 Levers inside each linear layer (attention.AttentionSpec options): `center_keys` (on: keys
 centred per image and head before φ: softmax ignores a shift shared by all keys, a feature map
 does not), `conv_v` (on: a zero-initialised depthwise 3×3 convolution of v over the patch grid),
-`exact_prefix` (off: the cls and register queries get exact softmax over all keys, O(N)). The
+`exact_prefix` (off: the cls and register queries get exact softmax over all keys, O(N)),
+`window` (0, off; w odd: exact softmax over each patch's w×w neighbourhood and the cls/register
+keys, linear attention over the rest, one normaliser, a learned per-head gate; O(N·w²)). The
 defaults are the best measured (docs/levers.md): on the shared ViT-S/14 at 224 px, 6,000 images,
 final cls / patch cosine 0.917 / 0.930 against 0.882 / 0.889 without them at 10,000.
 
 Args: init, images, res, gelu, norm, feature_map (hedgehog_exp | hedgehog | elu1 | relu | favor),
-exact_prefix, center_keys, conv_v,
+exact_prefix, center_keys, conv_v, window,
 knn, knn_data_dir, knn_train, knn_eval, max_images,
 distill_fraction, policy, softmax_layers, pool (gap | 0 | none, only without a cls token), batch,
 lr_distill, lr_align, align_trainable, holdout, eval_images, tiny (a few steps, for the tests).
@@ -89,6 +91,7 @@ def get_config(arg=None):
       exact_prefix=False,
       center_keys=True,
       conv_v=True,
+      window=0,
       knn="fashion_mnist_local",
       knn_data_dir="",
       knn_train=1000,
@@ -148,7 +151,12 @@ def get_config(arg=None):
       name for name, given in (("gelu_approximate", arg.gelu), ("pool_type", arg.pool)) if given
   )
   c.teacher.init = arg.init
-  levers = dict(exact_prefix_rows=arg.exact_prefix, center_keys=arg.center_keys, conv_v=arg.conv_v)
+  levers = dict(
+      exact_prefix_rows=arg.exact_prefix,
+      center_keys=arg.center_keys,
+      conv_v=arg.conv_v,
+      window=arg.window,
+  )
   student = c.student.to_dict()
   student["attention"] = arg.feature_map
   if any(levers.values()):  # attention.AttentionSpec's options inside each linear layer

@@ -172,3 +172,81 @@ def test_depthwise_conv_equals_flax_grouped_conv():
   ref = nn.Conv(8, (3, 3), padding="SAME", feature_group_count=8).apply({"params": params}, x)
   got = A.DepthwiseConv3x3().apply({"params": params}, x)
   np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# The window hybrid (local softmax + linear under one normaliser).
+
+
+def _with_gate(params, logit):
+  return {**params, "window": {"logit": jnp.full((2,), logit, jnp.float32)}}
+
+
+def test_window_covering_the_grid_with_gate_one_is_softmax():
+  """A window as large as the grid (7×7 around any patch of a 4×4 grid) and g = 1: every patch
+  row is exact softmax; with exact_prefix_rows the cls row too, so the layer is softmax."""
+  soft, params, lin, lin_params = _pair("hedgehog_exp", window=7, exact_prefix_rows=True)
+  y_soft = soft.apply({"params": params}, X)
+  y_win = lin.apply({"params": _with_gate(lin_params, 40.0)}, X)  # sigmoid(40) = 1 in float32
+  np.testing.assert_allclose(np.asarray(y_win), np.asarray(y_soft), atol=2e-5)
+
+
+@pytest.mark.parametrize("window, logit", [(3, 0.0), (3, -1.5), (5, 2.0)])
+def test_window_hybrid_equals_its_dense_definition(window, logit):
+  """Against the O(N²) formula written out with explicit masks: exact set = the w×w patch
+  neighbourhood plus the cls key, linear over the rest, one normaliser, gate g per head."""
+  _, _, lin, lin_params = _pair("hedgehog_exp", window=window)
+  lin_params = _with_gate(lin_params, logit)
+  y, state = lin.apply({"params": lin_params}, X, mutable=["intermediates"])
+  inter = state["intermediates"]
+  q, k = inter["q"][0], inter["k"][0]
+  phi_q, phi_k = inter["phi_q"][0], inter["phi_k"][0]
+  v = jnp.einsum("bnd,dhk->bnhk", X, lin_params["value"]["kernel"]) + lin_params["value"]["bias"]
+  side, r = 4, window // 2
+  rows, cols = np.divmod(np.arange(16), side)
+  near = (np.abs(rows[:, None] - rows[None]) <= r) & (np.abs(cols[:, None] - cols[None]) <= r)
+  exact = np.concatenate([np.ones((16, 1), bool), near], axis=1)  # patch query → [cls, patches]
+  s = jnp.einsum("bqhd,bkhd->bhqk", q[:, 1:], k) / np.sqrt(q.shape[-1])
+  s = jnp.where(exact[None, None], s, -jnp.inf)
+  e = jnp.exp(s - jnp.max(s, -1, keepdims=True))
+  a = jnp.where(exact[None, None], 0.0, jnp.einsum("bqhf,bkhf->bhqk", phi_q[:, 1:], phi_k))
+  g = jax.nn.sigmoid(jnp.float32(logit))
+  w = g * e + (1 - g) * a
+  ref = jnp.einsum("bhqk,bkhd->bqhd", w, v) / (jnp.sum(w, -1).transpose(0, 2, 1)[..., None] + 1e-6)
+  out = lin_params["out"]
+  ref_y = jnp.einsum("bqhd,hdo->bqo", ref, out["kernel"]) + out["bias"]
+  np.testing.assert_allclose(np.asarray(y[:, 1:]), np.asarray(ref_y), atol=2e-4, rtol=1e-4)
+  share = inter["window_share"][0]
+  ref_share = jnp.mean(jnp.sum(g * e, -1) / jnp.sum(w, -1), axis=(0, 2))
+  np.testing.assert_allclose(np.asarray(share), np.asarray(ref_share), atol=1e-5)
+
+
+def test_window_is_linear_in_tokens_and_refuses_bad_values():
+  def temp_bytes(side):
+    x = jnp.zeros((1, 1 + side * side, 64))
+    spec = A.AttentionSpec(kind="linear", feature_map="hedgehog_exp", window=5)
+    layer = A.Attention(num_heads=2, spec=spec, num_prefix_tokens=1)
+    params = layer.init(jax.random.PRNGKey(0), x)
+    return jax.jit(layer.apply).lower(params, x).compile().memory_analysis().temp_size_in_bytes
+
+  small, big = temp_bytes(16), temp_bytes(64)  # 16× the tokens
+  assert big < 32 * small, (small, big)  # N² would be 256×
+  for bad in (-3, 4):
+    with pytest.raises(ValueError, match=f"attention window must be an odd number.*got {bad}"):
+      A.parse_spec({"kind": "linear", "window": bad})
+  with pytest.raises(ValueError, match=r"\['window'\] apply to linear attention only"):
+    A.parse_spec({"kind": "softmax", "window": 3})
+
+
+def test_window_gate_is_student_only_in_surgery():
+  kw = dict(num_classes=None, patch_size=(4, 4), width=32, depth=2, mlp_dim=64, num_heads=2)
+  images = jnp.zeros((1, 16, 16, 3))
+  teacher = vit.Model(**kw, pool_type="tok")
+  student = vit.Model(**kw, pool_type="tok", attention={"kind": "linear", "window": 3})
+  tp = teacher.init(jax.random.PRNGKey(0), images)["params"]
+  sp = student.init(jax.random.PRNGKey(1), images)["params"]
+  params, report = surgery.transplant(tp, sp, "copy_all")
+  gate = params["Transformer"]["encoderblock_1"]["MultiHeadDotProductAttention_0"]["window"]
+  np.testing.assert_array_equal(gate["logit"], np.zeros(2))  # fresh: g = 0.5
+  y, _ = student.apply({"params": params}, images)
+  assert np.all(np.isfinite(np.asarray(y)))

@@ -29,7 +29,7 @@ from linvit_jax import tree as tree_lib
 from linvit_jax.models import feature_maps
 
 KINDS = ("softmax", "chunked_softmax", "linear")
-LINEAR_LEVERS = ("exact_prefix_rows", "center_keys", "conv_v")
+LINEAR_LEVERS = ("exact_prefix_rows", "center_keys", "conv_v", "window")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +47,10 @@ class AttentionSpec:
   exact_prefix_rows: bool = False  # the prefix tokens' queries (cls, registers) get exact softmax
   center_keys: bool = False  # keys centred per image and head before φ (softmax is shift-invariant)
   conv_v: bool = False  # a zero-initialised depthwise 3×3 conv of v over the patch grid, added
+  # w > 0 (odd): each patch query gets exact softmax over its w×w patch neighbourhood and the
+  # prefix keys (cls, registers: DINOv2's sinks), linear attention over the other keys, both
+  # under one normaliser mixed by a learned per-head gate (LoLCATs' window hybrid); O(N·w²).
+  window: int = 0
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -61,6 +65,10 @@ class AttentionSpec:
         )
     if self.chunk_size <= 0:
       raise ValueError(f"attention chunk_size must be positive, got {self.chunk_size}")
+    if self.window < 0 or (self.window and self.window % 2 == 0):
+      raise ValueError(
+          f"attention window must be an odd number of patches (0: off), got {self.window}"
+      )
 
 
 def parse_spec(spec: Any) -> AttentionSpec:
@@ -279,6 +287,17 @@ class DepthwiseConv3x3(nn.Module):
     return bias + sum(taps)
 
 
+class WindowGate(nn.Module):
+  """g ∈ (0, 1) per head: the window's softmax terms weigh g, the linear terms 1 − g (one
+  normaliser). Starts at 0.5 (logit 0): both halves count from the first step."""
+
+  num_heads: int
+
+  @nn.compact
+  def __call__(self) -> jax.Array:
+    return jax.nn.sigmoid(self.param("logit", nn.initializers.zeros, (self.num_heads,)))
+
+
 class Attention(nn.Module):
   """Multi-head attention with flax MHA's parameter names; the operator comes from `spec`."""
 
@@ -335,6 +354,11 @@ class Attention(nn.Module):
       self.sow("intermediates", "phi_k", phi_k)
       y = linear_attention(phi_q, phi_k, v, spec.eps)
       p = self.num_prefix_tokens
+      if spec.window:
+        gate = WindowGate(self.num_heads, name="window")()
+        patches, share = window_hybrid(q, k, v, phi_q, phi_k, gate, spec.window, p, spec.eps)
+        y = jnp.concatenate([y[:, :p], patches.astype(y.dtype)], axis=1)
+        self.sow("intermediates", "window_share", share)
       if spec.exact_prefix_rows and p:
         # The cls (and register) rows are what the pooled feature is made of; exact softmax over
         # all keys for P queries is O(P·N).
@@ -391,6 +415,90 @@ class Attention(nn.Module):
     if center:  # (k - mean k)W + b = z - mean(z) + b: the centred keys through the folded map
       z = z - jnp.mean(z, axis=1, keepdims=True) + b
     return fmap.features(z, is_query=is_query)
+
+
+# ----------------------------------------------------------------------------- the window hybrid
+
+
+def _neighbourhoods(x: jax.Array, prefix: int, window: int) -> tuple[jax.Array, jax.Array]:
+  """Each patch token's w×w patch neighbourhood of x [B,N,H,E] as [B,M,w²,H,E] (M patches), and
+  which of the w² slots lie inside the grid, [M, w²] (zero-padded slots do not count)."""
+  b, n, h, e = x.shape
+  side = int(round((n - prefix) ** 0.5))
+  if side * side != n - prefix:
+    raise ValueError(f"attention window needs a square patch grid; got {n - prefix} patch tokens")
+  r = window // 2
+  grid = jnp.pad(
+      x[:, prefix:].reshape(b, side, side, h, e), ((0, 0), (r, r), (r, r), (0, 0), (0, 0))
+  )
+  inside = jnp.pad(jnp.ones((side, side), bool), r)
+  views = [grid[:, i : i + side, j : j + side] for i in range(window) for j in range(window)]
+  masks = [inside[i : i + side, j : j + side] for i in range(window) for j in range(window)]
+  hood = jnp.stack(views, axis=3).reshape(b, side * side, window * window, h, e)
+  return hood, jnp.stack(masks, axis=-1).reshape(side * side, window * window)
+
+
+def _window_terms(q, k, v, phi_q, phi_k, window, prefix):
+  """Per patch query (float32): the exact set's softmax numerator/denominator (window keys and
+  prefix keys, exp(s − max)), and the linear numerator/denominator over every other key."""
+  f32 = jnp.float32
+  scale = 1.0 / jnp.sqrt(jnp.asarray(q.shape[-1], f32))
+  qp, phi_qp = q[:, prefix:].astype(f32), phi_q[:, prefix:].astype(f32)
+  k_hood, inside = _neighbourhoods(k.astype(f32), prefix, window)
+  v_hood, _ = _neighbourhoods(v.astype(f32), prefix, window)
+  phik_hood, _ = _neighbourhoods(phi_k.astype(f32), prefix, window)
+  k_pre, v_pre, phik_pre = (x[:, :prefix].astype(f32) for x in (k, v, phi_k))
+  inside = inside[None, :, None, :]  # [1, M, 1, w²]
+  s_hood = jnp.where(inside, jnp.einsum("bmhd,bmwhd->bmhw", qp, k_hood) * scale, -jnp.inf)
+  s_pre = jnp.einsum("bmhd,bphd->bmhp", qp, k_pre) * scale
+  top = jax.lax.stop_gradient(
+      jnp.maximum(
+          jnp.max(s_hood, -1, keepdims=True), jnp.max(s_pre, -1, keepdims=True, initial=-jnp.inf)
+      )
+  )
+  e_hood, e_pre = jnp.exp(s_hood - top), jnp.exp(s_pre - top)
+  soft_num = jnp.einsum("bmhw,bmwhd->bmhd", e_hood, v_hood) + jnp.einsum(
+      "bmhp,bphd->bmhd", e_pre, v_pre
+  )
+  soft_den = jnp.sum(e_hood, -1) + jnp.sum(e_pre, -1)
+  # Linear over the rest: every key's sum minus the exact set's (φ ≥ 0, so the difference is
+  # ≥ 0 up to rounding: clipped there).
+  kv = einsum_f32("bkhf,bkhd->bhfd", phi_k, v)
+  a_hood = jnp.where(inside, jnp.einsum("bmhf,bmwhf->bmhw", phi_qp, phik_hood), 0.0)
+  a_pre = jnp.einsum("bmhf,bphf->bmhp", phi_qp, phik_pre)
+  lin_num = (
+      jnp.einsum("bmhf,bhfd->bmhd", phi_qp, kv)
+      - jnp.einsum("bmhw,bmwhd->bmhd", a_hood, v_hood)
+      - jnp.einsum("bmhp,bphd->bmhd", a_pre, v_pre)
+  )
+  lin_den = jnp.maximum(
+      jnp.einsum("bmhf,bhf->bmh", phi_qp, jnp.sum(phi_k.astype(f32), axis=1))
+      - jnp.sum(a_hood, -1)
+      - jnp.sum(a_pre, -1),
+      0.0,
+  )
+  return soft_num, soft_den, lin_num, lin_den
+
+
+def window_hybrid(
+    q, k, v, phi_q, phi_k, gate, window: int, prefix: int, eps: float
+) -> tuple[jax.Array, jax.Array]:
+  """The patch queries' outputs [B,M,H,D] of the window hybrid, and the window's share of their
+  attention mass per head [H] (mean over queries):
+
+    y_i = (g·Σ_{j∈E(i)} e_ij v_j + (1−g)·Σ_{j∉E(i)} φ(q_i)·φ(k_j) v_j)
+          / (g·Σ_{j∈E(i)} e_ij + (1−g)·Σ_{j∉E(i)} φ(q_i)·φ(k_j) + ε)
+
+  E(i): the w×w patch neighbourhood of patch i and the prefix tokens; e_ij = exp(q·k_j/√d − m_i)
+  (m_i the exact set's max score, as LoLCATs stabilises it); g per head (`WindowGate`). A window
+  covering the grid with g = 1 is softmax attention exactly. Sums in float32. The share says
+  whether a hybrid learned to bypass its linear branch (arXiv 2510.05901)."""
+  soft_num, soft_den, lin_num, lin_den = _window_terms(q, k, v, phi_q, phi_k, window, prefix)
+  g = gate.astype(jnp.float32)
+  soft, lin = g * soft_den, (1.0 - g) * lin_den  # [B,M,H]
+  num = g[:, None] * soft_num + (1.0 - g)[:, None] * lin_num
+  share = jnp.mean(soft / (soft + lin + 1e-12), axis=(0, 1))
+  return num / (soft + lin + eps)[..., None], share
 
 
 def center_keys(k: jax.Array) -> jax.Array:
