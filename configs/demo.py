@@ -9,7 +9,9 @@ loss), then fine-tune the whole student on labels plus the teacher's logits. Run
 in minutes; every number it prints is measured on the untouched test split.
 
 Args: feature_map (elu1 | relu | hedgehog | favor), policy (copy_same | copy_all | copy_none |
-copy_attention_only), distill_steps, finetune_steps, tiny (a few steps, for the tests).
+copy_attention_only), distill_steps, finetune_steps, the levers inside each linear layer
+(center_keys, conv_v, window, exact_prefix: attention.AttentionSpec's options, off by default),
+tiny (a few steps, for the tests).
 """
 
 from linvit_jax import config_lib
@@ -22,6 +24,10 @@ def get_config(arg=None):
       policy="copy_same",
       distill_steps=300,
       finetune_steps=200,
+      center_keys=False,
+      conv_v=False,
+      window=0,
+      exact_prefix=False,
       tiny=False,
   )
   c = config_lib.fmnist_conversion(
@@ -31,4 +37,14 @@ def get_config(arg=None):
       tiny=arg.tiny,
   )
   c.surgery.policy = arg.policy
+  levers = dict(
+      center_keys=arg.center_keys,
+      conv_v=arg.conv_v,
+      window=arg.window,
+      exact_prefix_rows=arg.exact_prefix,
+  )
+  if any(levers.values()):
+    student = c.student.to_dict()
+    student["attention"] = dict(kind="linear", feature_map=arg.feature_map, **levers)
+    c.student = student
   return c

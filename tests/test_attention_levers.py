@@ -187,14 +187,15 @@ def test_window_covering_the_grid_with_gate_one_is_softmax():
   row is exact softmax; with exact_prefix_rows the cls row too, so the layer is softmax."""
   soft, params, lin, lin_params = _pair("hedgehog_exp", window=7, exact_prefix_rows=True)
   y_soft = soft.apply({"params": params}, X)
-  y_win = lin.apply({"params": _with_gate(lin_params, 40.0)}, X)  # sigmoid(40) = 1 in float32
+  y_win = lin.apply({"params": _with_gate(lin_params, 40.0)}, X)  # α = 1 in float32
   np.testing.assert_allclose(np.asarray(y_win), np.asarray(y_soft), atol=2e-5)
 
 
 @pytest.mark.parametrize("window, logit", [(3, 0.0), (3, -1.5), (5, 2.0)])
 def test_window_hybrid_equals_its_dense_definition(window, logit):
-  """Against the O(N²) formula written out with explicit masks: exact set = the w×w patch
-  neighbourhood plus the cls key, linear over the rest, one normaliser, gate g per head."""
+  """Against the O(N²) formula written out with explicit masks: exact set E = the w×w patch
+  neighbourhood plus the cls key; its share α = the linear kernel's mass on E, logit-shifted by
+  the gate; exact softmax inside E, linear attention outside, mixed by α."""
   _, _, lin, lin_params = _pair("hedgehog_exp", window=window)
   lin_params = _with_gate(lin_params, logit)
   y, state = lin.apply({"params": lin_params}, X, mutable=["intermediates"])
@@ -205,20 +206,36 @@ def test_window_hybrid_equals_its_dense_definition(window, logit):
   side, r = 4, window // 2
   rows, cols = np.divmod(np.arange(16), side)
   near = (np.abs(rows[:, None] - rows[None]) <= r) & (np.abs(cols[:, None] - cols[None]) <= r)
-  exact = np.concatenate([np.ones((16, 1), bool), near], axis=1)  # patch query → [cls, patches]
+  exact = np.concatenate([np.ones((16, 1), bool), near], axis=1)[None, None]  # → [cls, patches]
   s = jnp.einsum("bqhd,bkhd->bhqk", q[:, 1:], k) / np.sqrt(q.shape[-1])
-  s = jnp.where(exact[None, None], s, -jnp.inf)
-  e = jnp.exp(s - jnp.max(s, -1, keepdims=True))
-  a = jnp.where(exact[None, None], 0.0, jnp.einsum("bqhf,bkhf->bhqk", phi_q[:, 1:], phi_k))
-  g = jax.nn.sigmoid(jnp.float32(logit))
-  w = g * e + (1 - g) * a
-  ref = jnp.einsum("bhqk,bkhd->bqhd", w, v) / (jnp.sum(w, -1).transpose(0, 2, 1)[..., None] + 1e-6)
+  e = jnp.where(exact, jnp.exp(s - jnp.max(jnp.where(exact, s, -jnp.inf), -1, keepdims=True)), 0)
+  a = jnp.einsum("bqhf,bkhf->bhqk", phi_q[:, 1:], phi_k)
+  a_exact, a_rest = jnp.where(exact, a, 0.0), jnp.where(exact, 0.0, a)
+  boost = np.exp(logit)
+  alpha = a_exact.sum(-1) * boost / (a_exact.sum(-1) * boost + a_rest.sum(-1) + 1e-6)  # [B,H,Q]
+  soft = jnp.einsum("bhqk,bkhd->bhqd", e, v) / e.sum(-1)[..., None]
+  linear = jnp.einsum("bhqk,bkhd->bhqd", a_rest, v) / (a_rest.sum(-1)[..., None] + 1e-6)
+  ref = (alpha[..., None] * soft + (1 - alpha[..., None]) * linear).transpose(0, 2, 1, 3)
   out = lin_params["out"]
   ref_y = jnp.einsum("bqhd,hdo->bqo", ref, out["kernel"]) + out["bias"]
   np.testing.assert_allclose(np.asarray(y[:, 1:]), np.asarray(ref_y), atol=2e-4, rtol=1e-4)
   share = inter["window_share"][0]
-  ref_share = jnp.mean(jnp.sum(g * e, -1) / jnp.sum(w, -1), axis=(0, 2))
-  np.testing.assert_allclose(np.asarray(share), np.asarray(ref_share), atol=1e-5)
+  np.testing.assert_allclose(np.asarray(share), np.asarray(alpha.mean(axis=(0, 2))), atol=1e-5)
+
+
+def test_window_at_init_is_the_linear_layer_with_exact_window_weights():
+  """With b = 0 and a 1×1 window (each patch's own key, plus cls), α is the linear kernel's own
+  mass there; outputs stay close to the plain linear layer (the same weights, re-split)."""
+  _, _, lin, lin_params = _pair("hedgehog_exp", window=1)
+  plain = A.Attention(
+      num_heads=2, spec=A.AttentionSpec(kind="linear", feature_map="hedgehog_exp"),
+      num_prefix_tokens=1,
+  )  # fmt: skip
+  y_win = lin.apply({"params": lin_params}, X)
+  y_lin = plain.apply({"params": {k: v for k, v in lin_params.items() if k != "window"}}, X)
+  np.testing.assert_allclose(np.asarray(y_win[:, :1]), np.asarray(y_lin[:, :1]), atol=1e-6)
+  gap = float(np.max(np.abs(np.asarray(y_win - y_lin))))
+  assert 0 < gap < 0.5 * float(np.max(np.abs(np.asarray(y_lin)))), gap
 
 
 def test_window_is_linear_in_tokens_and_refuses_bad_values():
@@ -247,6 +264,21 @@ def test_window_gate_is_student_only_in_surgery():
   sp = student.init(jax.random.PRNGKey(1), images)["params"]
   params, report = surgery.transplant(tp, sp, "copy_all")
   gate = params["Transformer"]["encoderblock_1"]["MultiHeadDotProductAttention_0"]["window"]
-  np.testing.assert_array_equal(gate["logit"], np.zeros(2))  # fresh: g = 0.5
+  np.testing.assert_array_equal(gate["logit"], np.zeros(2))  # fresh: the linear kernel's share
   y, _ = student.apply({"params": params}, images)
   assert np.all(np.isfinite(np.asarray(y)))
+
+
+def test_window_share_is_reported_per_layer():
+  from linvit_jax import evaluate
+
+  kw = dict(num_classes=None, patch_size=(4, 4), width=32, depth=2, mlp_dim=64, num_heads=2)
+  images = jax.random.normal(jax.random.PRNGKey(3), (2, 16, 16, 3))
+  for scan in (False, True):
+    student = vit.Model(**kw, scan=scan, attention={"kind": "linear", "window": 3})
+    params = student.init(jax.random.PRNGKey(1), images)["params"]
+    shares = evaluate.window_shares(student, params, images)
+    assert len(shares) == 2 and all(0.0 < s < 1.0 for s in shares), (scan, shares)
+  plain = vit.Model(**kw, attention="hedgehog_exp")
+  params = plain.init(jax.random.PRNGKey(1), images)["params"]
+  assert evaluate.window_shares(plain, params, images) == [None, None]
