@@ -421,9 +421,10 @@ class Attention(nn.Module):
 # ----------------------------------------------------------------------------- the window hybrid
 
 
-def _neighbourhoods(x: jax.Array, prefix: int, window: int) -> tuple[jax.Array, jax.Array]:
-  """Each patch token's w×w patch neighbourhood of x [B,N,H,E] as [B,M,w²,H,E] (M patches), and
-  which of the w² slots lie inside the grid, [M, w²] (zero-padded slots do not count)."""
+def _shifted_views(x: jax.Array, prefix: int, window: int) -> list[jax.Array]:
+  """x's patch tokens [B,N,H,E] shifted by each of the w×w offsets, as w² arrays [B,M,H,E]
+  (M patches; zero outside the grid): slot o of patch i holds its o-th neighbour. Slices of one
+  padded grid, which XLA fuses into the multiply-adds instead of materialising [B,M,w²,H,E]."""
   b, n, h, e = x.shape
   side = int(round((n - prefix) ** 0.5))
   if side * side != n - prefix:
@@ -432,11 +433,19 @@ def _neighbourhoods(x: jax.Array, prefix: int, window: int) -> tuple[jax.Array, 
   grid = jnp.pad(
       x[:, prefix:].reshape(b, side, side, h, e), ((0, 0), (r, r), (r, r), (0, 0), (0, 0))
   )
+  return [
+      grid[:, i : i + side, j : j + side].reshape(b, side * side, h, e)
+      for i in range(window)
+      for j in range(window)
+  ]
+
+
+def _inside(n_patches: int, window: int) -> jax.Array:
+  """Which of the w² neighbour slots of each patch lie inside the grid, [M, w²]."""
+  side, r = int(round(n_patches**0.5)), window // 2
   inside = jnp.pad(jnp.ones((side, side), bool), r)
-  views = [grid[:, i : i + side, j : j + side] for i in range(window) for j in range(window)]
   masks = [inside[i : i + side, j : j + side] for i in range(window) for j in range(window)]
-  hood = jnp.stack(views, axis=3).reshape(b, side * side, window * window, h, e)
-  return hood, jnp.stack(masks, axis=-1).reshape(side * side, window * window)
+  return jnp.stack(masks, axis=-1).reshape(side * side, window * window)
 
 
 def _window_terms(q, k, v, phi_q, phi_k, window, prefix):
@@ -446,12 +455,13 @@ def _window_terms(q, k, v, phi_q, phi_k, window, prefix):
   f32 = jnp.float32
   scale = 1.0 / jnp.sqrt(jnp.asarray(q.shape[-1], f32))
   qp, phi_qp = q[:, prefix:].astype(f32), phi_q[:, prefix:].astype(f32)
-  k_hood, inside = _neighbourhoods(k.astype(f32), prefix, window)
-  v_hood, _ = _neighbourhoods(v.astype(f32), prefix, window)
-  phik_hood, _ = _neighbourhoods(phi_k.astype(f32), prefix, window)
+  k_views = _shifted_views(k.astype(f32), prefix, window)
+  v_views = _shifted_views(v.astype(f32), prefix, window)
+  phik_views = _shifted_views(phi_k.astype(f32), prefix, window)
   k_pre, v_pre, phik_pre = (x[:, :prefix].astype(f32) for x in (k, v, phi_k))
-  inside = inside[None, :, None, :]  # [1, M, 1, w²]
-  s_hood = jnp.where(inside, jnp.einsum("bmhd,bmwhd->bmhw", qp, k_hood) * scale, -jnp.inf)
+  inside = _inside(qp.shape[1], window)[None, :, None, :]  # [1, M, 1, w²]
+  s_hood = jnp.stack([jnp.sum(qp * kv, -1) for kv in k_views], axis=-1) * scale  # [B,M,H,w²]
+  s_hood = jnp.where(inside, s_hood, -jnp.inf)
   s_pre = jnp.einsum("bmhd,bphd->bmhp", qp, k_pre) * scale
   top = jax.lax.stop_gradient(
       jnp.maximum(
@@ -459,18 +469,19 @@ def _window_terms(q, k, v, phi_q, phi_k, window, prefix):
       )
   )
   e_hood, e_pre = jnp.exp(s_hood - top), jnp.exp(s_pre - top)
-  soft_num = jnp.einsum("bmhw,bmwhd->bmhd", e_hood, v_hood) + jnp.einsum(
+  soft_num = sum(e_hood[..., o, None] * vv for o, vv in enumerate(v_views)) + jnp.einsum(
       "bmhp,bphd->bmhd", e_pre, v_pre
   )
   soft_den = jnp.sum(e_hood, -1) + jnp.sum(e_pre, -1)
   # Linear over the rest: every key's sum minus the exact set's (φ ≥ 0, so the difference is
   # ≥ 0 up to rounding: clipped there).
   kv = einsum_f32("bkhf,bkhd->bhfd", phi_k, v)
-  a_hood = jnp.where(inside, jnp.einsum("bmhf,bmwhf->bmhw", phi_qp, phik_hood), 0.0)
+  a_hood = jnp.stack([jnp.sum(phi_qp * pk, -1) for pk in phik_views], axis=-1)
+  a_hood = jnp.where(inside, a_hood, 0.0)
   a_pre = jnp.einsum("bmhf,bphf->bmhp", phi_qp, phik_pre)
   lin_num = (
       jnp.einsum("bmhf,bhfd->bmhd", phi_qp, kv)
-      - jnp.einsum("bmhw,bmwhd->bmhd", a_hood, v_hood)
+      - sum(a_hood[..., o, None] * vv for o, vv in enumerate(v_views))
       - jnp.einsum("bmhp,bphd->bmhd", a_pre, v_pre)
   )
   lin_exact = jnp.sum(a_hood, -1) + jnp.sum(a_pre, -1)  # the linear kernel's mass on E(i)
