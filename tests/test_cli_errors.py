@@ -8,8 +8,6 @@ SIGTERM runs of the CLI are in tests/test_preemption.py; the other CLI cases in 
 
 import errno
 import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -22,20 +20,13 @@ from linvit_jax import surgery
 from linvit_jax import train
 from tests.helpers.robust_common import GS_PATH
 from tests.helpers.subprocs import ROBUST_CONFIG
-from tests.helpers.subprocs import ROOT
 from tests.helpers.subprocs import last_line
+from tests.helpers.subprocs import run_cli
 from tests.helpers.subprocs import subprocess_env
 
 
 def _cli(*args, num_devices=1, timeout=300, env_extra=None):
-  return subprocess.run(
-      [sys.executable, "-m", "linvit_jax.main", *args],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      timeout=timeout,
-      env=subprocess_env(num_devices, **(env_extra or {})),
-  )
+  return run_cli(*args, timeout=timeout, env=subprocess_env(num_devices, **(env_extra or {})))
 
 
 def _assert_clean_error(proc, *fragments, code=2):

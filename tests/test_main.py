@@ -10,19 +10,14 @@ import numpy as np
 import pytest
 
 from linvit_jax import checkpoints
+from tests.helpers.subprocs import run_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BV = os.path.join(ROOT, "tests", "data", "vit_w192_d4_p16_i64_tok_learn.npz")
 
 
 def _cli(*args, timeout=300):
-  return subprocess.run(
-      [sys.executable, "-m", "linvit_jax.main", *args],
-      cwd=ROOT,
-      capture_output=True,
-      text=True,
-      timeout=timeout,
-  )
+  return run_cli(*args, timeout=timeout)
 
 
 def test_cli_rejects_unknown_config_field(tmp_path):

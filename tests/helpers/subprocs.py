@@ -6,6 +6,8 @@ Shared by test modules (which import this, never each other).
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HELPERS = os.path.join(ROOT, "tests", "helpers")
@@ -34,3 +36,16 @@ def last_line(text: str) -> str:
   """The last non-blank line of a process's output ('' if none)."""
   lines = [line for line in text.splitlines() if line.strip()]
   return lines[-1] if lines else ""
+
+
+def run_cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None):
+  """`python -m linvit_jax.main *args` from the checkout root, output captured as text; `env`
+  None inherits this process's environment."""
+  return subprocess.run(
+      [sys.executable, "-m", "linvit_jax.main", *args],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+      env=env,
+  )
