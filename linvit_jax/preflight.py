@@ -107,12 +107,9 @@ def validate(config: mlc.ConfigDict) -> None:
   depth = check("model.variant", vit.decode_variant, config.model.variant or None).get(
       "depth", config.model.depth
   )
-  check(
-      "student.attention", attn_lib.parse_layer_specs, export.student_attention(config), depth or 1
-  )
-  teacher_model, student_model = check(
-      "model", from_config.build_models, config.model, export.student_attention(config)
-  )
+  attention = check("student.attention", export.student_attention, config)  # reads student.init's
+  check("student.attention", attn_lib.parse_layer_specs, attention, depth or 1)
+  teacher_model, student_model = check("model", from_config.build_models, config.model, attention)
   check("surgery.policy", surgery.get_policy, config.surgery.policy)
   if any(config[name].kind == "distill_attention" for name in config.stages):
     check("distill", distill.make_distill_loss, teacher_model, student_model, config)
