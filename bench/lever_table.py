@@ -28,6 +28,28 @@ ARMS = {
     # LoLCATs' hybrid inside each layer: exact softmax on a w×w patch window (+ prefix keys).
     "center_conv_window3": {"center_keys": True, "conv_v": True, "window": 3},
     "center_conv_window5": {"center_keys": True, "conv_v": True, "window": 5},
+    # Attention sinks: the cls key and the m patch keys of largest norm exact for every query.
+    "center_conv_sinks4": {"center_keys": True, "conv_v": True, "sinks": 4},
+    "center_conv_sinks16": {"center_keys": True, "conv_v": True, "sinks": 16},
+    # What the distillation trains (distill_trainable): v/out frozen (the LayerScale columns
+    # keep the teacher's values), or q/k frozen (LoLCATs' stage 1: φ adapts, exact rows read the
+    # teacher's own scores).
+    "center_conv_routing": {
+        "center_keys": True,
+        "conv_v": True,
+        "distill_trainable": "attention_routing",
+    },
+    "center_conv_features": {
+        "center_keys": True,
+        "conv_v": True,
+        "distill_trainable": "attention_features",
+    },
+    "center_conv_features_exact_prefix": {
+        "center_keys": True,
+        "conv_v": True,
+        "exact_prefix": True,
+        "distill_trainable": "attention_features",
+    },
     "align_all": {"distill_fraction": 0.5, "align_trainable": "all", "lr_align": 2e-5},
     "all_align_all": {
         "exact_prefix": True,

@@ -50,15 +50,19 @@ centred per image and head before φ: softmax ignores a shift shared by all keys
 does not), `conv_v` (on: a zero-initialised depthwise 3×3 convolution of v over the patch grid),
 `exact_prefix` (off: the cls and register queries get exact softmax over all keys, O(N)),
 `window` (0, off; w odd: exact softmax over each patch's w×w neighbourhood and the cls/register
-keys, linear attention over the rest, one normaliser, a learned per-head gate; O(N·w²)). The
+keys, linear attention over the rest, one normaliser, a learned per-head gate; O(N·w²)),
+`sinks` (0, off; m > 0: the cls/register keys and the m patch keys of largest norm per image and
+head are exact for every query, under the same gate; O(N·m)). The
 defaults are the best measured (docs/levers.md): on the shared ViT-S/14 at 224 px, 6,000 images,
 final cls / patch cosine 0.917 / 0.930 against 0.882 / 0.889 without them at 10,000.
 
 Args: init, images, res, gelu, norm, feature_map (hedgehog_exp | hedgehog | elu1 | relu | favor),
-exact_prefix, center_keys, conv_v, window,
+exact_prefix, center_keys, conv_v, window, sinks,
 knn, knn_data_dir, knn_train, knn_eval, max_images,
 distill_fraction, policy, softmax_layers, pool (gap | 0 | none, only without a cls token), batch,
-lr_distill, lr_align, align_trainable, holdout, eval_images, tiny (a few steps, for the tests).
+lr_distill, distill_trainable (distill_attention | attention_routing: v/out frozen |
+attention_features: q/k frozen | a path regex), lr_align, align_trainable, holdout, eval_images,
+tiny (a few steps, for the tests).
 """
 
 import os
@@ -84,6 +88,7 @@ def get_config(arg=None):
       pool="",
       batch=8,
       lr_distill=1e-3,
+      distill_trainable="distill_attention",
       lr_align=1e-4,
       align_trainable="attention",
       holdout=0.2,
@@ -92,6 +97,7 @@ def get_config(arg=None):
       center_keys=True,
       conv_v=True,
       window=0,
+      sinks=0,
       knn="fashion_mnist_local",
       knn_data_dir="",
       knn_train=1000,
@@ -156,6 +162,7 @@ def get_config(arg=None):
       center_keys=arg.center_keys,
       conv_v=arg.conv_v,
       window=arg.window,
+      sinks=arg.sinks,
   )
   student = c.student.to_dict()
   student["attention"] = arg.feature_map
@@ -178,6 +185,7 @@ def get_config(arg=None):
       warmup_steps=max(1, steps_a // 20),
       wd=0.0,
       grad_clip=1.0,
+      trainable=arg.distill_trainable,
   )
   c.stages = ("distill_attention",)
   if steps_b:

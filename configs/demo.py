@@ -10,7 +10,7 @@ in minutes; every number it prints is measured on the untouched test split.
 
 Args: feature_map (elu1 | relu | hedgehog | favor), policy (copy_same | copy_all | copy_none |
 copy_attention_only), distill_steps, finetune_steps, the levers inside each linear layer
-(center_keys, conv_v, window, exact_prefix: attention.AttentionSpec's options, off by default),
+(center_keys, conv_v, window, sinks, exact_prefix: attention.AttentionSpec's options, off by default),
 tiny (a few steps, for the tests).
 """
 
@@ -27,6 +27,7 @@ def get_config(arg=None):
       center_keys=False,
       conv_v=False,
       window=0,
+      sinks=0,
       exact_prefix=False,
       tiny=False,
   )
@@ -41,6 +42,7 @@ def get_config(arg=None):
       center_keys=arg.center_keys,
       conv_v=arg.conv_v,
       window=arg.window,
+      sinks=arg.sinks,
       exact_prefix_rows=arg.exact_prefix,
   )
   if any(levers.values()):

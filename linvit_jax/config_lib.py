@@ -127,7 +127,10 @@ def stage_losses(kind: str) -> dict:
         trainable="all",  # "all" | "attention" | a path regex (re.fullmatch)
     )
   if kind == "distill_attention":  # its loss weights are the `distill` block's
-    return {}
+    # "distill_attention": every attention parameter (q/k/v/out, feature maps, lever params);
+    # "attention_routing": v and out frozen at the teacher's values; "attention_features": q and
+    # k frozen (the exact rows keep the teacher's scores); or a path regex.
+    return dict(trainable="distill_attention")
   raise ValueError(f"unknown stage kind {kind!r}; known: {STAGE_KINDS}")
 
 

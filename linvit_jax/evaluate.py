@@ -284,21 +284,21 @@ def _cls_attention_maps(model, params, images):
   return jnp.stack(maps)
 
 
-def window_shares(model: nn.Module, params: Any, images: jax.Array) -> list[float | None]:
-  """Per layer, the window hybrid's share of its patch queries' attention mass (mean over images,
-  queries and heads); None for a layer without a window. Near 1: the layer bypasses its linear
-  branch (then it is a local softmax, not a linear operator, in effect)."""
+def exact_shares(model: nn.Module, params: Any, images: jax.Array) -> list[float | None]:
+  """Per layer, the exact key set's (window, sinks) share of its hybrid rows' attention mass
+  (mean over images, rows and heads); None for a layer without one. Near 1: the layer bypasses
+  its linear branch (then it is a local softmax, not a linear operator, in effect)."""
   _, state = jax.jit(
       lambda p, x: model.apply({"params": p}, x, train=False, mutable=["intermediates"])
   )(params, jnp.asarray(images))
   enc = state["intermediates"]["Transformer"]
   if layout.is_scanned(params):  # one spec in every layer, sown values stacked on the depth axis
-    sown = enc[layout.SCANNED_BLOCK].get(layout.ATTN, {}).get("window_share")
+    sown = enc[layout.SCANNED_BLOCK].get(layout.ATTN, {}).get("exact_share")
     depth = len(layout.block_names(params))
     return [None] * depth if sown is None else np.mean(np.asarray(sown[0]), axis=-1).tolist()
   out = []
   for name in layout.block_names(params):
-    sown = enc.get(name, {}).get(layout.ATTN, {}).get("window_share")
+    sown = enc.get(name, {}).get(layout.ATTN, {}).get("exact_share")
     out.append(None if sown is None else float(np.mean(np.asarray(sown[0]))))
   return out
 

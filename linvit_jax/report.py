@@ -199,9 +199,11 @@ def format_summary(results: Mapping[str, Any]) -> str:
         f"{k['eval_examples']} classified): teacher {pct(k['teacher_top1'])}, student "
         f"{pct(k['student_top1'])}, retention {100 * k['retention']:.1f} %"
     )
-  if results.get("window_share"):
-    shares = ", ".join("-" if s is None else f"{s:.2f}" for s in results["window_share"])
-    lines.append(f"window hybrid: the window's share of attention mass per layer: {shares}")
+  if results.get("exact_share"):
+    shares = ", ".join("-" if s is None else f"{s:.2f}" for s in results["exact_share"])
+    lines.append(
+        f"exact-set hybrid (window, sinks): its share of attention mass per layer: {shares}"
+    )
   fids = [(k[9:], v) for k, v in results.items() if k.startswith("fidelity_")]
   if fids:
     lines.append("")

@@ -214,9 +214,9 @@ def _report(config, workdir, scorer, student_model, student_params, results) -> 
     results["knn"] = report.knn_retention(
         config, teacher_model, teacher_params, student_model, student_params
     )
-  if any(spec.window for spec in vit.layer_specs(student_model)):
+  if any(spec.window or spec.sinks for spec in vit.layer_specs(student_model)):
     images = sample[: config.eval.fidelity_images]
-    results["window_share"] = evaluate.window_shares(student_model, student_params, images)
+    results["exact_share"] = evaluate.exact_shares(student_model, student_params, images)
   t0 = time.time()
   tb = sample[: config.eval.throughput_batch]
   if len(tb) < config.eval.throughput_batch:

@@ -126,7 +126,7 @@ def build(
   if kind == "distill_attention":
     d = config.distill
     loss_fn = distill.make_distill_loss(teacher_model, student_model, d)
-    return loss_fn, optim.trainable_mask(student_params, "distill_attention")
+    return loss_fn, optim.trainable_mask(student_params, stage_cfg.trainable)
   raise ValueError(f"unknown stage kind {kind!r}; known: {config_lib.STAGE_KINDS}")
 
 

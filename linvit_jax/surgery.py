@@ -62,9 +62,9 @@ ACTIONS = ("copy", "keep")
 
 _BLOCK = r"Transformer/encoderblock_\d+"
 _ATTN = _BLOCK + "/" + layout.ATTN
-# What only a linear student has (feature maps, the conv_v and window levers): never in a softmax
+# What only a linear student has (feature maps, the conv_v lever, the window or sinks gate): never in a softmax
 # teacher.
-FEATURE_MAP_RULE: Rule = (_ATTN + r"/(feature_map_[qk]|conv_v|window)/.*", "keep")
+FEATURE_MAP_RULE: Rule = (_ATTN + r"/(feature_map_[qk]|conv_v|window|sinks)/.*", "keep")
 ATTENTION_PROJECTIONS = _ATTN + r"/(query|key|value|out)/.*"
 
 # Operator-agnostic parts of a big_vision ViT: identical function in the softmax and linear model.

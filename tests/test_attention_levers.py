@@ -1,5 +1,6 @@
 """The levers inside a linear attention layer (AttentionSpec options): exact prefix rows, key
-centring, a zero-initialised depthwise conv on v. Each is exact where it must be and O(N)."""
+centring, a zero-initialised depthwise conv on v, the window / sinks exact-set hybrid. Each is exact where it must be and O(N).
+"""
 
 import jax
 import jax.numpy as jnp
@@ -178,8 +179,12 @@ def test_depthwise_conv_equals_flax_grouped_conv():
 # The window hybrid (local softmax + linear under one normaliser).
 
 
+def _gate(params, name, logit):
+  return {**params, name: {"logit": jnp.full((2,), logit, jnp.float32)}}
+
+
 def _with_gate(params, logit):
-  return {**params, "window": {"logit": jnp.full((2,), logit, jnp.float32)}}
+  return _gate(params, "window", logit)
 
 
 def test_window_covering_the_grid_with_gate_one_is_softmax():
@@ -191,25 +196,18 @@ def test_window_covering_the_grid_with_gate_one_is_softmax():
   np.testing.assert_allclose(np.asarray(y_win), np.asarray(y_soft), atol=2e-5)
 
 
-@pytest.mark.parametrize("window, logit", [(3, 0.0), (3, -1.5), (5, 2.0)])
-def test_window_hybrid_equals_its_dense_definition(window, logit):
-  """Against the O(N²) formula written out with explicit masks: exact set E = the w×w patch
-  neighbourhood plus the cls key; its share α = the linear kernel's mass on E, logit-shifted by
-  the gate; exact softmax inside E, linear attention outside, mixed by α."""
-  _, _, lin, lin_params = _pair("hedgehog_exp", window=window)
-  lin_params = _with_gate(lin_params, logit)
-  y, state = lin.apply({"params": lin_params}, X, mutable=["intermediates"])
-  inter = state["intermediates"]
-  q, k = inter["q"][0], inter["k"][0]
-  phi_q, phi_k = inter["phi_q"][0], inter["phi_k"][0]
+def _dense_hybrid(lin_params, inter, exact, logit):
+  """The exact-set hybrid written out in O(N²) with an explicit mask `exact` [B,H,Q,N] over the
+  rows Q it covers (the last Q rows of X): exact softmax inside the set, linear attention
+  outside, mixed by α = the linear kernel's mass on the set, logit-shifted by the gate. Returns
+  (the layer's output rows, α [B,H,Q])."""
+  nq = exact.shape[2]
+  q, k = inter["q"][0][:, -nq:], inter["k"][0]
+  phi_q, phi_k = inter["phi_q"][0][:, -nq:], inter["phi_k"][0]
   v = jnp.einsum("bnd,dhk->bnhk", X, lin_params["value"]["kernel"]) + lin_params["value"]["bias"]
-  side, r = 4, window // 2
-  rows, cols = np.divmod(np.arange(16), side)
-  near = (np.abs(rows[:, None] - rows[None]) <= r) & (np.abs(cols[:, None] - cols[None]) <= r)
-  exact = np.concatenate([np.ones((16, 1), bool), near], axis=1)[None, None]  # → [cls, patches]
-  s = jnp.einsum("bqhd,bkhd->bhqk", q[:, 1:], k) / np.sqrt(q.shape[-1])
+  s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
   e = jnp.where(exact, jnp.exp(s - jnp.max(jnp.where(exact, s, -jnp.inf), -1, keepdims=True)), 0)
-  a = jnp.einsum("bqhf,bkhf->bhqk", phi_q[:, 1:], phi_k)
+  a = jnp.einsum("bqhf,bkhf->bhqk", phi_q, phi_k)
   a_exact, a_rest = jnp.where(exact, a, 0.0), jnp.where(exact, 0.0, a)
   boost = np.exp(logit)
   alpha = a_exact.sum(-1) * boost / (a_exact.sum(-1) * boost + a_rest.sum(-1) + 1e-6)  # [B,H,Q]
@@ -217,10 +215,101 @@ def test_window_hybrid_equals_its_dense_definition(window, logit):
   linear = jnp.einsum("bhqk,bkhd->bhqd", a_rest, v) / (a_rest.sum(-1)[..., None] + 1e-6)
   ref = (alpha[..., None] * soft + (1 - alpha[..., None]) * linear).transpose(0, 2, 1, 3)
   out = lin_params["out"]
-  ref_y = jnp.einsum("bqhd,hdo->bqo", ref, out["kernel"]) + out["bias"]
+  return jnp.einsum("bqhd,hdo->bqo", ref, out["kernel"]) + out["bias"], alpha
+
+
+def _window_mask(window, side=4):
+  rows, cols = np.divmod(np.arange(side * side), side)
+  r = window // 2
+  near = (np.abs(rows[:, None] - rows[None]) <= r) & (np.abs(cols[:, None] - cols[None]) <= r)
+  return np.concatenate([np.ones((side * side, 1), bool), near], axis=1)  # [patches, cls+patches]
+
+
+def _sink_mask(inter, m):
+  """[B,H,N]: the cls key and the m patch keys of largest centred norm per image and head."""
+  k = np.asarray(inter["k"][0])[:, 1:]  # [B,16,H,D]
+  norms = np.sum((k - k.mean(axis=1, keepdims=True)) ** 2, -1)  # [B,16,H]
+  top = np.argsort(-norms, axis=1)[:, :m]  # [B,m,H]
+  mask = np.zeros((k.shape[0], k.shape[2], 17), bool)
+  mask[..., 0] = True
+  for b in range(k.shape[0]):
+    for h in range(k.shape[2]):
+      mask[b, h, 1 + top[b, :, h]] = True
+  return mask
+
+
+@pytest.mark.parametrize("window, logit", [(3, 0.0), (3, -1.5), (5, 2.0)])
+def test_window_hybrid_equals_its_dense_definition(window, logit):
+  """Exact set E = the w×w patch neighbourhood plus the cls key, for the patch rows."""
+  _, _, lin, lin_params = _pair("hedgehog_exp", window=window)
+  lin_params = _with_gate(lin_params, logit)
+  y, state = lin.apply({"params": lin_params}, X, mutable=["intermediates"])
+  inter = state["intermediates"]
+  ref_y, alpha = _dense_hybrid(lin_params, inter, _window_mask(window)[None, None], logit)
   np.testing.assert_allclose(np.asarray(y[:, 1:]), np.asarray(ref_y), atol=2e-4, rtol=1e-4)
-  share = inter["window_share"][0]
+  share = inter["exact_share"][0]
   np.testing.assert_allclose(np.asarray(share), np.asarray(alpha.mean(axis=(0, 2))), atol=1e-5)
+
+
+@pytest.mark.parametrize("sinks, window, logit", [(3, 0, 0.0), (5, 0, 1.0), (4, 3, -0.5)])
+def test_sink_hybrid_equals_its_dense_definition(sinks, window, logit):
+  """Exact set E = the cls key and the m patch keys of largest centred norm (per image and
+  head) for every row, plus each patch row's window when there is one (a sink inside it
+  counted once)."""
+  _, _, lin, lin_params = _pair("hedgehog_exp", window=window, sinks=sinks)
+  lin_params = _gate(lin_params, "window" if window else "sinks", logit)
+  y, state = lin.apply({"params": lin_params}, X, mutable=["intermediates"])
+  inter = state["intermediates"]
+  sink_mask = _sink_mask(inter, sinks)[:, :, None, :]  # [B,H,1,N]
+  exact = np.broadcast_to(sink_mask, (2, 2, 17, 17)).copy()
+  if window:
+    exact[:, :, 1:] |= _window_mask(window)[None, None]
+  ref_y, alpha = _dense_hybrid(lin_params, inter, exact, logit)
+  np.testing.assert_allclose(np.asarray(y), np.asarray(ref_y), atol=2e-4, rtol=1e-4)
+  np.testing.assert_allclose(
+      np.asarray(inter["exact_share"][0]), np.asarray(alpha.mean(axis=(0, 2))), atol=1e-5
+  )
+
+
+def test_sinks_covering_every_key_with_gate_one_is_softmax():
+  """With every patch key a sink (and the cls key, always exact) and α = 1, every row is
+  exact softmax."""
+  soft, params, lin, lin_params = _pair("hedgehog_exp", sinks=16)
+  y_soft = soft.apply({"params": params}, X)
+  y_sink = lin.apply({"params": _gate(lin_params, "sinks", 40.0)}, X)
+  np.testing.assert_allclose(np.asarray(y_sink), np.asarray(y_soft), atol=2e-5)
+
+
+def test_sinks_are_linear_in_tokens_and_refuse_bad_values():
+  def temp_bytes(side):
+    x = jnp.zeros((1, 1 + side * side, 64))
+    spec = A.AttentionSpec(kind="linear", feature_map="hedgehog_exp", sinks=8)
+    layer = A.Attention(num_heads=2, spec=spec, num_prefix_tokens=1)
+    params = layer.init(jax.random.PRNGKey(0), x)
+    return jax.jit(layer.apply).lower(params, x).compile().memory_analysis().temp_size_in_bytes
+
+  small, big = temp_bytes(16), temp_bytes(64)  # 16× the tokens
+  assert big < 32 * small, (small, big)  # N² would be 256×
+  with pytest.raises(ValueError, match=r"attention sinks must be >= 0.*got -2"):
+    A.parse_spec({"kind": "linear", "sinks": -2})
+  with pytest.raises(ValueError, match=r"\['sinks'\] apply to linear attention only"):
+    A.parse_spec({"kind": "softmax", "sinks": 4})
+  spec = A.AttentionSpec(kind="linear", sinks=17)
+  too_many = A.Attention(num_heads=2, spec=spec, num_prefix_tokens=1)
+  with pytest.raises(ValueError, match="attention sinks=17 is more than the 16 patch tokens"):
+    too_many.init(jax.random.PRNGKey(0), X)
+
+
+def test_sink_gate_is_student_only_in_surgery():
+  kw = dict(num_classes=None, patch_size=(4, 4), width=32, depth=2, mlp_dim=64, num_heads=2)
+  images = jnp.zeros((1, 16, 16, 3))
+  teacher = vit.Model(**kw, pool_type="tok")
+  student = vit.Model(**kw, pool_type="tok", attention={"kind": "linear", "sinks": 2})
+  tp = teacher.init(jax.random.PRNGKey(0), images)["params"]
+  sp = student.init(jax.random.PRNGKey(1), images)["params"]
+  params, _ = surgery.transplant(tp, sp, "copy_all")
+  gate = params["Transformer"]["encoderblock_1"]["MultiHeadDotProductAttention_0"]["sinks"]
+  np.testing.assert_array_equal(gate["logit"], np.zeros(2))
 
 
 def test_window_at_init_is_the_linear_layer_with_exact_window_weights():
@@ -269,7 +358,7 @@ def test_window_gate_is_student_only_in_surgery():
   assert np.all(np.isfinite(np.asarray(y)))
 
 
-def test_window_share_is_reported_per_layer():
+def test_exact_share_is_reported_per_layer():
   from linvit_jax import evaluate
 
   kw = dict(num_classes=None, patch_size=(4, 4), width=32, depth=2, mlp_dim=64, num_heads=2)
@@ -277,8 +366,8 @@ def test_window_share_is_reported_per_layer():
   for scan in (False, True):
     student = vit.Model(**kw, scan=scan, attention={"kind": "linear", "window": 3})
     params = student.init(jax.random.PRNGKey(1), images)["params"]
-    shares = evaluate.window_shares(student, params, images)
+    shares = evaluate.exact_shares(student, params, images)
     assert len(shares) == 2 and all(0.0 < s < 1.0 for s in shares), (scan, shares)
   plain = vit.Model(**kw, attention="hedgehog_exp")
   params = plain.init(jax.random.PRNGKey(1), images)["params"]
-  assert evaluate.window_shares(plain, params, images) == [None, None]
+  assert evaluate.exact_shares(plain, params, images) == [None, None]

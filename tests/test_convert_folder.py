@@ -212,3 +212,28 @@ def test_convert_folder_data_errors_are_one_line(tmp_path):
   config = _config(path, str(empty))
   with pytest.raises(ConfigError, match="no image files in"):
     run_lib.run(config, str(tmp_path / "work"))
+
+
+def test_convert_folder_sinks_and_routing_only_distillation(tmp_path):
+  """`sinks=` makes every layer an exact-set hybrid (its share reported per layer), and
+  `distill_trainable=attention_routing` leaves v and out exactly the teacher's while q/k train."""
+  from linvit_jax import run as run_lib
+
+  ckpt = str(tmp_path / "teacher.npz")
+  teacher = _headless_checkpoint(ckpt)
+  _photos(str(tmp_path / "photos"), n=6)
+  extra = ",sinks=2,distill_trainable=attention_routing,knn=none"
+  config = _config(ckpt, str(tmp_path / "photos"), extra)
+  config.stages = ("distill_attention",)  # tiny adds an align stage, which trains v/out
+  config.eval.plots, config.eval.resolution_factors = False, [1]
+  assert config.distill_attention.trainable == "attention_routing"
+  results = run_lib.run(config, str(tmp_path / "work"))
+  shares = results["exact_share"]
+  assert len(shares) == 2 and all(0.0 < s < 1.0 for s in shares), shares
+  student = np.load(str(tmp_path / "work" / "student.npz"))
+  attn = "Transformer/encoderblock_1/MultiHeadDotProductAttention_0"
+  t_attn = teacher["Transformer"]["encoderblock_1"]["MultiHeadDotProductAttention_0"]
+  for name in ("value", "out"):
+    np.testing.assert_array_equal(student[f"{attn}/{name}/kernel"], t_attn[name]["kernel"])
+  assert not np.array_equal(student[f"{attn}/query/kernel"], t_attn["query"]["kernel"])
+  assert f"{attn}/sinks/logit" in student.files

@@ -38,6 +38,10 @@ def test_trainable_mask_names_regexes_callables_and_trees():
   ]
   assert _true_paths(optim.trainable_mask(VIT_LIKE, "distill_attention")) == attn
   assert _true_paths(optim.trainable_mask(VIT_LIKE, "attention")) == attn
+  # attention_routing: v and out stay the teacher's (here the scanned block's out bias).
+  assert _true_paths(optim.trainable_mask(VIT_LIKE, "attention_routing")) == attn[1:]
+  # attention_features: q and k stay the teacher's.
+  assert _true_paths(optim.trainable_mask(VIT_LIKE, "attention_features")) == attn[:2]
   everything = _true_paths(optim.trainable_mask(VIT_LIKE, None))
   assert len(everything) == 6
   assert _true_paths(optim.trainable_mask(VIT_LIKE, "all")) == everything

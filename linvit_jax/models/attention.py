@@ -29,7 +29,7 @@ from linvit_jax import tree as tree_lib
 from linvit_jax.models import feature_maps
 
 KINDS = ("softmax", "chunked_softmax", "linear")
-LINEAR_LEVERS = ("exact_prefix_rows", "center_keys", "conv_v", "window")
+LINEAR_LEVERS = ("exact_prefix_rows", "center_keys", "conv_v", "window", "sinks")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +50,11 @@ class AttentionSpec:
   # w > 0 (odd): each patch query gets exact softmax over its w×w patch neighbourhood and the
   # prefix keys (cls, registers: DINOv2's sinks), linear attention over the other keys, mixed by
   # the linear kernel's own estimate of the window's mass shifted by a learned per-head logit
-  # (`window_hybrid`; LoLCATs' idea, scale-consistent); O(N·w²).
+  # (`exact_set_hybrid`; LoLCATs' idea, scale-consistent); O(N·w²).
   window: int = 0
+  # m > 0: the prefix keys and the m patch keys of largest (centred) norm, per image and head,
+  # are in every query's exact set (attention sinks), under the same mix as the window; O(N·m).
+  sinks: int = 0
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -70,6 +73,8 @@ class AttentionSpec:
       raise ValueError(
           f"attention window must be an odd number of patches (0: off), got {self.window}"
       )
+    if self.sinks < 0:
+      raise ValueError(f"attention sinks must be >= 0 (0: off), got {self.sinks}")
 
 
 def parse_spec(spec: Any) -> AttentionSpec:
@@ -289,8 +294,8 @@ class DepthwiseConv3x3(nn.Module):
 
 
 class WindowGate(nn.Module):
-  """b per head: a shift of the logit of the window's share of attention mass (0 at init: the
-  share the linear kernel itself gives the window)."""
+  """b per head: a shift of the logit of the exact set's (window, sinks) share of attention mass
+  (0 at init: the share the linear kernel itself gives the set)."""
 
   num_heads: int
 
@@ -355,11 +360,17 @@ class Attention(nn.Module):
       self.sow("intermediates", "phi_k", phi_k)
       y = linear_attention(phi_q, phi_k, v, spec.eps)
       p = self.num_prefix_tokens
-      if spec.window:
-        gate = WindowGate(self.num_heads, name="window")()
-        patches, share = window_hybrid(q, k, v, phi_q, phi_k, gate, spec.window, p, spec.eps)
-        y = jnp.concatenate([y[:, :p], patches.astype(y.dtype)], axis=1)
-        self.sow("intermediates", "window_share", share)
+      if spec.window or spec.sinks:
+        gate = WindowGate(self.num_heads, name="window" if spec.window else "sinks")()
+        rows, prefix_rows, share = exact_set_hybrid(
+            q, k, v, phi_q, phi_k, gate, spec.window, p, spec.sinks, spec.eps
+        )
+        if not spec.window:
+          y = rows.astype(y.dtype)
+        else:
+          y_pre = y[:, :p] if prefix_rows is None else prefix_rows.astype(y.dtype)
+          y = jnp.concatenate([y_pre, rows.astype(y.dtype)], axis=1)
+        self.sow("intermediates", "exact_share", share)
       if spec.exact_prefix_rows and p:
         # The cls (and register) rows are what the pooled feature is made of; exact softmax over
         # all keys for P queries is O(P·N).
@@ -448,75 +459,156 @@ def _inside(n_patches: int, window: int) -> jax.Array:
   return jnp.stack(masks, axis=-1).reshape(side * side, window * window)
 
 
-def _window_terms(q, k, v, phi_q, phi_k, window, prefix):
-  """Per patch query (float32): the exact set's softmax numerator/denominator (window keys and
-  prefix keys, exp(s − max)), the linear numerator/denominator over every other key, and the
-  linear kernel's own mass on the exact set."""
-  f32 = jnp.float32
-  scale = 1.0 / jnp.sqrt(jnp.asarray(q.shape[-1], f32))
-  qp, phi_qp = q[:, prefix:].astype(f32), phi_q[:, prefix:].astype(f32)
-  k_views = _shifted_views(k.astype(f32), prefix, window)
-  v_views = _shifted_views(v.astype(f32), prefix, window)
-  phik_views = _shifted_views(phi_k.astype(f32), prefix, window)
-  k_pre, v_pre, phik_pre = (x[:, :prefix].astype(f32) for x in (k, v, phi_k))
-  inside = _inside(qp.shape[1], window)[None, :, None, :]  # [1, M, 1, w²]
-  s_hood = jnp.stack([jnp.sum(qp * kv, -1) for kv in k_views], axis=-1) * scale  # [B,M,H,w²]
-  s_hood = jnp.where(inside, s_hood, -jnp.inf)
-  s_pre = jnp.einsum("bmhd,bphd->bmhp", qp, k_pre) * scale
-  top = jax.lax.stop_gradient(
-      jnp.maximum(
-          jnp.max(s_hood, -1, keepdims=True), jnp.max(s_pre, -1, keepdims=True, initial=-jnp.inf)
-      )
+@dataclasses.dataclass(frozen=True)
+class _ExactPart:
+  """One group of keys in the exact set of R query rows: scores s and linear-kernel products a
+  [B,R,H,K] (s = -inf and a = 0 where a key is not in a row's set), and `mix(w)`: Σ_K w·v_K."""
+
+  s: jax.Array
+  a: jax.Array
+  mix: Any
+
+
+def _shared_part(qr, phi_qr, keys, values, phi_keys, valid=None) -> _ExactPart:
+  """Keys shared by every row (prefix tokens; sinks, gathered per image and head), [B,K,H,·]."""
+  scale = 1.0 / jnp.sqrt(jnp.asarray(qr.shape[-1], jnp.float32))
+  s = jnp.einsum("bmhd,bphd->bmhp", qr, keys) * scale
+  a = jnp.einsum("bmhf,bphf->bmhp", phi_qr, phi_keys)
+  if valid is not None:
+    s, a = jnp.where(valid, s, -jnp.inf), jnp.where(valid, a, 0.0)
+  return _ExactPart(s, a, lambda w: jnp.einsum("bmhp,bphd->bmhd", w, values))
+
+
+def _window_part(qr, phi_qr, k, v, phi_k, window, prefix) -> _ExactPart:
+  """Each patch row's w×w neighbourhood (patch rows only)."""
+  scale = 1.0 / jnp.sqrt(jnp.asarray(qr.shape[-1], jnp.float32))
+  k_views = _shifted_views(k, prefix, window)
+  v_views = _shifted_views(v, prefix, window)
+  phik_views = _shifted_views(phi_k, prefix, window)
+  inside = _inside(qr.shape[1], window)[None, :, None, :]  # [1, M, 1, w²]
+  s = jnp.stack([jnp.sum(qr * kv, -1) for kv in k_views], axis=-1) * scale  # [B,M,H,w²]
+  a = jnp.stack([jnp.sum(phi_qr * pk, -1) for pk in phik_views], axis=-1)
+  return _ExactPart(
+      jnp.where(inside, s, -jnp.inf),
+      jnp.where(inside, a, 0.0),
+      lambda w: sum(w[..., o, None] * vv for o, vv in enumerate(v_views)),
   )
-  e_hood, e_pre = jnp.exp(s_hood - top), jnp.exp(s_pre - top)
-  soft_num = sum(e_hood[..., o, None] * vv for o, vv in enumerate(v_views)) + jnp.einsum(
-      "bmhp,bphd->bmhd", e_pre, v_pre
+
+
+def _hybrid_terms(phi_qr, phi_k, v, parts):
+  """Per query row (float32): the exact set's softmax numerator/denominator (exp(s − max)), the
+  linear numerator/denominator over every other key, and the linear kernel's mass on the exact
+  set. Linear over the rest is every key's sum minus the exact set's (φ ≥ 0, so the difference
+  is ≥ 0 up to rounding: clipped there)."""
+  top = functools.reduce(
+      jnp.maximum, [jnp.max(part.s, -1, keepdims=True, initial=-jnp.inf) for part in parts]
   )
-  soft_den = jnp.sum(e_hood, -1) + jnp.sum(e_pre, -1)
-  # Linear over the rest: every key's sum minus the exact set's (φ ≥ 0, so the difference is
-  # ≥ 0 up to rounding: clipped there).
+  top = jax.lax.stop_gradient(top)
+  e = [jnp.exp(part.s - top) for part in parts]
+  soft_num = functools.reduce(jnp.add, [part.mix(w) for part, w in zip(parts, e)])
+  soft_den = functools.reduce(jnp.add, [jnp.sum(w, -1) for w in e])
   kv = einsum_f32("bkhf,bkhd->bhfd", phi_k, v)
-  a_hood = jnp.stack([jnp.sum(phi_qp * pk, -1) for pk in phik_views], axis=-1)
-  a_hood = jnp.where(inside, a_hood, 0.0)
-  a_pre = jnp.einsum("bmhf,bphf->bmhp", phi_qp, phik_pre)
-  lin_num = (
-      jnp.einsum("bmhf,bhfd->bmhd", phi_qp, kv)
-      - sum(a_hood[..., o, None] * vv for o, vv in enumerate(v_views))
-      - jnp.einsum("bmhp,bphd->bmhd", a_pre, v_pre)
+  lin_num = functools.reduce(
+      jnp.subtract, [jnp.einsum("bmhf,bhfd->bmhd", phi_qr, kv)] + [p.mix(p.a) for p in parts]
   )
-  lin_exact = jnp.sum(a_hood, -1) + jnp.sum(a_pre, -1)  # the linear kernel's mass on E(i)
+  lin_exact = functools.reduce(jnp.add, [jnp.sum(part.a, -1) for part in parts])
   lin_den = jnp.maximum(
-      jnp.einsum("bmhf,bhf->bmh", phi_qp, jnp.sum(phi_k.astype(f32), axis=1)) - lin_exact, 0.0
+      jnp.einsum("bmhf,bhf->bmh", phi_qr, jnp.sum(phi_k.astype(jnp.float32), axis=1)) - lin_exact,
+      0.0,
   )
   return soft_num, soft_den, lin_num, lin_den, lin_exact
 
 
-def window_hybrid(
-    q, k, v, phi_q, phi_k, gate_bias, window: int, prefix: int, eps: float
-) -> tuple[jax.Array, jax.Array]:
-  """The patch queries' outputs [B,M,H,D] of the window hybrid, and the window's share of their
-  attention mass per head [H] (mean over queries):
+def sink_indices(k: jax.Array, prefix: int, m: int) -> jax.Array:
+  """The m patch keys of largest norm per image and head, [B,m,H] (patch indices). Norms of the
+  keys centred over tokens: a shift shared by all keys changes no attention weight, so it must
+  not change which keys are sinks either. A discrete choice: no gradient."""
+  n_patches = k.shape[1] - prefix
+  if m > n_patches:
+    raise ValueError(f"attention sinks={m} is more than the {n_patches} patch tokens")
+  kp = jax.lax.stop_gradient(k[:, prefix:].astype(jnp.float32))
+  norms = jnp.sum(jnp.square(kp - jnp.mean(kp, axis=1, keepdims=True)), -1)  # [B,M,H]
+  _, idx = jax.lax.top_k(jnp.moveaxis(norms, 1, -1), m)  # [B,H,m]
+  return jnp.moveaxis(idx, -1, 1)
 
-    y_i = α_i · softmax-average of v over E(i)  +  (1 − α_i) · linear average of v over the rest
 
-  E(i): the w×w patch neighbourhood of patch i and the prefix tokens (cls, registers). α_i, the
-  mass the exact set gets, is the linear kernel's own estimate Σ_{E(i)} φ(q_i)·φ(k_j) / Σ_all,
-  shifted by a learned per-head logit b (α' = sigmoid(logit α + b), `WindowGate`, b = 0 at
-  init): so at init the layer is its linear self with the window's weights made exact, and
-  b → ∞ with a window covering the grid is softmax attention exactly. (LoLCATs instead adds
-  exp(s − max) terms and φ products under one normaliser; with hedgehog-style maps, normalised
-  per query, the two scales disagree per query: on the shared ViT-S/14 that form lowered final
-  cls cosine from 0.93 to 0.70.) Sums in float32. The share says whether a hybrid learned to
-  bypass its linear branch (arXiv 2510.05901)."""
-  soft_num, soft_den, lin_num, lin_rest, lin_exact = _window_terms(
-      q, k, v, phi_q, phi_k, window, prefix
-  )
+def _gather_patches(x: jax.Array, prefix: int, idx: jax.Array) -> jax.Array:
+  return jnp.take_along_axis(x[:, prefix:], idx[..., None], axis=1)  # [B,m,H,E]
+
+
+def _sink_part(qr, phi_qr, k, v, phi_k, prefix, idx, window=0) -> _ExactPart:
+  """The sink keys for R rows; with a window (patch rows), a sink inside a row's window is left
+  to the window part (counted once)."""
+  keys, values, phi_keys = (_gather_patches(x, prefix, idx) for x in (k, v, phi_k))
+  valid = None
+  if window:
+    side, r = int(round(qr.shape[1] ** 0.5)), window // 2
+    q_row, q_col = np.divmod(np.arange(side * side), side)
+    s_row, s_col = jnp.divmod(idx, side)  # [B,m,H]
+    far_row = jnp.abs(q_row[None, :, None, None] - jnp.moveaxis(s_row, 1, -1)[:, None]) > r
+    far_col = jnp.abs(q_col[None, :, None, None] - jnp.moveaxis(s_col, 1, -1)[:, None]) > r
+    valid = far_row | far_col  # [B,M,H,m]
+  return _shared_part(qr, phi_qr, keys, values, phi_keys, valid)
+
+
+def _mix(terms, gate_bias, eps):
+  soft_num, soft_den, lin_num, lin_rest, lin_exact = terms
   boost = jnp.exp(gate_bias.astype(jnp.float32))  # [H]
-  alpha = lin_exact * boost / (lin_exact * boost + lin_rest + eps)  # [B,M,H]
+  alpha = lin_exact * boost / (lin_exact * boost + lin_rest + eps)  # [B,R,H]
   y = alpha[..., None] * soft_num / soft_den[..., None] + (1.0 - alpha[..., None]) * lin_num / (
       lin_rest[..., None] + eps
   )
-  return y, jnp.mean(alpha, axis=(0, 1))
+  return y, alpha
+
+
+def exact_set_hybrid(
+    q, k, v, phi_q, phi_k, gate_bias, window: int, prefix: int, sinks: int, eps: float
+) -> tuple[jax.Array, jax.Array | None, jax.Array]:
+  """The hybrid rows of a layer with an exact key set, and the set's share of their attention
+  mass per head [H] (mean over rows and images):
+
+    y_i = α_i · softmax-average of v over E(i)  +  (1 − α_i) · linear average of v over the rest
+
+  E(i): the prefix keys (cls, registers: DINOv2's sinks), the `sinks` patch keys of largest
+  norm per image and head (`sink_indices`; O(N·m)), and for a patch row with `window` its w×w
+  patch neighbourhood (O(N·w²)). α_i, the mass the exact set gets, is the linear kernel's own
+  estimate Σ_{E(i)} φ(q_i)·φ(k_j) / Σ_all, shifted by a learned per-head logit b (α' =
+  sigmoid(logit α + b), `WindowGate`, b = 0 at init): so at init the layer is its linear self
+  with the exact set's weights made exact, and b → ∞ with E(i) = every key is softmax attention
+  exactly. (LoLCATs instead adds exp(s − max) terms and φ products under one normaliser; with
+  hedgehog-style maps, normalised per query, the two scales disagree per query: on the shared
+  ViT-S/14 that form lowered final cls cosine from 0.93 to 0.70.) Sums in float32. The share
+  says whether a hybrid learned to bypass its linear branch (arXiv 2510.05901).
+
+  Returns (patch rows [B,M,H,D] or every row [B,N,H,D] without a window, prefix rows [B,P,H,D]
+  with a window and sinks (else None: they stay linear), the share [H]).
+  """
+  f32 = jnp.float32
+  q, k, v, phi_q, phi_k = (x.astype(f32) for x in (q, k, v, phi_q, phi_k))
+  idx = sink_indices(k, prefix, sinks) if sinks else None
+
+  def shared_parts(qr, phi_qr, with_window):
+    parts = []
+    if prefix:
+      parts.append(_shared_part(qr, phi_qr, k[:, :prefix], v[:, :prefix], phi_k[:, :prefix]))
+    if sinks:
+      parts.append(_sink_part(qr, phi_qr, k, v, phi_k, prefix, idx, window if with_window else 0))
+    return parts
+
+  if not window:
+    y, alpha = _mix(_hybrid_terms(phi_q, phi_k, v, shared_parts(q, phi_q, False)), gate_bias, eps)
+    return y, None, jnp.mean(alpha, axis=(0, 1))
+  qp, phi_qp = q[:, prefix:], phi_q[:, prefix:]
+  parts = [_window_part(qp, phi_qp, k, v, phi_k, window, prefix)] + shared_parts(qp, phi_qp, True)
+  y, alpha = _mix(_hybrid_terms(phi_qp, phi_k, v, parts), gate_bias, eps)
+  y_pre = None
+  if sinks and prefix:
+    qr, phi_qr = q[:, :prefix], phi_q[:, :prefix]
+    y_pre, alpha_pre = _mix(
+        _hybrid_terms(phi_qr, phi_k, v, shared_parts(qr, phi_qr, False)), gate_bias, eps
+    )
+    alpha = jnp.concatenate([alpha_pre, alpha], axis=1)
+  return y, y_pre, jnp.mean(alpha, axis=(0, 1))
 
 
 def center_keys(k: jax.Array) -> jax.Array:
