@@ -15,6 +15,11 @@ params as an argument). Timed interleaved with the reference matmul (bench/commo
   no_routing          the same with w_routing = 0       → routing's share
   + lookahead2        + lookahead k=2, w_lookahead = 1  → lookahead's cost
   + feature           + w_feature = 1 (the student's own forward on encoded tokens)
+  teacher_fwd_bf16    the teacher forward with bf16 matmuls (float32 accumulation)
+  bf16_teacher        distill_step with distill.teacher_dtype_mm = bfloat16
+
+`--extra ",sinks=16"` (convert_folder args) times a lever's student; every ratio is to the
+float32 teacher forward measured in the same rounds.
 """
 
 from __future__ import annotations
@@ -40,10 +45,11 @@ VARIANTS = {
     "no_routing": {"w_routing": 0.0},
     "plus_lookahead2": {"lookahead": 2, "w_lookahead": 1.0},
     "plus_feature": {"w_feature": 1.0},
+    "bf16_teacher": {"teacher_dtype_mm": "bfloat16"},
 }
 
 
-def _config(init: str, batch: int, feature_map: str, res: int = 224):
+def _config(init: str, batch: int, feature_map: str, res: int = 224, extra: str = ""):
   """configs/convert_folder.py's recipe for this checkpoint (what a real conversion runs)."""
   import importlib.util
 
@@ -53,12 +59,17 @@ def _config(init: str, batch: int, feature_map: str, res: int = 224):
   spec.loader.exec_module(mod)
   with tempfile.TemporaryDirectory() as folder:  # the config checks that the folder exists
     return mod.get_config(
-        f"init={init},images={folder},batch={batch},feature_map={feature_map},res={res}"
+        f"init={init},images={folder},batch={batch},feature_map={feature_map},res={res}{extra}"
     )
 
 
 def build(
-    init: str, batch: int, feature_map: str, only: Sequence[str] = (), res: int = 224
+    init: str,
+    batch: int,
+    feature_map: str,
+    only: Sequence[str] = (),
+    res: int = 224,
+    extra: str = "",
 ) -> dict[str, Any]:
   """The compiled cases with their arguments, and the config."""
   from linvit_jax import export
@@ -69,7 +80,7 @@ def build(
   from linvit_jax.models import from_config
   from linvit_jax.models import vit_checkpoint
 
-  c = from_config.resolve_from_init(_config(init, batch, feature_map, res))
+  c = from_config.resolve_from_init(_config(init, batch, feature_map, res, extra))
   teacher, student = from_config.build_models(c.model, export.student_attention(c))
   size = c.data.image_size
   rng = jax.random.PRNGKey(0)
@@ -86,6 +97,13 @@ def build(
   teacher_fwd = jax.jit(lambda tp, im: teacher.apply({"params": tp}, im)[1]["encoded"])
   if not only or "teacher_fwd" in only:
     cases["teacher_fwd"] = (teacher_fwd.lower(t_params, images).compile(), (t_params, images))
+  teacher16 = teacher.clone(dtype_mm="bfloat16")
+  teacher16_fwd = jax.jit(lambda tp, im: teacher16.apply({"params": tp}, im)[1]["encoded"])
+  if not only or "teacher_fwd_bf16" in only:
+    cases["teacher_fwd_bf16"] = (
+        teacher16_fwd.lower(t_params, images).compile(),
+        (t_params, images),
+    )
 
   def own_loss(sp, im):  # the student's own forward+backward, on a feature target
     return jnp.mean(student.apply({"params": sp}, im)[1]["encoded"] ** 2)
@@ -136,11 +154,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   p.add_argument("--reps", type=int, default=5)
   p.add_argument("--feature-map", default="hedgehog_exp")
   p.add_argument("--only", default="", help="comma-separated case names (diagnosis)")
+  p.add_argument(
+      "--extra", default="", help='convert_folder args for the student, e.g. ",sinks=16"'
+  )
   p.add_argument("--out", default=os.path.join(REPO, "bench", "results", "distill_real.json"))
   args = p.parse_args(argv)
   t0 = time.time()
   built = build(
-      args.init, args.batch, args.feature_map, tuple(filter(None, args.only.split(","))), args.res
+      args.init,
+      args.batch,
+      args.feature_map,
+      tuple(filter(None, args.only.split(","))),
+      args.res,
+      args.extra,
   )
   print(f"compiled {len(built['cases'])} cases in {time.time() - t0:.0f}s", flush=True)
   n = common.REFERENCE_N
@@ -158,6 +184,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             ms=1e3 * s,
             images_per_s=args.batch / s,
             vs_distill_step=common.median_ratio(t.wall[name], t.wall["distill_step"]),
+            vs_teacher_fwd=(
+                common.median_ratio(t.wall[name], t.wall["teacher_fwd"])
+                if "teacher_fwd" in t.wall
+                else None
+            ),
             vs_student_fwdbwd=(
                 common.median_ratio(t.wall[name], t.wall["student_fwdbwd"])
                 if "student_fwdbwd" in t.wall
@@ -180,6 +211,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   c = built["config"]
   result = dict(
       init=os.path.basename(args.init),
+      extra=args.extra,
       batch=args.batch,
       feature_map=args.feature_map,
       image_size=c.data.image_size,
@@ -199,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(
         f"{r['name']:16s} {r['ms']:8.0f} ms {r['images_per_s']:6.2f} img/s "
         f"{r['vs_distill_step']:.2f}x distill_step"
+        + (f", {r['vs_teacher_fwd']:.2f}x teacher_fwd" if r["vs_teacher_fwd"] else "")
     )
   for k, v in shares.items():
     print(f"  share {k}: {100 * v:.0f} %")

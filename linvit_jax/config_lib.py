@@ -178,6 +178,9 @@ def distill() -> dict:
       feature_keys=("encoded", "pre_logits"),  # the student's own features w_feature matches
       w_logit_kd=0.0,
       kd_temperature=1.0,
+      # The teacher forward that makes the targets: "float32", or "bfloat16" matmuls with float32
+      # accumulation (stream, LayerNorms and softmax stay float32; evaluation is float32 always).
+      teacher_dtype_mm="float32",
   )
 
 

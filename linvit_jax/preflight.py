@@ -108,8 +108,17 @@ def validate(config: mlc.ConfigDict) -> None:
       "depth", config.model.depth
   )
   attention = check("student.attention", export.student_attention, config)  # reads student.init's
-  check("student.attention", attn_lib.parse_layer_specs, attention, depth or 1)
+  specs = check("student.attention", attn_lib.parse_layer_specs, attention, depth or 1)
   teacher_model, student_model = check("model", from_config.build_models, config.model, attention)
+  sinks = max(spec.sinks for spec in specs)
+  if sinks and config.data.image_size:
+    ph, pw = student_model.patch_size
+    patches = (config.data.image_size // ph) * (config.data.image_size // pw)
+    if sinks > patches:
+      raise ConfigError(
+          f"config.student.attention: sinks={sinks} is more than the {patches} patch tokens of a "
+          f"{config.data.image_size}-px image (data.image_size)"
+      )
   check("surgery.policy", surgery.get_policy, config.surgery.policy)
   if any(config[name].kind == "distill_attention" for name in config.stages):
     check("distill", distill.make_distill_loss, teacher_model, student_model, config)

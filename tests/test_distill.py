@@ -450,3 +450,29 @@ def test_routing_with_the_forwards_phi_equals_recomputing_it(tiny):
   for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-4)
   assert any(np.any(np.asarray(a) != 0) for a in jax.tree.leaves(g1))
+
+
+def test_bfloat16_teacher_targets_stay_close_and_bad_dtypes_are_refused(tiny):
+  """distill.teacher_dtype_mm=bfloat16 runs only the targets' forward with bf16 matmuls (float32
+  accumulation, stream and softmax): the loss moves by well under its own size, and the
+  gradient keeps its direction."""
+  teacher, t_params, student, s_params, images = tiny
+  losses = {
+      dt: distill.make_distill_loss(teacher, student, dict(w_routing=0.1, teacher_dtype_mm=dt))
+      for dt in ("float32", "bfloat16")
+  }
+
+  @_jit
+  def both(sp):
+    batch = {"image": images}
+    return {dt: jax.value_and_grad(lambda p, f=f: f(p, t_params, batch, None)[0])(sp)
+            for dt, f in losses.items()}  # fmt: skip
+
+  out = both(s_params)
+  (l32, g32), (l16, g16) = out["float32"], out["bfloat16"]
+  assert float(l16) != float(l32)  # the bf16 forward did run
+  np.testing.assert_allclose(float(l16), float(l32), rtol=0.02)
+  a, b = (np.concatenate([np.ravel(x) for x in jax.tree.leaves(g)]) for g in (g32, g16))
+  assert a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) > 0.99
+  with pytest.raises(ValueError, match="teacher_dtype_mm must be float32 or bfloat16.*'fp16'"):
+    distill.distill_config(teacher_dtype_mm="fp16")

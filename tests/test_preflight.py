@@ -43,6 +43,26 @@ def test_a_field_the_kind_does_not_read_is_an_error():
     preflight.validate(config)
 
 
+def test_attention_option_values_are_checked_against_the_image():
+  """More sink keys than patch tokens, or a bad window, fail before compute naming the field."""
+  config = config_lib.base_config()  # 28-px images of 4-px patches: 49 patch tokens
+  config.stages = ()  # (no teacher needed)
+
+  def with_attention(**spec):
+    config.student = {**config.student.to_dict(), "attention": dict(kind="linear", **spec)}
+    return config
+
+  with pytest.raises(ConfigError, match=r"sinks=50 is more than the 49 patch tokens of a 28-px"):
+    preflight.validate(with_attention(sinks=50))
+  preflight.validate(with_attention(sinks=49))
+  with pytest.raises(ConfigError, match=r"config.student.attention: attention sinks must be >= 0"):
+    preflight.validate(with_attention(sinks=-1))
+  with pytest.raises(
+      ConfigError, match=r"config.student.attention: attention window must be an odd number.*got 2"
+  ):
+    preflight.validate(with_attention(window=2))
+
+
 class _null:
 
   def __enter__(self):
