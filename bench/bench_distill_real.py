@@ -17,6 +17,7 @@ params as an argument). Timed interleaved with the reference matmul (bench/commo
   + feature           + w_feature = 1 (the student's own forward on encoded tokens)
   teacher_fwd_bf16    the teacher forward with bf16 matmuls (float32 accumulation)
   bf16_teacher        distill_step with distill.teacher_dtype_mm = bfloat16
+  bf16_both           ... and distill.student_dtype_mm = bfloat16 (mixed precision)
 
 `--extra ",sinks=16"` (convert_folder args) times a lever's student; every ratio is to the
 float32 teacher forward measured in the same rounds.
@@ -46,6 +47,7 @@ VARIANTS = {
     "plus_lookahead2": {"lookahead": 2, "w_lookahead": 1.0},
     "plus_feature": {"w_feature": 1.0},
     "bf16_teacher": {"teacher_dtype_mm": "bfloat16"},
+    "bf16_both": {"teacher_dtype_mm": "bfloat16", "student_dtype_mm": "bfloat16"},
 }
 
 

@@ -181,6 +181,9 @@ def distill() -> dict:
       # The teacher forward that makes the targets: "float32", or "bfloat16" matmuls with float32
       # accumulation (stream, LayerNorms and softmax stay float32; evaluation is float32 always).
       teacher_dtype_mm="float32",
+      # The student's teacher-forced attention in the loss: the same choice (params, gradients
+      # and the optimizer stay float32: mixed precision).
+      student_dtype_mm="float32",
   )
 
 

@@ -478,10 +478,9 @@ def distill_config(cfg: Any = None, **overrides: Any) -> ml_collections.ConfigDi
     raise ValueError(f"distill.metric must be nmse or cosine, got {block.metric!r}")
   if block.routing_kind not in ("xent", "kl"):
     raise ValueError(f"distill.routing_kind must be xent or kl, got {block.routing_kind!r}")
-  if block.teacher_dtype_mm not in ("float32", "bfloat16"):
-    raise ValueError(
-        f"distill.teacher_dtype_mm must be float32 or bfloat16, got {block.teacher_dtype_mm!r}"
-    )
+  for field in ("teacher_dtype_mm", "student_dtype_mm"):
+    if block[field] not in ("float32", "bfloat16"):
+      raise ValueError(f"distill.{field} must be float32 or bfloat16, got {block[field]!r}")
   return block
 
 
@@ -525,6 +524,8 @@ def distill_loss(
   student, teacher = probe.as_model(student_model), probe.as_model(teacher_model)
   if c.teacher_dtype_mm != teacher.dtype_mm:  # the targets' forward only
     teacher = teacher.clone(dtype_mm=c.teacher_dtype_mm)
+  if c.student_dtype_mm != student.dtype_mm:
+    student = student.clone(dtype_mm=c.student_dtype_mm)
   images = batch["image"]
   rng_route, rng_fmap = (None, None) if rng is None else tuple(jax.random.split(rng))
   targets = probe.teacher_targets(teacher, teacher_params, images)

@@ -453,13 +453,20 @@ def test_routing_with_the_forwards_phi_equals_recomputing_it(tiny):
 
 
 def test_bfloat16_teacher_targets_stay_close_and_bad_dtypes_are_refused(tiny):
-  """distill.teacher_dtype_mm=bfloat16 runs only the targets' forward with bf16 matmuls (float32
-  accumulation, stream and softmax): the loss moves by well under its own size, and the
-  gradient keeps its direction."""
+  """distill.teacher_dtype_mm=bfloat16 runs the targets' forward with bf16 matmuls (float32
+  accumulation, stream and softmax), student_dtype_mm the student's teacher-forced attention:
+  the loss moves by well under its own size, and the float32 gradient keeps its direction."""
   teacher, t_params, student, s_params, images = tiny
   losses = {
-      dt: distill.make_distill_loss(teacher, student, dict(w_routing=0.1, teacher_dtype_mm=dt))
-      for dt in ("float32", "bfloat16")
+      "float32": distill.make_distill_loss(teacher, student, dict(w_routing=0.1)),
+      "bfloat16": distill.make_distill_loss(
+          teacher, student, dict(w_routing=0.1, teacher_dtype_mm="bfloat16")
+      ),
+      "both": distill.make_distill_loss(
+          teacher,
+          student,
+          dict(w_routing=0.1, teacher_dtype_mm="bfloat16", student_dtype_mm="bfloat16"),
+      ),
   }
 
   @_jit
@@ -469,10 +476,15 @@ def test_bfloat16_teacher_targets_stay_close_and_bad_dtypes_are_refused(tiny):
             for dt, f in losses.items()}  # fmt: skip
 
   out = both(s_params)
-  (l32, g32), (l16, g16) = out["float32"], out["bfloat16"]
-  assert float(l16) != float(l32)  # the bf16 forward did run
-  np.testing.assert_allclose(float(l16), float(l32), rtol=0.02)
-  a, b = (np.concatenate([np.ravel(x) for x in jax.tree.leaves(g)]) for g in (g32, g16))
-  assert a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) > 0.99
+  l32, g32 = out["float32"]
+  a = np.concatenate([np.ravel(x) for x in jax.tree.leaves(g32)])
+  for name in ("bfloat16", "both"):
+    l16, g16 = out[name]
+    assert float(l16) != float(l32)  # the bf16 forward did run
+    np.testing.assert_allclose(float(l16), float(l32), rtol=0.02)
+    b = np.concatenate([np.ravel(x) for x in jax.tree.leaves(g16)])
+    assert b.dtype == np.float32 and a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) > 0.99
   with pytest.raises(ValueError, match="teacher_dtype_mm must be float32 or bfloat16.*'fp16'"):
     distill.distill_config(teacher_dtype_mm="fp16")
+  with pytest.raises(ValueError, match="student_dtype_mm must be float32 or bfloat16"):
+    distill.distill_config(student_dtype_mm="float16")
