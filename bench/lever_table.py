@@ -50,6 +50,9 @@ ARMS = {
         "exact_prefix": True,
         "distill_trainable": "attention_features",
     },
+    # The distillation's learning rate around the default 1e-3 (q/k move 60-90 % at 1e-3).
+    "center_conv_lr5e-4": {"center_keys": True, "conv_v": True, "lr_distill": 5e-4},
+    "center_conv_lr2e-3": {"center_keys": True, "conv_v": True, "lr_distill": 2e-3},
     "align_all": {"distill_fraction": 0.5, "align_trainable": "all", "lr_align": 2e-5},
     "all_align_all": {
         "exact_prefix": True,
