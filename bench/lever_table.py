@@ -53,6 +53,8 @@ ARMS = {
     # The distillation's learning rate around the default 1e-3 (q/k move 60-90 % at 1e-3).
     "center_conv_lr5e-4": {"center_keys": True, "conv_v": True, "lr_distill": 5e-4},
     "center_conv_lr2e-3": {"center_keys": True, "conv_v": True, "lr_distill": 2e-3},
+    # Varied inputs from few photos: half of each batch 2×2 mosaics of four crops.
+    "center_conv_compose": {"center_keys": True, "conv_v": True, "compose": 0.5},
     "align_all": {"distill_fraction": 0.5, "align_trainable": "all", "lr_align": 2e-5},
     "all_align_all": {
         "exact_prefix": True,

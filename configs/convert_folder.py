@@ -57,7 +57,8 @@ defaults are the best measured (docs/levers.md): on the shared ViT-S/14 at 224 p
 final cls / patch cosine 0.917 / 0.930 against 0.882 / 0.889 without them at 10,000.
 
 Args: init, images, res, gelu, norm, feature_map (hedgehog_exp | hedgehog | elu1 | relu | favor),
-exact_prefix, center_keys, conv_v, window, sinks,
+exact_prefix, center_keys, conv_v, window, sinks, compose (a fraction of each training batch made
+2×2 mosaics of four of its photos' crops; 0: off),
 knn, knn_data_dir, knn_train, knn_eval, max_images,
 distill_fraction, policy, softmax_layers, pool (gap | 0 | none, only without a cls token), batch,
 lr_distill, distill_trainable (distill_attention | attention_routing: v/out frozen |
@@ -98,6 +99,7 @@ def get_config(arg=None):
       conv_v=True,
       window=0,
       sinks=0,
+      compose=0.0,
       knn="fashion_mnist_local",
       knn_data_dir="",
       knn_train=1000,
@@ -136,6 +138,7 @@ def get_config(arg=None):
       num_classes=0,
       label_key="labels",
       shuffle_buffer=1000,
+      compose=arg.compose,
       eval_batch_size=8,
       eval_max_examples=0,
       pp_train=f'decode|inception_crop({res})|flip_lr|{norm}|keep("image")',

@@ -83,6 +83,7 @@ def get_config(arg=None):
       num_classes=1000,
       label_key="labels",
       shuffle_buffer=250_000,
+      compose=0.0,
       eval_batch_size=1024,
       eval_max_examples=0,
       pp_train=(

@@ -63,6 +63,7 @@ def get_config(arg=None):
       num_classes=arg.num_classes,
       label_key="labels",
       shuffle_buffer=250_000,
+      compose=0.0,
       eval_batch_size=1024,
       eval_max_examples=50_000,
       pp_train=f"decode_jpeg_and_inception_crop({arg.res})|flip_lr|value_range(-1,1)|" + common,

@@ -228,6 +228,9 @@ def base_config() -> mlc.ConfigDict:
       num_classes=10,
       label_key="labels",
       shuffle_buffer=10_000,
+      # Label-free runs only: this fraction of every training batch becomes 2×2 mosaics of four
+      # of the batch's images (input_pipeline.compose_2x2): more varied inputs from few photos.
+      compose=0.0,
       eval_batch_size=512,
       eval_max_examples=0,
   )  # 0: the whole split

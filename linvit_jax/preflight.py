@@ -84,6 +84,11 @@ def validate(config: mlc.ConfigDict) -> None:
         settings["steps"],
         {"w": True},
     )
+    if kind in ("train", "finetune") and config[name].w_label and config.data.compose:
+      raise ConfigError(
+          f"config.data.compose={config.data.compose}: composed images have no one label, but "
+          f"config.{name} trains on labels (w_label={config[name].w_label})"
+      )
     if kind in ("train", "finetune") and config[name].w_label and not config.model.num_classes:
       raise ConfigError(
           f"config.{name}.w_label={config[name].w_label} but the model has no "

@@ -101,6 +101,25 @@ def test_same_seed_same_batches_other_seed_other_batches(ids_dir):
   assert not np.array_equal(other[0]["id"], take(train(ids_dir), 1)[0]["id"])
 
 
+def test_composed_batches_are_mosaics_of_the_batch_and_resume(ids_dir):
+  """compose=0.5: the first half of each batch are 2×2 mosaics of images i..i+3 (area-resized
+  quadrants); the rest and every id are unchanged; resuming gives the same batches."""
+  import tensorflow as tf
+
+  plain, composed = take(train(ids_dir), 3), take(train(ids_dir, compose=0.5), 3)
+  for p, c in zip(plain, composed):
+    np.testing.assert_array_equal(p["id"], c["id"])
+    np.testing.assert_array_equal(p["image"][4:], c["image"][4:])
+    x = p["image"]  # [8, 6, 6, 3]: quadrants of 3×3
+    for i in range(4):
+      for q, (r, col) in enumerate([(0, 0), (0, 3), (3, 0), (3, 3)]):
+        ref = tf.image.resize(x[(i + q) % 8][None], (3, 3), method="area")[0].numpy()
+        np.testing.assert_allclose(c["image"][i, r : r + 3, col : col + 3], ref, atol=1e-6)
+  assert_same_batches(composed[2:], take(train(ids_dir, compose=0.5, start_step=2), 1))
+  with pytest.raises(ValueError, match=r"data.compose is a fraction of each batch in \[0, 1\]"):
+    train(ids_dir, compose=1.5)
+
+
 @pytest.mark.parametrize("start_step, process_count", [(3, 1), (13, 1), (7, 2)])
 def test_skip_ahead_equals_uninterrupted(ids_dir, start_step, process_count):
   # Steps 13 (x 8 examples) and 7 (x 4 per process, 48 per process) start in the second epoch.

@@ -83,3 +83,11 @@ def test_cli_override_of_an_unread_field_names_the_kind(tmp_path):
   assert "no such config field 'w_feature'" in last
   assert "a distill_attention stage does not read 'w_feature'" in last
   assert "config.distill's" in last and not os.path.exists(tmp_path / "w")
+
+
+def test_composed_images_with_a_label_loss_are_refused():
+  config = config_lib.base_config()
+  config.stages = ("finetune",)
+  config.data.compose = 0.5
+  with pytest.raises(ConfigError, match=r"config.data.compose=0.5: composed images have no one"):
+    preflight.validate(config)

@@ -330,13 +330,18 @@ def make_train_iterator(
     cache: bool = False,
     process_index: int | None = None,
     process_count: int | None = None,
+    compose: float = 0.0,
 ) -> Iterator[dict[str, np.ndarray]]:
   """Infinite iterator of this process's training batches, fixed by `seed`.
 
   Yields dicts of numpy arrays with `global_batch_size // process_count` examples; with
   `start_step=k` the first batch is the one an iterator from step 0 would yield k-th. `cache`
-  keeps the share's raw (encoded) examples in memory after the first epoch.
+  keeps the share's raw (encoded) examples in memory after the first epoch. `compose`: that
+  fraction of each batch's images become 2×2 mosaics of four of its images (`compose_2x2`;
+  deterministic, so resuming still yields the same batches).
   """
+  if not 0.0 <= compose <= 1.0:
+    raise ValueError(f"data.compose is a fraction of each batch in [0, 1], got {compose}")
   index, count = _processes(process_index, process_count)
   local_batch = _local_batch(global_batch_size, count)
   if start_step < 0 or shuffle_buffer < 0:
@@ -365,8 +370,27 @@ def make_train_iterator(
       num_parallel_calls=tf.data.AUTOTUNE,
       deterministic=True,
   )
-  ds = ds.batch(local_batch, drop_remainder=True).prefetch(2)
+  ds = ds.batch(local_batch, drop_remainder=True)
+  n_composed = int(round(compose * local_batch))
+  if n_composed:
+    ds = ds.map(lambda b: {**b, "image": compose_2x2(b["image"], n_composed)})
+  ds = ds.prefetch(2)
   return _options(ds).as_numpy_iterator()
+
+
+def compose_2x2(images: tf.Tensor, n: int) -> tf.Tensor:
+  """The first n images of a batch [B,H,W,C] replaced by mosaics: image i's quadrants are images
+  i, i+1, i+2, i+3 (mod B), each area-resized to its quadrant; the rest unchanged."""
+  h, w = images.shape[1], images.shape[2]
+  h0, w0 = h // 2, w // 2
+  rolled = [tf.roll(images, -s, axis=0)[:n] for s in range(4)]
+
+  def fit(x, hh, ww):
+    return tf.cast(tf.image.resize(x, (hh, ww), method="area"), images.dtype)
+
+  top = tf.concat([fit(rolled[0], h0, w0), fit(rolled[1], h0, w - w0)], axis=2)
+  bottom = tf.concat([fit(rolled[2], h - h0, w0), fit(rolled[3], h - h0, w - w0)], axis=2)
+  return tf.concat([tf.concat([top, bottom], axis=1), images[n:]], axis=0)
 
 
 def make_eval_iterator(

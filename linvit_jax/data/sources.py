@@ -39,6 +39,7 @@ def train_iter_fn(
         data_dir=config.data.data_dir or None,
         shuffle_buffer=config.data.shuffle_buffer,
         start_step=start_step,
+        compose=config.data.compose,
     )
 
   return make
