@@ -30,17 +30,18 @@ from linvit_jax import tree as tree_lib
 Params = Any  # a pytree of arrays (or ShapeDtypeStructs)
 
 # Named trainable masks (re.fullmatch on '/'-joined paths; per-block or scanned trees).
-_ATTENTION = r"Transformer/encoderblock(_\d+)?/MultiHeadDotProductAttention_0/.*"
+_ATTN_MODULE = r"Transformer/encoderblock(_\d+)?/MultiHeadDotProductAttention_0"
+_ATTENTION = _ATTN_MODULE + "/.*"
 STAGE_TRAINABLE = {
     "distill_attention": _ATTENTION,  # q/k/v/out and the feature maps of every encoder block
     "attention": _ATTENTION,
     # Only what routes (q/k, the feature maps, the lever params): v and out keep the teacher's
     # values, so Adam's scale-free steps cannot move the out projection's LayerScale-sized columns.
-    "attention_routing": _ATTENTION[:-3] + r"/(query|key|feature_map_[qk]|conv_v|window|sinks)/.*",
+    "attention_routing": _ATTN_MODULE + r"/(query|key|feature_map_[qk]|conv_v|window|sinks)/.*",
     # Everything but q/k (LoLCATs' stage 1 trains φ with q/k/v/o frozen): the linear branch
     # adapts through the feature maps' own per-head maps, and what reads q/k exactly (the exact
     # prefix rows, a window, sinks) keeps the teacher's softmax scores.
-    "attention_features": _ATTENTION[:-3] + r"/(value|out|feature_map_[qk]|conv_v|window|sinks)/.*",
+    "attention_features": _ATTN_MODULE + r"/(value|out|feature_map_[qk]|conv_v|window|sinks)/.*",
     "finetune": r".*",
     "all": r".*",
 }

@@ -86,27 +86,19 @@ def test_conv_v_starts_as_the_plain_layer_and_learns():
   np.testing.assert_allclose(np.asarray(y[:, :1]), 0.0, atol=1e-6)
 
 
+def _temp_bytes(side: int, **levers) -> int:
+  """Compiled temp memory of one hedgehog_exp layer with `levers` on cls + a side×side grid."""
+  x = jnp.zeros((1, 1 + side * side, 64))
+  spec = A.AttentionSpec(kind="linear", feature_map="hedgehog_exp", **levers)
+  layer = A.Attention(num_heads=2, spec=spec, num_prefix_tokens=1)
+  params = layer.init(jax.random.PRNGKey(0), x)
+  return jax.jit(layer.apply).lower(params, x).compile().memory_analysis().temp_size_in_bytes
+
+
 def test_levers_are_linear_in_tokens():
   """Compiled memory of a layer with every lever grows linearly in tokens (no N² buffer)."""
-
-  def temp_bytes(side):
-    x = jnp.zeros((1, 1 + side * side, 64))
-    layer = A.Attention(
-        num_heads=2,
-        spec=A.AttentionSpec(
-            kind="linear",
-            feature_map="hedgehog_exp",
-            exact_prefix_rows=True,
-            center_keys=True,
-            conv_v=True,
-        ),
-        num_prefix_tokens=1,
-    )
-    params = layer.init(jax.random.PRNGKey(0), x)
-    stats = jax.jit(layer.apply).lower(params, x).compile().memory_analysis()
-    return stats.temp_size_in_bytes
-
-  small, big = temp_bytes(16), temp_bytes(64)  # 257 and 4097 tokens: 16× the tokens
+  levers = dict(exact_prefix_rows=True, center_keys=True, conv_v=True)
+  small, big = _temp_bytes(16, **levers), _temp_bytes(64, **levers)  # 257, 4097 tokens: 16×
   assert big < 32 * small, (small, big)  # N² would be 256×
   n = 1 + 64 * 64
   assert big < n * n * 4 / 4, big  # far below one float32 score matrix
@@ -281,14 +273,7 @@ def test_sinks_covering_every_key_with_gate_one_is_softmax():
 
 
 def test_sinks_are_linear_in_tokens_and_refuse_bad_values():
-  def temp_bytes(side):
-    x = jnp.zeros((1, 1 + side * side, 64))
-    spec = A.AttentionSpec(kind="linear", feature_map="hedgehog_exp", sinks=8)
-    layer = A.Attention(num_heads=2, spec=spec, num_prefix_tokens=1)
-    params = layer.init(jax.random.PRNGKey(0), x)
-    return jax.jit(layer.apply).lower(params, x).compile().memory_analysis().temp_size_in_bytes
-
-  small, big = temp_bytes(16), temp_bytes(64)  # 16× the tokens
+  small, big = _temp_bytes(16, sinks=8), _temp_bytes(64, sinks=8)  # 16× the tokens
   assert big < 32 * small, (small, big)  # N² would be 256×
   with pytest.raises(ValueError, match=r"attention sinks must be >= 0.*got -2"):
     A.parse_spec({"kind": "linear", "sinks": -2})
@@ -298,18 +283,6 @@ def test_sinks_are_linear_in_tokens_and_refuse_bad_values():
   too_many = A.Attention(num_heads=2, spec=spec, num_prefix_tokens=1)
   with pytest.raises(ValueError, match="attention sinks=17 is more than the 16 patch tokens"):
     too_many.init(jax.random.PRNGKey(0), X)
-
-
-def test_sink_gate_is_student_only_in_surgery():
-  kw = dict(num_classes=None, patch_size=(4, 4), width=32, depth=2, mlp_dim=64, num_heads=2)
-  images = jnp.zeros((1, 16, 16, 3))
-  teacher = vit.Model(**kw, pool_type="tok")
-  student = vit.Model(**kw, pool_type="tok", attention={"kind": "linear", "sinks": 2})
-  tp = teacher.init(jax.random.PRNGKey(0), images)["params"]
-  sp = student.init(jax.random.PRNGKey(1), images)["params"]
-  params, _ = surgery.transplant(tp, sp, "copy_all")
-  gate = params["Transformer"]["encoderblock_1"]["MultiHeadDotProductAttention_0"]["sinks"]
-  np.testing.assert_array_equal(gate["logit"], np.zeros(2))
 
 
 def test_window_at_init_is_the_linear_layer_with_exact_window_weights():
@@ -328,14 +301,7 @@ def test_window_at_init_is_the_linear_layer_with_exact_window_weights():
 
 
 def test_window_is_linear_in_tokens_and_refuses_bad_values():
-  def temp_bytes(side):
-    x = jnp.zeros((1, 1 + side * side, 64))
-    spec = A.AttentionSpec(kind="linear", feature_map="hedgehog_exp", window=5)
-    layer = A.Attention(num_heads=2, spec=spec, num_prefix_tokens=1)
-    params = layer.init(jax.random.PRNGKey(0), x)
-    return jax.jit(layer.apply).lower(params, x).compile().memory_analysis().temp_size_in_bytes
-
-  small, big = temp_bytes(16), temp_bytes(64)  # 16× the tokens
+  small, big = _temp_bytes(16, window=5), _temp_bytes(64, window=5)  # 16× the tokens
   assert big < 32 * small, (small, big)  # N² would be 256×
   for bad in (-3, 4):
     with pytest.raises(ValueError, match=f"attention window must be an odd number.*got {bad}"):
@@ -344,15 +310,16 @@ def test_window_is_linear_in_tokens_and_refuses_bad_values():
     A.parse_spec({"kind": "softmax", "window": 3})
 
 
-def test_window_gate_is_student_only_in_surgery():
+@pytest.mark.parametrize("gate_name, lever", [("window", {"window": 3}), ("sinks", {"sinks": 2})])
+def test_exact_set_gate_is_student_only_in_surgery(gate_name, lever):
   kw = dict(num_classes=None, patch_size=(4, 4), width=32, depth=2, mlp_dim=64, num_heads=2)
   images = jnp.zeros((1, 16, 16, 3))
   teacher = vit.Model(**kw, pool_type="tok")
-  student = vit.Model(**kw, pool_type="tok", attention={"kind": "linear", "window": 3})
+  student = vit.Model(**kw, pool_type="tok", attention={"kind": "linear", **lever})
   tp = teacher.init(jax.random.PRNGKey(0), images)["params"]
   sp = student.init(jax.random.PRNGKey(1), images)["params"]
-  params, report = surgery.transplant(tp, sp, "copy_all")
-  gate = params["Transformer"]["encoderblock_1"]["MultiHeadDotProductAttention_0"]["window"]
+  params, _ = surgery.transplant(tp, sp, "copy_all")
+  gate = params["Transformer"]["encoderblock_1"]["MultiHeadDotProductAttention_0"][gate_name]
   np.testing.assert_array_equal(gate["logit"], np.zeros(2))  # fresh: the linear kernel's share
   y, _ = student.apply({"params": params}, images)
   assert np.all(np.isfinite(np.asarray(y)))

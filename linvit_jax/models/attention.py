@@ -528,7 +528,7 @@ def sink_indices(k: jax.Array, prefix: int, m: int) -> jax.Array:
   if m > n_patches:
     raise ValueError(f"attention sinks={m} is more than the {n_patches} patch tokens")
   kp = jax.lax.stop_gradient(k[:, prefix:].astype(jnp.float32))
-  norms = jnp.sum(jnp.square(kp - jnp.mean(kp, axis=1, keepdims=True)), -1)  # [B,M,H]
+  norms = jnp.sum(jnp.square(center_keys(kp)), -1)  # [B,M,H]
   _, idx = jax.lax.top_k(jnp.moveaxis(norms, 1, -1), m)  # [B,H,m]
   return jnp.moveaxis(idx, -1, 1)
 
