@@ -62,7 +62,11 @@ exact_prefix, center_keys, conv_v, window, sinks, compose (a fraction of each tr
 knn, knn_data_dir, knn_train, knn_eval, max_images,
 distill_fraction, policy, softmax_layers, pool (gap | 0 | none, only without a cls token), batch,
 lr_distill, distill_trainable (distill_attention | attention_routing: v/out frozen |
-attention_features: q/k frozen | a path regex), lr_align, align_trainable, holdout, eval_images,
+attention_features: q/k frozen | a path regex), lr_align, align_trainable (attention | all | a
+path regex), align_update_scale (absolute | param_rms: lr_align is then a step relative to each
+output column's RMS), align_warmup (fraction of the align steps), align_w_feature (final tokens),
+align_w_blocks (every block's output), align_top_weight (the last block's weight over the
+first), align_w_attn_tf (teacher-forced attention outputs), holdout, eval_images,
 tiny (a few steps, for the tests).
 """
 
@@ -92,6 +96,12 @@ def get_config(arg=None):
       distill_trainable="distill_attention",
       lr_align=1e-4,
       align_trainable="attention",
+      align_update_scale="absolute",
+      align_warmup=0.05,
+      align_w_feature=1.0,
+      align_w_blocks=1.0,
+      align_top_weight=1.0,
+      align_w_attn_tf=1.0,
       holdout=0.2,
       eval_images=32,
       exact_prefix=False,
@@ -197,10 +207,15 @@ def get_config(arg=None):
         steps=steps_b,
         batch_size=arg.batch,
         lr=arg.lr_align,
-        warmup_steps=max(1, steps_b // 20),
+        warmup_steps=max(1, int(steps_b * arg.align_warmup)),
         wd=0.0,
         grad_clip=1.0,
+        update_scale=arg.align_update_scale,
         trainable=arg.align_trainable,
+        w_feature=arg.align_w_feature,
+        w_blocks=arg.align_w_blocks,
+        blocks_top_weight=arg.align_top_weight,
+        w_attn_tf=arg.align_w_attn_tf,
     )
     c.stages = ("distill_attention", "align")
   for name in c.stages:

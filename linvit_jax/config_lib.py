@@ -66,6 +66,13 @@ OPTIMIZER_DEFAULTS = dict(
     schedule="cosine",  # after a linear warmup from 0: cosine | linear | constant
     end_lr_ratio=0.0,  # final lr = lr · end_lr_ratio (cosine, linear)
     accum_steps=1,  # micro-batches per step (gradient accumulation)
+    # "absolute": lr is a step in parameter units (Adam's step is scale-free: every entry moves by
+    # ~lr whatever its size). "param_rms": each update is multiplied by the RMS of its parameter over
+    # every axis but the last (per output column of a Dense kernel, whole leaf for a vector), floored
+    # at param_scale_floor, so lr is a relative step: columns that carry a tiny folded LayerScale
+    # (DINOv2: 2e-4) move as much relative to their size as the large ones.
+    update_scale="absolute",
+    param_scale_floor=1e-4,
 )
 # The fields every config stage block spells out (a locked config takes overrides of these only).
 _OPTIMIZER_BLOCK = (
@@ -114,6 +121,7 @@ def stage_losses(kind: str) -> dict:
         kd_temperature=1.0,
         w_feature=0.0,  # the teacher's final tokens and pre_logits (the student's own forward)
         w_blocks=0.0,  # the teacher's residual stream after every block (the student's own)
+        blocks_top_weight=1.0,  # w_blocks' weight of the last block over the first (linear ramp)
         w_attn_tf=0.0,  # teacher-forced attention outputs (nmse), every layer
         label_loss="softmax_xent",  # softmax_xent | sigmoid_xent
     )
@@ -123,6 +131,7 @@ def stage_losses(kind: str) -> dict:
         kd_temperature=1.0,
         w_feature=1.0,
         w_blocks=1.0,
+        blocks_top_weight=1.0,  # the last block's weight over the first (linear ramp; 1: mean)
         w_attn_tf=1.0,
         trainable="all",  # "all" | "attention" | a path regex (re.fullmatch)
     )

@@ -327,11 +327,16 @@ def block_alignment_loss(
     *,
     w_nmse: float = 1.0,
     w_cosine: float = 1.0,
+    top_weight: float = 1.0,
     eps: float = EPS,
 ) -> tuple[Array, dict[str, Array]]:
   """Match the student's own residual stream after every block to the teacher's.
 
-    loss = mean_l [w_nmse · nmse_l + w_cosine · (1 − mean_tokens cos_l)]
+    loss = Σ_l ω_l [w_nmse · nmse_l + w_cosine · (1 − mean_tokens cos_l)]
+
+  with ω_l a linear ramp over depth from 1 (first block) to `top_weight` (last), normalised to
+  sum to 1 (top_weight=1: the plain mean). Weighting the top blocks up puts the gradient where the
+  compounded error is largest and the final features are read.
 
   on `student_out["encoder"]["blockLL"]["+mlp"]` vs `targets["+mlp"][l]` ([B,N,D] each). Per-block
   targets give every layer a gradient signal from its own depth, not only through the final norm
@@ -345,7 +350,15 @@ def block_alignment_loss(
   per_layer = w_nmse * m["nmse"] + w_cosine * (1.0 - m["cosine"])
   metrics = {"block_nmse": jnp.mean(m["nmse"]), "block_cosine": jnp.mean(m["cosine"])}
   _layer_metrics(metrics, "block_cosine", m["cosine"])
-  return jnp.mean(per_layer), metrics
+  return jnp.sum(depth_weights(depth, top_weight) * per_layer), metrics
+
+
+def depth_weights(depth: int, top_weight: float = 1.0) -> Array:
+  """A linear ramp from 1 (first block) to `top_weight` (last), summing to 1."""
+  if top_weight <= 0:
+    raise ValueError(f"blocks_top_weight={top_weight}: must be > 0 (1 = every block alike)")
+  ramp = jnp.linspace(1.0, top_weight, depth) if depth > 1 else jnp.ones((1,))
+  return ramp / jnp.sum(ramp)
 
 
 def logit_kd_loss(student_logits: Array, teacher_logits: Array, temperature: float = 1.0) -> Array:

@@ -2,7 +2,8 @@
 
 The optimizer is big_vision's (its optax.make) on the trained leaves:
 
-    clip_by_global_norm → scale_by_adam (sgd: trace) → scale(lr) → add_decayed_weights(wd)
+    clip_by_global_norm → scale_by_adam (sgd: trace) → [× column RMS of the param, when
+      update_scale="param_rms"] → scale(lr) → add_decayed_weights(wd)
       → scale_by_schedule(schedule / lr) → scale(-1)
 
 so weight decay is decoupled and follows the schedule's shape only (see
@@ -22,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from linvit_jax import config_lib
@@ -127,6 +129,40 @@ def _decay_mask(pattern: str | None) -> Callable[[Params], Any]:
   return lambda p: tree_lib.regex_mask(p, pattern)
 
 
+def column_rms(param: jax.Array, floor: float) -> jax.Array:
+  """RMS of `param` over every axis but the last (a vector: over all of it), at least `floor`;
+  broadcastable against `param`. For a Dense kernel [in, out] (or DenseGeneral [h, d, out]) that is
+  one scale per output column, the axis a folded LayerScale scales."""
+  x = param.astype(jnp.float32)
+  if x.ndim <= 1:
+    rms = jnp.sqrt(jnp.mean(jnp.square(x)))
+  else:
+    rms = jnp.sqrt(jnp.mean(jnp.square(x), axis=tuple(range(x.ndim - 1)), keepdims=True))
+  return jnp.maximum(rms, floor)
+
+
+def scale_by_param_rms(floor: float = 1e-4) -> optax.GradientTransformation:
+  """Multiply each update by its parameter's current column RMS (`column_rms`): relative steps.
+
+  Adam's direction has entries of size ~1 whatever the parameter's scale, so at one lr a column
+  whose entries are 1e-5 (a LayerScale of 2e-4 folded into an out projection) moves by many times
+  its own size while a column of 0.05 barely moves. Scaled by the column RMS, both move by the
+  same fraction (Adafactor's parameter-scale rule, per column; `floor` lets zero-initialised
+  leaves move at all)."""
+
+  def init_fn(params):
+    del params
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError("scale_by_param_rms needs the params (tx.update(grads, state, params))")
+    updates = jax.tree.map(lambda u, p: u * column_rms(p, floor).astype(u.dtype), updates, params)
+    return updates, state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
 def make_optimizer(
     opt: Mapping[str, Any], total_steps: int, trainable_mask: Any
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -150,7 +186,14 @@ def make_optimizer(
   parts = []
   if opt["grad_clip"]:
     parts.append(optax.clip_by_global_norm(float(opt["grad_clip"])))
-  parts += [direction, optax.scale(lr)]
+  parts += [direction]
+  if opt["update_scale"] == "param_rms":
+    parts.append(scale_by_param_rms(float(opt["param_scale_floor"])))
+  elif opt["update_scale"] != "absolute":
+    raise ValueError(
+        f"optimizer.update_scale={opt['update_scale']!r}: expected 'absolute' or 'param_rms'"
+    )
+  parts.append(optax.scale(lr))
   if opt["wd"]:
     parts.append(optax.add_decayed_weights(float(opt["wd"]), _decay_mask(opt["wd_pattern"])))
   parts += [optax.scale_by_schedule(lambda step: schedule(step) / lr), optax.scale(-1.0)]

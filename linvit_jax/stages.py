@@ -50,6 +50,9 @@ def _supervised(
   key = config.data.label_key
   w_kd, w_feat = stage_cfg.w_logit_kd, stage_cfg.w_feature
   w_blocks, w_attn_tf = stage_cfg.w_blocks, stage_cfg.w_attn_tf
+  top_weight = stage_cfg.blocks_top_weight
+  if w_blocks:
+    distill.depth_weights(2, top_weight)  # a bad value fails here, before any compute
   label_loss = _label_loss(stage_cfg.label_loss) if w_label else None
   kd_t = stage_cfg.kd_temperature
   needs_teacher = bool(w_kd or w_feat or w_blocks or w_attn_tf)
@@ -94,7 +97,7 @@ def _supervised(
         metrics.update({f"feature/{k}": v for k, v in feat_metrics.items()})
         loss = loss + w_feat * l
       if w_blocks:
-        l, block_metrics = distill.block_alignment_loss(out, targets)
+        l, block_metrics = distill.block_alignment_loss(out, targets, top_weight=top_weight)
         metrics.update(block_metrics)
         loss = loss + w_blocks * l
       if w_attn_tf:

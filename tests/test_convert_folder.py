@@ -237,3 +237,22 @@ def test_convert_folder_sinks_and_routing_only_distillation(tmp_path):
     np.testing.assert_array_equal(student[f"{attn}/{name}/kernel"], t_attn[name]["kernel"])
   assert not np.array_equal(student[f"{attn}/query/kernel"], t_attn["query"]["kernel"])
   assert f"{attn}/sinks/logit" in student.files
+
+
+def test_convert_folder_align_options_reach_the_stage(tmp_path):
+  path = str(tmp_path / "t.npz")
+  _headless_checkpoint(path)
+  extra = (
+      ",tiny=False,max_images=400,distill_fraction=0.5,align_trainable=all,lr_align=3e-4"
+      ",align_update_scale=param_rms,align_warmup=0.25,align_w_feature=4,align_top_weight=3"
+      ",align_w_blocks=0.5,align_w_attn_tf=0"
+  )
+  config = _config(path, str(tmp_path), extra)
+  assert config.stages == ("distill_attention", "align")
+  a = config.align
+  assert (a.steps, a.optimizer.warmup_steps, a.optimizer.lr) == (50, 12, 3e-4)
+  assert a.optimizer.update_scale == "param_rms" and a.trainable == "all"
+  assert (a.w_feature, a.blocks_top_weight, a.w_blocks, a.w_attn_tf) == (4.0, 3.0, 0.5, 0.0)
+  from linvit_jax import optim
+
+  assert optim.optimizer_settings(config.distill_attention.optimizer)["update_scale"] == "absolute"

@@ -488,3 +488,20 @@ def test_bfloat16_teacher_targets_stay_close_and_bad_dtypes_are_refused(tiny):
     distill.distill_config(teacher_dtype_mm="fp16")
   with pytest.raises(ValueError, match="student_dtype_mm must be float32 or bfloat16"):
     distill.distill_config(student_dtype_mm="float16")
+
+
+def test_block_alignment_weights_the_top_blocks_up():
+  np.testing.assert_allclose(distill.depth_weights(3, 1.0), [1 / 3] * 3, rtol=1e-6)
+  np.testing.assert_allclose(distill.depth_weights(3, 3.0), [1 / 6, 2 / 6, 3 / 6], rtol=1e-6)
+  with pytest.raises(ValueError, match="blocks_top_weight=0"):
+    distill.depth_weights(3, 0.0)
+  rng = np.random.default_rng(1)
+  t = rng.normal(size=(3, 2, 5, 8)).astype(np.float32)
+  s = t.copy()
+  s[2] += rng.normal(size=s[2].shape)  # only the top block is off
+  out = {"encoder": {f"block{l:02d}": {"+mlp": s[l]} for l in range(3)}}
+  flat, m = distill.block_alignment_loss(out, {"+mlp": t})
+  top, _ = distill.block_alignment_loss(out, {"+mlp": t}, top_weight=3.0)
+  per_top = 3 * flat  # the mean over 3 blocks, 2 of them exact
+  np.testing.assert_allclose(top, per_top / 2, rtol=1e-5)  # weight 3/6 on the top block
+  assert m["block_cosine/layer_02"] < m["block_cosine/layer_00"] == pytest.approx(1.0, abs=1e-6)

@@ -147,3 +147,31 @@ def test_defaults_come_from_config_lib():
   block = config_lib.stage("train", steps=4, batch_size=8, lr=1e-3, end_lr_ratio=0.1, b1=0.95)
   assert block["optimizer"]["end_lr_ratio"] == 0.1 and block["optimizer"]["b1"] == 0.95
   assert "end_lr_ratio" not in block and "b1" not in block
+
+
+def test_param_rms_updates_are_relative_per_output_column():
+  # Two columns 1000x apart in scale (a folded LayerScale): with absolute steps both move by the
+  # same amount; with update_scale="param_rms" each moves by the same fraction of its own RMS.
+  kernel = np.concatenate([np.full((4, 1), 1e-3), np.full((4, 1), 1.0)], axis=1).astype(np.float32)
+  params = {"dense": {"kernel": jnp.asarray(kernel)}, "zero": jnp.zeros(3), "v": jnp.full(3, 2.0)}
+  grads = jax.tree.map(jnp.ones_like, params)
+  mask = optim.trainable_mask(params)
+  base = dict(lr=1e-2, warmup_steps=0, schedule="constant", grad_clip=0.0, wd=0.0)
+
+  def first_update(**kw):
+    tx, _ = optim.make_optimizer({**base, **kw}, 10, mask)
+    return tx.update(grads, tx.init(params), params)[0]
+
+  absolute = first_update()
+  np.testing.assert_allclose(absolute["dense"]["kernel"], -1e-2, rtol=1e-4)
+  relative = first_update(update_scale="param_rms", param_scale_floor=1e-4)
+  np.testing.assert_allclose(relative["dense"]["kernel"][:, 0], -1e-5, rtol=1e-4)
+  np.testing.assert_allclose(relative["dense"]["kernel"][:, 1], -1e-2, rtol=1e-4)
+  np.testing.assert_allclose(relative["v"], -2e-2, rtol=1e-4)  # a vector: its whole RMS
+  np.testing.assert_allclose(relative["zero"], -1e-6, rtol=1e-4)  # zeros move at the floor
+  # DenseGeneral out kernels [heads, head_dim, out]: one scale per output feature.
+  out = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3, 4)) * [1e-3, 1.0, 1.0, 5.0])
+  want = np.sqrt(np.mean(np.asarray(out) ** 2, axis=(0, 1)))
+  np.testing.assert_allclose(optim.column_rms(out, 1e-4)[0, 0], want, rtol=1e-5)
+  with pytest.raises(ValueError, match="update_scale='relative'"):
+    optim.make_optimizer({**base, "update_scale": "relative"}, 10, mask)
