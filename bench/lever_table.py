@@ -55,6 +55,26 @@ ARMS = {
     "center_conv_lr2e-3": {"center_keys": True, "conv_v": True, "lr_distill": 2e-3},
     # Varied inputs from few photos: half of each batch 2×2 mosaics of four crops.
     "center_conv_compose": {"center_keys": True, "conv_v": True, "compose": 0.5},
+    # Stage 2 after the same distillation budget (`align_extra`: max_images is doubled and the
+    # second half goes to align): every parameter, lr 3e-6 in parameter units, or 2e-4 relative
+    # to each output column's RMS (update_scale=param_rms), warm-up a quarter of the stage.
+    "center_conv_align_abs3e-6": {
+        "center_keys": True,
+        "conv_v": True,
+        "align_extra": True,
+        "align_trainable": "all",
+        "lr_align": 3e-6,
+        "align_warmup": 0.25,
+    },
+    "center_conv_align_rms2e-4": {
+        "center_keys": True,
+        "conv_v": True,
+        "align_extra": True,
+        "align_trainable": "all",
+        "align_update_scale": "param_rms",
+        "lr_align": 2e-4,
+        "align_warmup": 0.25,
+    },
     "align_all": {"distill_fraction": 0.5, "align_trainable": "all", "lr_align": 2e-5},
     "all_align_all": {
         "exact_prefix": True,
@@ -70,14 +90,18 @@ ARMS = {
 def run_arm(name: str, args: argparse.Namespace) -> dict:
   import linvit_jax
 
+  arm = dict(ARMS[name])
+  max_images = args.max_images
+  if arm.pop("align_extra", False):  # the same distillation, then as many images of align
+    max_images, arm["distill_fraction"] = 2 * max_images, 0.5
   options = dict(
       res=args.res,
-      max_images=args.max_images,
+      max_images=max_images,
       batch=args.batch,
       knn=args.knn,
       knn_train=args.knn_train,
       knn_eval=args.knn_eval,
-      **ARMS[name],
+      **arm,
   )
   workdir = os.path.join(args.out, name)
   linvit_jax.convert(args.init, images=args.images, workdir=workdir, **options)
