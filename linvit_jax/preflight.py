@@ -84,6 +84,11 @@ def validate(config: mlc.ConfigDict) -> None:
         settings["steps"],
         {"w": True},
     )
+    if kind in ("train", "finetune", "align") and config[name].blocks_top_weight <= 0:
+      raise ConfigError(
+          f"config.{name}.blocks_top_weight={config[name].blocks_top_weight}: must be > 0 "
+          "(the last block's weight over the first; 1 = every block alike)"
+      )
     if kind in ("train", "finetune") and config[name].w_label and config.data.compose:
       raise ConfigError(
           f"config.data.compose={config.data.compose}: composed images have no one label, but "

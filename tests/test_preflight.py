@@ -91,3 +91,15 @@ def test_composed_images_with_a_label_loss_are_refused():
   config.data.compose = 0.5
   with pytest.raises(ConfigError, match=r"config.data.compose=0.5: composed images have no one"):
     preflight.validate(config)
+
+
+def test_align_options_are_checked_before_compute():
+  config = config_lib.base_config()
+  config.teacher.init = "teacher.npz"  # not read: the checks below come first
+  config.align = config_lib.stage("align", steps=2, batch_size=2, lr=1e-4, blocks_top_weight=0.0)
+  config.stages = ("align",)
+  with pytest.raises(ConfigError, match=r"config.align.blocks_top_weight=0.0: must be > 0"):
+    preflight.validate(config)
+  config.align = config_lib.stage("align", steps=2, batch_size=2, lr=1e-4, update_scale="rms")
+  with pytest.raises(ConfigError, match=r"update_scale='rms'"):
+    preflight.validate(config)
