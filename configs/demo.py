@@ -11,7 +11,8 @@ in minutes; every number it prints is measured on the untouched test split.
 Args: feature_map (elu1 | relu | hedgehog | favor), policy (copy_same | copy_all | copy_none |
 copy_attention_only), distill_steps, finetune_steps, the levers inside each linear layer
 (center_keys, conv_v, window, sinks, exact_prefix: attention.AttentionSpec's options, off by default),
-tiny (a few steps, for the tests).
+align_steps (0: off; n: convert_folder's label-free `align` stage, every parameter, param_rms steps
+at lr 2e-4, between the distillation and the fine-tune), tiny (a few steps, for the tests).
 """
 
 from linvit_jax import config_lib
@@ -29,6 +30,7 @@ def get_config(arg=None):
       window=0,
       sinks=0,
       exact_prefix=False,
+      align_steps=0,
       tiny=False,
   )
   c = config_lib.fmnist_conversion(
@@ -49,4 +51,17 @@ def get_config(arg=None):
     student = c.student.to_dict()
     student["attention"] = dict(kind="linear", feature_map=arg.feature_map, **levers)
     c.student = student
+  if arg.align_steps:  # convert_folder's label-free end-to-end stage, at its default settings
+    steps = 3 if arg.tiny else arg.align_steps
+    c.align = config_lib.stage(
+        "align",
+        steps=steps,
+        batch_size=c.finetune.batch_size,
+        lr=2e-4,
+        warmup_steps=max(1, steps // 4),
+        wd=0.0,
+        update_scale="param_rms",
+        trainable="all",
+    )
+    c.stages = ("distill_attention", "align", "finetune")
   return c

@@ -201,3 +201,16 @@ def test_print_config_resolves_the_architecture_from_init():
   r = _cli("--config", "configs/imagenet_vit.py:init=tests/data/foreign/timm_vit", "--print_config")
   assert r.returncode == 0, r.stderr
   assert "model.width = 32" in r.stdout and "model.num_heads = 2" in r.stdout
+
+
+def test_demo_align_steps_adds_the_label_free_stage():
+  import configs.demo
+  from linvit_jax import preflight
+
+  config = configs.demo.get_config("align_steps=40")
+  assert config.stages == ("distill_attention", "align", "finetune")
+  a = config.align
+  assert (a.steps, a.optimizer.warmup_steps, a.optimizer.lr, a.trainable) == (40, 10, 2e-4, "all")
+  assert a.optimizer.update_scale == "param_rms" and a.w_feature == a.w_blocks == 1.0
+  preflight.validate(config)
+  assert configs.demo.get_config("").stages == ("distill_attention", "finetune")
