@@ -53,15 +53,16 @@ def get_config(arg=None):
     c.student = student
   if arg.align_steps:  # convert_folder's label-free end-to-end stage, at its default settings
     steps = 3 if arg.tiny else arg.align_steps
+    recipe = config_lib.ALIGN_RECIPE
     c.align = config_lib.stage(
         "align",
         steps=steps,
         batch_size=c.finetune.batch_size,
-        lr=2e-4,
-        warmup_steps=max(1, steps // 4),
+        lr=recipe["lr"],
+        warmup_steps=max(1, int(steps * recipe["warmup"])),
         wd=0.0,
-        update_scale="param_rms",
-        trainable="all",
+        update_scale=recipe["update_scale"],
+        trainable=recipe["trainable"],
     )
     c.stages = ("distill_attention", "align", "finetune")
   return c

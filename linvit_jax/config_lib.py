@@ -143,6 +143,12 @@ def stage_losses(kind: str) -> dict:
   raise ValueError(f"unknown stage kind {kind!r}; known: {STAGE_KINDS}")
 
 
+# The label-free end-to-end stage after attention distillation, as measured on the real ViT-S/14
+# (docs/levers.md, last section): every parameter, Adam steps relative to each output column's
+# RMS at lr 2e-4, a quarter of the stage warm-up (convert_folder's defaults, the demo's option).
+ALIGN_RECIPE = dict(lr=2e-4, trainable="all", update_scale="param_rms", warmup=0.25)
+
+
 def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> dict:
   """One stage block with exactly the fields its kind reads. kind: train (labels, from the current
   params), distill_attention (only attention + feature-map params train, teacher-forced losses

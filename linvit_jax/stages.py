@@ -50,9 +50,7 @@ def _supervised(
   key = config.data.label_key
   w_kd, w_feat = stage_cfg.w_logit_kd, stage_cfg.w_feature
   w_blocks, w_attn_tf = stage_cfg.w_blocks, stage_cfg.w_attn_tf
-  top_weight = stage_cfg.blocks_top_weight
-  if w_blocks:
-    distill.depth_weights(2, top_weight)  # a bad value fails here, before any compute
+  top_weight = stage_cfg.blocks_top_weight  # checked by preflight (and by depth_weights)
   label_loss = _label_loss(stage_cfg.label_loss) if w_label else None
   kd_t = stage_cfg.kd_temperature
   needs_teacher = bool(w_kd or w_feat or w_blocks or w_attn_tf)
