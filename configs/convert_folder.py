@@ -69,7 +69,9 @@ attention_features: q/k frozen | a path regex), lr_align, align_trainable (atten
 path regex), align_update_scale (absolute | param_rms: lr_align is then a step relative to each
 output column's RMS), align_warmup (fraction of the align steps), align_w_feature (final tokens),
 align_w_blocks (every block's output), align_top_weight (the last block's weight over the
-first), align_w_attn_tf (teacher-forced attention outputs), holdout, eval_images,
+first), align_w_attn_tf (teacher-forced attention outputs), distill_augment / align_augment
+("" | color: DINO's colour jitter and random grayscale on that stage's training views; fidelity
+is still measured on plain crops), holdout, eval_images,
 tiny (a few steps, for the tests).
 """
 
@@ -78,6 +80,14 @@ import os
 from linvit_jax import config_lib
 
 NORMS = {"imagenet": "vgg_value_range", "minus_one_one": "value_range(-1,1)"}
+# Extra training-view augmentation a stage may add (`distill_augment=` / `align_augment=`): DINO's
+# colour jitter and random grayscale, views a self-supervised teacher was trained on.
+AUGMENTS = {"": "", "color": "|color_jitter|random_grayscale"}
+
+
+def train_pp(res: int, norm: str, augment: str) -> str:
+  """The training views: Inception crops of the photos, flipped, with `augment`'s extra ops."""
+  return f'decode|inception_crop({res})|flip_lr{AUGMENTS[augment]}|{norm}|keep("image")'
 
 
 def get_config(arg=None):
@@ -105,6 +115,8 @@ def get_config(arg=None):
       align_w_blocks=1.0,
       align_top_weight=1.0,
       align_w_attn_tf=1.0,
+      distill_augment="",
+      align_augment="",
       holdout=0.2,
       eval_images=32,
       exact_prefix=False,
@@ -129,6 +141,9 @@ def get_config(arg=None):
     raise ValueError(f"norm={arg.norm!r}: expected one of {sorted(NORMS) + ['source']}")
   if not 0 < arg.distill_fraction <= 1:
     raise ValueError(f"distill_fraction={arg.distill_fraction}: expected in (0, 1]")
+  for field in ("distill_augment", "align_augment"):
+    if arg[field] not in AUGMENTS:
+      raise ValueError(f"{field}={arg[field]!r}: expected one of {sorted(AUGMENTS)}")
   if "://" not in arg.images and not os.path.isdir(arg.images):
     raise ValueError(f"images={arg.images!r} is not a folder")
   # The architecture, and the input normalisation a source declares, are read from `init` by the
@@ -154,7 +169,7 @@ def get_config(arg=None):
       compose=arg.compose,
       eval_batch_size=8,
       eval_max_examples=0,
-      pp_train=f'decode|inception_crop({res})|flip_lr|{norm}|keep("image")',
+      pp_train=train_pp(res, norm, ""),
       pp_eval=f'decode|resize_small({res * 8 // 7})|central_crop({res})|{norm}|keep("image")',
   )
   # Width, depth, heads, MLP, patch, position embedding, registers, classes, and where the source
@@ -202,6 +217,7 @@ def get_config(arg=None):
       wd=0.0,
       grad_clip=1.0,
       trainable=arg.distill_trainable,
+      pp_train=train_pp(res, norm, arg.distill_augment) if arg.distill_augment else "",
   )
   c.stages = ("distill_attention",)
   if steps_b:
@@ -219,6 +235,7 @@ def get_config(arg=None):
         w_blocks=arg.align_w_blocks,
         blocks_top_weight=arg.align_top_weight,
         w_attn_tf=arg.align_w_attn_tf,
+        pp_train=train_pp(res, norm, arg.align_augment) if arg.align_augment else "",
     )
     c.stages = ("distill_attention", "align")
   for name in c.stages:

@@ -155,9 +155,13 @@ def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> di
   weighted by the `distill` block), finetune (all params, labels and optionally teacher logits /
   features), align (label-free: the student's own block outputs and final tokens matched to the
   teacher's). Optimizer fields (wd, warmup_steps, ...; not `name`) go to the block's `optimizer`;
-  any other keyword must be one of the kind's loss fields (`stage_losses`)."""
+  `pp_train` overrides config.data.pp_train for this stage; any other keyword must be one of the
+  kind's loss fields (`stage_losses`)."""
   losses = stage_losses(kind)
   opt_kw = {k: kw.pop(k) for k in OPTIMIZER_DEFAULTS if k in kw and k not in ("name", "lr")}
+  # This stage's training pp string ("": config.data.pp_train), e.g. stronger augmentation for
+  # one stage; the split, dataset and compose stay the data block's.
+  pp_train = kw.pop("pp_train", "")
   unknown = sorted(set(kw) - set(losses))
   if unknown:
     raise ValueError(
@@ -167,6 +171,7 @@ def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> di
       kind=kind,
       steps=steps,
       batch_size=batch_size,
+      pp_train=pp_train,
       optimizer=optimizer(lr, **opt_kw),
       **stage_bookkeeping(steps),
       **{**losses, **kw},

@@ -143,6 +143,9 @@ def validate(config: mlc.ConfigDict) -> None:
     check("eval.knn.pp", input_pipeline.get_preprocess_fn, sources.knn_pp(config))
   if config.data.pp_train:
     check("data.pp_train", input_pipeline.get_preprocess_fn, config.data.pp_train)
+  for name in config.stages:
+    if config[name].get("pp_train"):
+      check(f"{name}.pp_train", input_pipeline.get_preprocess_fn, config[name].pp_train)
   if config.data.pp_eval:
     check("data.pp_eval", input_pipeline.get_preprocess_fn, config.data.pp_eval)
 

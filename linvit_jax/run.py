@@ -168,7 +168,10 @@ def _run_stages(config, workdir, mesh, scorer, student_model, student_params, re
         workdir=workdir,
         mesh=mesh,
         batch_iter_fn=sources.train_iter_fn(
-            config, stage_cfg.batch_size, config.seed + 1000 * (i + 1)
+            config,
+            stage_cfg.batch_size,
+            config.seed + 1000 * (i + 1),
+            pp=stage_cfg.get("pp_train", ""),
         ),
         param_rules=[tuple(r) for r in config.param_rules],
         seed=config.seed + i,

@@ -125,14 +125,44 @@ def test_convert_folder_rejects_bad_args(tmp_path):
 @pytest.fixture(scope="module")
 def folder_run(tmp_path_factory):
   from linvit_jax import run as run_lib
+  from linvit_jax.data import sources
 
   tmp = tmp_path_factory.mktemp("convert")
   ckpt = str(tmp / "teacher.npz")
   teacher_params = _headless_checkpoint(ckpt)
   _photos(str(tmp / "photos"))
-  config = _config(ckpt, str(tmp / "photos"), ",softmax_layers=1")
+  config = _config(ckpt, str(tmp / "photos"), ",softmax_layers=1,align_augment=color")
   workdir = str(tmp / "work")
-  return config, workdir, run_lib.run(config, workdir), teacher_params
+  real_iter_fn = sources.train_iter_fn
+
+  def recording_iter_fn(config, batch_size, seed, pp=""):
+    STAGE_PPS.append(pp)
+    return real_iter_fn(config, batch_size, seed, pp=pp)
+
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(sources, "train_iter_fn", recording_iter_fn)
+    results = run_lib.run(config, workdir)
+  return config, workdir, results, teacher_params
+
+
+STAGE_PPS = []  # the pp string each stage of folder_run's run asked its training stream for
+
+
+def test_a_stage_trains_on_its_own_pp_string(folder_run, tmp_path):
+  config, *_ = folder_run
+  assert config.distill_attention.pp_train == ""  # the data block's views
+  assert "color_jitter|random_grayscale" in config.align.pp_train
+  assert "color_jitter" not in config.data.pp_train + config.eval.sample_pp  # fidelity: plain
+  # What the run asked for: the data block's views for distillation, the align stage's own
+  # (with init_norm resolved from the checkpoint, as the data block's is).
+  assert len(STAGE_PPS) == 2 and STAGE_PPS[0] == ""
+  assert "color_jitter|random_grayscale|vgg_value_range" in STAGE_PPS[1]
+  path = str(tmp_path / "t.npz")
+  _headless_checkpoint(path)
+  with pytest.raises(ValueError, match="align_augment='sepia'"):
+    _config(path, str(tmp_path), ",align_augment=sepia")
+  both = _config(path, str(tmp_path), ",distill_augment=color")
+  assert "color_jitter" in both.distill_attention.pp_train and both.align.pp_train == ""
 
 
 def test_convert_folder_headless_end_to_end(folder_run):

@@ -205,3 +205,65 @@ def test_the_issue_pp_string():
 def test_bad_pp_strings_name_the_op(pp, message):
   with pytest.raises(ValueError, match=message):
     get_preprocess_fn(pp)
+
+
+def colorful(h=6, w=6):
+  r = np.random.default_rng(0)
+  return r.integers(30, 220, size=(h, w, 3)).astype(np.uint8)
+
+
+def test_color_jitter_is_seeded_keeps_dtype_and_changes_colours():
+  image = colorful()
+  outs = [run("color_jitter(p=1)", image=image, **{RNG_KEY: rng(i)})["image"] for i in range(8)]
+  again = run("color_jitter(p=1)", image=image, **{RNG_KEY: rng(3)})["image"]
+  np.testing.assert_array_equal(outs[3], again)  # the example's seed decides the draw
+  assert all(o.dtype == np.uint8 and o.shape == image.shape for o in outs)
+  assert all(np.abs(o.astype(int) - image).max() > 2 for o in outs)
+  assert len({o.tobytes() for o in outs}) == len(outs)
+  # Zero strengths with p = 1 are the identity up to the uint8 round trip.
+  same = run(
+      "color_jitter(brightness=0, contrast=0, saturation=0, hue=0, p=1)",
+      image=image,
+      **{RNG_KEY: rng(0)},
+  )["image"]
+  assert np.abs(same.astype(int) - image).max() <= 1
+
+
+def test_color_jitter_and_grayscale_apply_with_their_probability():
+  image = colorful()
+  jittered = [
+      not np.array_equal(
+          run("color_jitter(p=0.5)", image=image, **{RNG_KEY: rng(i)})["image"], image
+      )
+      for i in range(40)
+  ]
+  assert 8 < sum(jittered) < 32
+  grays = []
+  for i in range(40):
+    out = run("random_grayscale(p=0.5)", image=image, **{RNG_KEY: rng(i)})["image"]
+    is_gray = bool((out[..., 0] == out[..., 1]).all() and (out[..., 1] == out[..., 2]).all())
+    assert is_gray or np.array_equal(out, image)
+    grays.append(is_gray)
+  assert 8 < sum(grays) < 32
+  out = run("random_grayscale(p=1)", image=image, **{RNG_KEY: rng(0)})["image"]
+  luma = image.astype(float) @ np.array([0.2989, 0.587, 0.114])
+  assert np.abs(out[..., 0] - luma).max() <= 1.5
+
+
+@pytest.mark.parametrize(
+    "pp,field",
+    [
+        ("color_jitter(p=1.5)", "p=1.5"),
+        ("color_jitter(brightness=1.2)", "brightness=1.2"),
+        ("color_jitter(hue=0.7)", "hue=0.7"),
+        ("random_grayscale(p=-0.1)", "p=-0.1"),
+    ],
+)
+def test_colour_ops_refuse_bad_strengths_naming_them(pp, field):
+  with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+    get_preprocess_fn(pp)
+
+
+def test_colour_ops_refuse_a_single_channel_image():
+  with pytest.raises(ValueError, match="RGB"):
+    run("random_grayscale(p=1)", image=ramp(4, 4, 1), **{RNG_KEY: rng(0)})

@@ -29,10 +29,16 @@ def test_convert_folder_config_reads_no_checkpoint(tmp_path):
 
 
 def test_resolve_reads_architecture_and_the_sources_normalisation():
-  resolved = from_config.resolve_from_init(_convert_folder(init=HF_DINOV2))
+  resolved = from_config.resolve_from_init(_convert_folder(init=HF_DINOV2, align_augment="color"))
   assert resolved.teacher.architecture == "config"  # what ran is written down resolved
   assert resolved.model.width == 32 and resolved.model.gelu_approximate is False
-  for pp in (resolved.data.pp_train, resolved.data.pp_eval, resolved.eval.sample_pp):
+  assert "color_jitter" in resolved.align.pp_train  # a stage's own pp string is resolved too
+  for pp in (
+      resolved.data.pp_train,
+      resolved.data.pp_eval,
+      resolved.eval.sample_pp,
+      resolved.align.pp_train,
+  ):
     assert "init_norm" not in pp
     assert "vgg_value_range(mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375))" in pp
 

@@ -103,3 +103,15 @@ def test_align_options_are_checked_before_compute():
   config.align = config_lib.stage("align", steps=2, batch_size=2, lr=1e-4, update_scale="rms")
   with pytest.raises(ConfigError, match=r"update_scale='rms'"):
     preflight.validate(config)
+
+
+def test_a_stage_pp_string_is_parsed_before_compute():
+  config = config_lib.base_config()
+  config.finetune = config_lib.stage(
+      "finetune", steps=2, batch_size=2, lr=1e-4, pp_train="decode|color_jitter(p=2)"
+  )
+  config.stages = ("finetune",)
+  with pytest.raises(ConfigError, match=r"config.finetune.pp_train: .*p=2"):
+    preflight.validate(config)
+  config.finetune.pp_train = ""  # "": the data block's pp string
+  preflight.validate(config)

@@ -17,6 +17,10 @@ Every op takes `key=` (or `inkey=`/`outkey=`), default "image". Images are HxWxC
   value_range(vmin=-1, vmax=1, in_min=0, in_max=255, clip_values=False)   -> float32
   vgg_value_range(mean=ImageNet RGB*255, std=ImageNet RGB*255)             -> float32
   grayscale_to_rgb()                       HxWx1 -> HxWx3
+  color_jitter(brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1, p=0.8)
+                                           with probability p, random brightness / contrast /
+                                           saturation / hue (DINO's strengths); keeps the dtype
+  random_grayscale(p=0.2)                  with probability p, luma in all three channels
 """
 
 from __future__ import annotations
@@ -260,3 +264,84 @@ def get_grayscale_to_rgb() -> Callable:
     return tf.image.grayscale_to_rgb(image)
 
   return grayscale_to_rgb
+
+
+def _uniform(seed: tf.Tensor) -> tf.Tensor:
+  return tf.random.stateless_uniform([], seed=seed)
+
+
+def _as_unit_float(image: tf.Tensor) -> tf.Tensor:
+  return tf.image.convert_image_dtype(image, tf.float32)  # uint8 -> [0, 1]; floats unchanged
+
+
+def _back_to(dtype: tf.DType, image: tf.Tensor) -> tf.Tensor:
+  if dtype.is_integer:
+    return tf.image.convert_image_dtype(tf.clip_by_value(image, 0.0, 1.0), dtype, saturate=True)
+  return tf.cast(image, dtype)
+
+
+def _check_probability(name: str, p: float) -> None:
+  if not 0 <= p <= 1:
+    raise ValueError(f"{name}: p={p} is not a probability in [0, 1]")
+
+
+@register("color_jitter")
+@keyed(random=True)
+def get_color_jitter(
+    brightness: float = 0.4,
+    contrast: float = 0.4,
+    saturation: float = 0.2,
+    hue: float = 0.1,
+    p: float = 0.8,
+) -> Callable:
+  """With probability p: brightness ×U(1±b), contrast and saturation ×U(1±c), hue +U(±h) turns,
+  in that order, on an RGB image (uint8 or float in [0, 1]; the dtype is kept). DINO's and
+  DINOv2's strengths are the defaults: inputs the teacher was trained to see, so a label-free
+  student can be matched to it on more varied views of the same few photos."""
+  _check_probability("color_jitter", p)
+  for name, value in (
+      ("brightness", brightness),
+      ("contrast", contrast),
+      ("saturation", saturation),
+  ):
+    if not 0 <= value < 1:
+      raise ValueError(f"color_jitter: {name}={value} must be in [0, 1)")
+  if not 0 <= hue <= 0.5:
+    raise ValueError(f"color_jitter: hue={hue} must be in [0, 0.5] (a fraction of a turn)")
+
+  def color_jitter(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    if image.shape[-1] != 3:
+      raise ValueError(f"color_jitter expects an RGB image, got shape {image.shape}")
+    seeds = tf.random.experimental.stateless_split(seed, 5)
+    x = _as_unit_float(image)
+    # Multiplicative brightness, as torchvision's ColorJitter (tf's own op adds a delta).
+    x = x * tf.random.stateless_uniform([], seeds[0], 1 - brightness, 1 + brightness)
+    if contrast:
+      x = tf.image.stateless_random_contrast(x, 1 - contrast, 1 + contrast, seeds[1])
+    if saturation:
+      x = tf.image.stateless_random_saturation(
+          tf.clip_by_value(x, 0.0, 1.0), 1 - saturation, 1 + saturation, seeds[2]
+      )
+    if hue:
+      x = tf.image.stateless_random_hue(tf.clip_by_value(x, 0.0, 1.0), hue, seeds[3])
+    jittered = _back_to(image.dtype, x)
+    return tf.where(_uniform(seeds[4]) < p, jittered, image)
+
+  return color_jitter
+
+
+@register("random_grayscale")
+@keyed(random=True)
+def get_random_grayscale(p: float = 0.2) -> Callable:
+  """With probability p, the image's luma (ITU-R 601) in all three channels; keeps the dtype."""
+  _check_probability("random_grayscale", p)
+
+  def random_grayscale(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    if image.shape[-1] != 3:
+      raise ValueError(f"random_grayscale expects an RGB image, got shape {image.shape}")
+    gray = _back_to(
+        image.dtype, tf.image.grayscale_to_rgb(tf.image.rgb_to_grayscale(_as_unit_float(image)))
+    )
+    return tf.where(_uniform(seed) < p, gray, image)
+
+  return random_grayscale

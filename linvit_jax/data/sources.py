@@ -25,15 +25,16 @@ def _first(batches: Iterable[dict], limit: int) -> Iterator[dict]:
 
 
 def train_iter_fn(
-    config: mlc.ConfigDict, batch_size: int, seed: int
+    config: mlc.ConfigDict, batch_size: int, seed: int, pp: str = ""
 ) -> Callable[[int], Iterator[dict]]:
-  """`make(start_step)`: the training stream of global batches, resumable at any step."""
+  """`make(start_step)`: the training stream of global batches, resumable at any step; `pp`
+  (a stage's own pp string) replaces config.data.pp_train when given."""
 
   def make(start_step: int) -> Iterator[dict]:
     return input_pipeline.make_train_iterator(
         dataset=config.data.dataset,
         split=config.data.train_split,
-        pp=config.data.pp_train,
+        pp=pp or config.data.pp_train,
         global_batch_size=batch_size,
         seed=seed,
         data_dir=config.data.data_dir or None,

@@ -44,8 +44,21 @@ def teacher_head_skipped(config: mlc.ConfigDict) -> bool:
   )
 
 
-# The pp fields whose `init_norm` op resolve_from_init replaces.
+# The pp fields whose `init_norm` op resolve_from_init replaces (and every stage's own pp_train).
 _PP_FIELDS = (("data", "pp_train"), ("data", "pp_eval"), ("eval", "sample_pp"))
+
+
+def _pp_fields(config: mlc.ConfigDict) -> list[tuple[str, str]]:
+  stage_pps = [
+      (name, "pp_train")
+      for name in config
+      if isinstance(config[name], mlc.ConfigDict)
+      and "kind" in config[name]
+      and "pp_train" in config[name]
+  ]
+  return [*_PP_FIELDS, *stage_pps]
+
+
 _INIT_NORM = re.compile(r"init_norm(\(\s*required\s*=\s*True\s*\))?")
 
 
@@ -57,7 +70,8 @@ def resolve_from_init(config: mlc.ConfigDict) -> mlc.ConfigDict:
     raise ConfigError(
         f"config.teacher.architecture={config.teacher.architecture!r}: expected 'config' or 'init'"
     )
-  wants_norm = any(_INIT_NORM.search(config[b][f] or "") for b, f in _PP_FIELDS)
+  pp_fields = _pp_fields(config)
+  wants_norm = any(_INIT_NORM.search(config[b][f] or "") for b, f in pp_fields)
   if config.teacher.architecture == "config" and not wants_norm:
     return config
   if not config.teacher.init:
@@ -70,7 +84,7 @@ def resolve_from_init(config: mlc.ConfigDict) -> mlc.ConfigDict:
       resolved.teacher.architecture = "config"  # resolved: config.json says what ran
     if wants_norm:
       source = vit_checkpoint.infer_vit_config(config.teacher.init).get("preprocessing")
-      for block, field in _PP_FIELDS:
+      for block, field in pp_fields:
         resolved[block][field] = _INIT_NORM.sub(
             lambda m: _norm_op(source, bool(m.group(1)), config.teacher.init),
             config[block][field],
