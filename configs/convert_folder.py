@@ -60,6 +60,7 @@ defaults are the best measured (docs/levers.md): on the shared ViT-S/14 at 224 p
 final cls / patch cosine 0.917 / 0.930 against 0.882 / 0.889 without them at 10,000.
 
 Args: init, images, res, gelu, norm, feature_map (hedgehog_exp | hedgehog | elu1 | relu | favor),
+num_features (0: the map's default; hedgehog maps: the per-head projection width, 2× features),
 exact_prefix, center_keys, conv_v, window, sinks, compose (a fraction of each training batch made
 2×2 mosaics of four of its photos' crops; 0: off),
 knn, knn_data_dir, knn_train, knn_eval, max_images,
@@ -99,6 +100,7 @@ def get_config(arg=None):
       gelu="",
       norm="",
       feature_map="hedgehog_exp",
+      num_features=0,
       max_images=10_000,
       distill_fraction=0.6,
       policy="copy_all",
@@ -195,6 +197,8 @@ def get_config(arg=None):
       window=arg.window,
       sinks=arg.sinks,
   )
+  if arg.num_features:  # the feature map's width (hedgehog: its projection; favor: features)
+    levers["num_features"] = arg.num_features
   student = c.student.to_dict()
   student["attention"] = arg.feature_map
   if any(levers.values()):  # attention.AttentionSpec's options inside each linear layer

@@ -338,3 +338,16 @@ def test_exact_share_is_reported_per_layer():
   plain = vit.Model(**kw, attention="hedgehog_exp")
   params = plain.init(jax.random.PRNGKey(1), images)["params"]
   assert evaluate.exact_shares(plain, params, images) == [None, None]
+
+
+def test_num_features_must_be_positive_and_sets_the_hedgehog_width():
+  with pytest.raises(ValueError, match=r"num_features must be positive.*got 0"):
+    A.parse_spec({"kind": "linear", "feature_map": "hedgehog_exp", "num_features": 0})
+  spec = A.parse_spec({"kind": "linear", "feature_map": "hedgehog_exp", "num_features": 8})
+  x = jnp.ones((1, 5, 32))
+  params = A.Attention(num_heads=2, spec=spec).init(jax.random.PRNGKey(0), x)["params"]
+  assert params["feature_map_q"]["kernel"].shape == (2, 16, 8)  # [heads, head_dim, width]
+  _, state = A.Attention(num_heads=2, spec=spec).apply(
+      {"params": params}, x, mutable=["intermediates"]
+  )
+  assert state["intermediates"]["phi_k"][0].shape == (1, 5, 2, 16)  # 2 × width features

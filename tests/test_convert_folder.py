@@ -286,3 +286,11 @@ def test_convert_folder_align_options_reach_the_stage(tmp_path):
   from linvit_jax import optim
 
   assert optim.optimizer_settings(config.distill_attention.optimizer)["update_scale"] == "absolute"
+
+
+def test_convert_folder_num_features_reaches_the_spec(tmp_path):
+  path = str(tmp_path / "t.npz")
+  _headless_checkpoint(path)
+  attention = _config(path, str(tmp_path), ",num_features=16").student.attention
+  assert attention.feature_map == "hedgehog_exp" and attention.num_features == 16
+  assert "num_features" not in _config(path, str(tmp_path)).student.attention  # the map's default

@@ -2,7 +2,10 @@
 
 Everything is derived from the README's text, so a command or snippet added later is covered:
 
-- ```python blocks are executed as written, each in a fresh interpreter at the repository root.
+- ```python blocks are executed as written, each in a fresh interpreter at a stand-in checkout
+  (`sandbox`: the repository's entries linked, the commands' output roots not), so what they write
+  (e.g. a workdir that a later run with another config would refuse to reuse) stays out of the
+  repository.
 - ```bash / ```sh blocks are too expensive to execute (setup, full trainings), so they are
   checked instead: bash syntax; every `python -m MODULE` names a module that exists; every
   `python -m linvit_jax.main ...` (and `linvit_jax.ablation`, the same command line) has a
@@ -194,10 +197,10 @@ def test_readme_has_blocks_of_known_kinds():
 
 
 @pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=lambda b: f"line{b.line}")
-def test_python_block_runs_as_written(block):
+def test_python_block_runs_as_written(block, sandbox):
   result = subprocess.run(
       [sys.executable, "-c", block.text],
-      cwd=ROOT,
+      cwd=sandbox,
       capture_output=True,
       text=True,
       timeout=TIMEOUT_S,

@@ -75,6 +75,11 @@ class AttentionSpec:
       )
     if self.sinks < 0:
       raise ValueError(f"attention sinks must be >= 0 (0: off), got {self.sinks}")
+    if self.num_features is not None and self.num_features <= 0:
+      raise ValueError(
+          f"attention num_features must be positive (None: the map's default), got "
+          f"{self.num_features}"
+      )
 
 
 def parse_spec(spec: Any) -> AttentionSpec:
