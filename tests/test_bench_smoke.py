@@ -139,3 +139,21 @@ def test_lever_table_runs_an_arm_and_writes_its_row(tmp_path):
   saved = json.loads((tmp_path / "out" / "levers.json").read_text())
   assert saved["rows"] == json.loads(json.dumps(rows))
   assert "| exact_prefix |" in (tmp_path / "out" / "levers.md").read_text()
+
+
+def test_feature_map_layer_bench_runs_every_case_and_restores_the_map(tmp_path):
+  from bench import bench_feature_map_layer as bench
+  from linvit_jax.models import feature_maps
+
+  original = feature_maps.HedgehogExp.__dict__["features"]
+  out = tmp_path / "layer.json"
+  result = bench.main(
+      ["--batch", "1", "--tokens", "17", "--width", "32", "--heads", "2", "--reps", "1"]
+      + ["--out", str(out)]
+  )
+  assert [r["case"] for r in result["rows"]] == list(bench.CASES)
+  assert all(r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0 for r in result["rows"])
+  assert feature_maps.HedgehogExp.__dict__["features"] is original  # put back after each case
+  assert json.loads(out.read_text())["shape"]["tokens"] == 17
+  with pytest.raises(SystemExit, match="unknown case"):
+    bench.main(["--cases", "hedgehog"])
