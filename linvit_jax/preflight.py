@@ -215,6 +215,8 @@ _RUN_IDENTITY = (
     "data.pp_train",
     "teacher.dont_load",
 )
+# Stage fields added after runs were recorded, at the value that reproduces those runs.
+_STAGE_FIELDS_ADDED = {"pp_train": ""}
 _STAGE_BOOKKEEPING = (
     "checkpoint_every",
     "max_to_keep",
@@ -241,6 +243,8 @@ def check_same_run(workdir: str, config: mlc.ConfigDict) -> None:
       tree = tree.get(part) if isinstance(tree, dict) else None
     if isinstance(tree, dict) and key in new.get("stages", []):  # bookkeeping may change
       tree = {k: v for k, v in tree.items() if k not in _STAGE_BOOKKEEPING}
+      # A run recorded before a stage field existed ran with that field's default.
+      tree = {**_STAGE_FIELDS_ADDED, **tree}
     return tree
 
   def diff(a: Any, b: Any, key: str) -> None:  # down to the leaves that differ

@@ -115,3 +115,18 @@ def test_a_stage_pp_string_is_parsed_before_compute():
     preflight.validate(config)
   config.finetune.pp_train = ""  # "": the data block's pp string
   preflight.validate(config)
+
+
+def test_a_run_recorded_before_stage_pp_train_existed_still_resumes(tmp_path):
+  import json
+
+  config = config_lib.base_config()
+  old = json.loads(config.to_json_best_effort())
+  for name in config.stages:
+    del old[name]["pp_train"]  # what config.json held before the field was added
+  (tmp_path / "config.json").write_text(json.dumps(old))
+  preflight.check_same_run(str(tmp_path), config)  # its default is what that run did
+  stage = config.stages[0]
+  config[stage].pp_train = "decode|flip_lr"
+  with pytest.raises(ConfigError, match=rf"{stage}.pp_train: \"\" there"):
+    preflight.check_same_run(str(tmp_path), config)
