@@ -178,6 +178,11 @@ def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> di
   )
 
 
+def stage_blocks(config: mlc.ConfigDict) -> list[str]:
+  """The names of config's stage blocks (a block with a `kind`), listed in config.stages or not."""
+  return [k for k in config.keys() if isinstance(config[k], mlc.ConfigDict) and "kind" in config[k]]
+
+
 def stage_fields(kind: str) -> set[str]:
   """Every field of a `kind` stage block (what `stage` writes)."""
   return set(stage(kind, steps=1, batch_size=1, lr=1.0))
@@ -473,9 +478,7 @@ def describe(config: mlc.ConfigDict) -> str:
         flat.append((prefix + key, value))
 
   walk(config, "")
-  stages = {
-      k for k in config.keys() if isinstance(config[k], mlc.ConfigDict) and "kind" in config[k]
-  }
+  stages = set(stage_blocks(config))
   out = []
   for path, value in flat:
     head, _, rest = path.partition(".")

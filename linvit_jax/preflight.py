@@ -69,9 +69,8 @@ def validate(config: mlc.ConfigDict) -> None:
   for name in config.stages:
     if name not in config:
       raise ConfigError(f"stage {name!r} is listed in config.stages but config.{name} is missing")
-  for name in config:  # every stage block, listed or not: its fields are its kind's schema
-    if isinstance(config[name], mlc.ConfigDict) and "kind" in config[name]:
-      check_stage_fields(name, config[name])
+  for name in config_lib.stage_blocks(config):  # listed or not: its fields are its kind's schema
+    check_stage_fields(name, config[name])
   for name in config.stages:
     kind = config[name].kind
     if kind in ("distill_attention", "align") and not config.teacher.init:

@@ -9,6 +9,7 @@ from typing import Any
 import ml_collections as mlc
 
 from linvit_jax import checkpoints
+from linvit_jax import config_lib
 from linvit_jax import tree as tree_lib
 from linvit_jax.errors import ConfigError
 from linvit_jax.models import vit
@@ -49,14 +50,8 @@ _PP_FIELDS = (("data", "pp_train"), ("data", "pp_eval"), ("eval", "sample_pp"))
 
 
 def _pp_fields(config: mlc.ConfigDict) -> list[tuple[str, str]]:
-  stage_pps = [
-      (name, "pp_train")
-      for name in config
-      if isinstance(config[name], mlc.ConfigDict)
-      and "kind" in config[name]
-      and "pp_train" in config[name]
-  ]
-  return [*_PP_FIELDS, *stage_pps]
+  stages = config_lib.stage_blocks(config)
+  return [*_PP_FIELDS, *((name, "pp_train") for name in stages if "pp_train" in config[name])]
 
 
 _INIT_NORM = re.compile(r"init_norm(\(\s*required\s*=\s*True\s*\))?")
