@@ -68,7 +68,8 @@ distill_fraction, policy, softmax_layers, pool (gap | 0 | none, only without a c
 lr_distill, distill_trainable (distill_attention | attention_routing: v/out frozen |
 attention_features: q/k frozen | a path regex), lr_align, align_trainable (attention | all | a
 path regex), align_update_scale (absolute | param_rms: lr_align is then a step relative to each
-output column's RMS), align_warmup (fraction of the align steps), align_w_feature (final tokens),
+output column's RMS), align_warmup (fraction of the align steps), align_ema (0: off; a decay:
+the stage hands on the moving average of its params), align_w_feature (final tokens),
 align_w_blocks (every block's output), align_top_weight (the last block's weight over the
 first), align_w_attn_tf (teacher-forced attention outputs), distill_augment / align_augment
 ("" | color: DINO's colour jitter and random grayscale on that stage's training views; fidelity
@@ -113,6 +114,7 @@ def get_config(arg=None):
       align_trainable=config_lib.ALIGN_RECIPE["trainable"],
       align_update_scale=config_lib.ALIGN_RECIPE["update_scale"],
       align_warmup=config_lib.ALIGN_RECIPE["warmup"],
+      align_ema=0.0,
       align_w_feature=1.0,
       align_w_blocks=1.0,
       align_top_weight=1.0,
@@ -143,6 +145,8 @@ def get_config(arg=None):
     raise ValueError(f"norm={arg.norm!r}: expected one of {sorted(NORMS) + ['source']}")
   if not 0 < arg.distill_fraction <= 1:
     raise ValueError(f"distill_fraction={arg.distill_fraction}: expected in (0, 1]")
+  if not 0 <= arg.align_ema < 1:
+    raise ValueError(f"align_ema={arg.align_ema}: expected in [0, 1) (0: off)")
   for field in ("distill_augment", "align_augment"):
     if arg[field] not in AUGMENTS:
       raise ValueError(f"{field}={arg[field]!r}: expected one of {sorted(AUGMENTS)}")
@@ -234,6 +238,8 @@ def get_config(arg=None):
         wd=0.0,
         grad_clip=1.0,
         update_scale=arg.align_update_scale,
+        # only when on: runs recorded before the field existed keep resuming
+        **({"ema_decay": arg.align_ema} if arg.align_ema else {}),
         trainable=arg.align_trainable,
         w_feature=arg.align_w_feature,
         w_blocks=arg.align_w_blocks,

@@ -135,6 +135,8 @@ def student_config(
   }
   if results.get("knn"):
     fidelity["knn"] = results["knn"]
+  if results.get("eval_view_fidelity"):
+    fidelity["eval_view"] = results["eval_view_fidelity"]
   size = config.data.image_size
   return {
       "format": FORMAT,
@@ -197,6 +199,12 @@ def model_card(cfg: Mapping[str, Any]) -> str:
     lines.append(
         f"On held-out images ({e2e['measured']}): "
         + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in e2e.items() if k != "measured")
+    )
+  view = fid.get("eval_view")
+  if view:
+    lines.append(
+        f"On the held-out images as `encode` sees them ({view['images']}, `pp` above): "
+        + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in view.items() if k != "images")
     )
   if fid.get("teacher_top1") is not None:
     lines.append(

@@ -10,7 +10,8 @@ so weight decay is decoupled and follows the schedule's shape only (see
 config_lib.OPTIMIZER_DEFAULTS, where every field's default lives). Frozen leaves go through
 `optax.set_to_zero` instead (`masked_optimizer`): a zero update and no optimizer state, the one
 place where the trainable mask acts (the step differentiates every leaf; XLA drops the gradients
-nothing reads).
+nothing reads). With `ema_decay` > 0, `param_ema` follows the chain and keeps a moving average of
+the params in the optimizer state; `stage_result` is what the stage hands on.
 
 A trainable mask is a pytree of Python bools like the params (`trainable_mask`), from None (all),
 a name in STAGE_TRAINABLE, a path regex (re.fullmatch on '/'-joined paths, as every path regex of
@@ -20,7 +21,7 @@ the project), a callable or a pytree.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -163,6 +164,52 @@ def scale_by_param_rms(floor: float = 1e-4) -> optax.GradientTransformation:
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+class ParamEmaState(NamedTuple):
+  count: jax.Array  # int32 []: updates averaged so far
+  ema: Params  # float32, like params
+
+
+def param_ema(decay: float) -> optax.GradientTransformation:
+  """Keeps an exponential moving average of the params after each update, in its state; passes
+  the updates through unchanged. Last in the chain, it sees the final update u_t and the params
+  p_t before it: ema ← β·ema + (1 − β)·(p_t + u_t), β = min(decay, (1 + t) / (10 + t)) (the
+  warm-up keeps the start from dominating a short stage). The average starts at the params."""
+  if not 0.0 <= decay < 1.0:
+    raise ValueError(f"optimizer.ema_decay={decay!r}: expected in [0, 1) (0 = off)")
+
+  def init_fn(params):
+    ema = jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)
+    return ParamEmaState(count=jnp.zeros((), jnp.int32), ema=ema)
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError("param_ema needs the params (tx.update(grads, state, params))")
+    t = state.count.astype(jnp.float32)
+    beta = jnp.minimum(decay, (1.0 + t) / (10.0 + t))
+    ema = jax.tree.map(
+        lambda e, p, u: beta * e + (1.0 - beta) * (p.astype(jnp.float32) + u.astype(jnp.float32)),
+        state.ema,
+        params,
+        updates,
+    )
+    return updates, ParamEmaState(count=state.count + 1, ema=ema)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def stage_result(params: Params, opt_state: Any) -> Params:
+  """What a stage hands on: its params, or (optimizer.ema_decay > 0) their moving average, cast
+  to each param's dtype."""
+  found = [
+      s
+      for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, ParamEmaState))
+      if isinstance(s, ParamEmaState)
+  ]
+  if not found:
+    return params
+  return jax.tree.map(lambda e, p: e.astype(p.dtype), found[0].ema, params)
+
+
 def make_optimizer(
     opt: Mapping[str, Any], total_steps: int, trainable_mask: Any
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -197,4 +244,7 @@ def make_optimizer(
   if opt["wd"]:
     parts.append(optax.add_decayed_weights(float(opt["wd"]), _decay_mask(opt["wd_pattern"])))
   parts += [optax.scale_by_schedule(lambda step: schedule(step) / lr), optax.scale(-1.0)]
-  return masked_optimizer(optax.chain(*parts), trainable_mask), schedule
+  tx = masked_optimizer(optax.chain(*parts), trainable_mask)
+  if opt["ema_decay"]:  # outside the mask: frozen leaves average to themselves
+    tx = optax.chain(tx, param_ema(float(opt["ema_decay"])))
+  return tx, schedule

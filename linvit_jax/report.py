@@ -92,6 +92,21 @@ def knn_retention(config, teacher_model, teacher_params, student_model, student_
   return out
 
 
+def eval_view_fidelity(
+    config, teacher_model, teacher_params, student_model, student_params
+) -> dict[str, Any] | None:
+  """End-to-end fidelity on the held-out images as the exported student sees them (`pp_eval`:
+  one whole-image view each, up to eval.fidelity_images), beside the random views of the run's
+  fidelity sample; None when that sample already is the eval view (no `eval.sample_pp`)."""
+  if not config.eval.sample_pp:
+    return None
+  images = sources.eval_view_images(config, config.eval.fidelity_images)
+  e2e = evaluate.end_to_end_fidelity(
+      teacher_model, teacher_params, student_model, student_params, images
+  )
+  return {"images": len(images), **{k: v for k, v in e2e.items() if isinstance(v, float)}}
+
+
 def resolution_scaling(
     config,
     mesh,
@@ -190,6 +205,13 @@ def format_summary(results: Mapping[str, Any]) -> str:
     for tag, v in e2e:
       cls = f"{v['cls_cosine']:9.4f}" if "cls_cosine" in v else f"{'-':>9s}"
       lines.append(f"{tag:<28s}{cls}{v['patch_cosine']:11.4f}{min(v['block_cosine']):11.4f}")
+  view = results.get("eval_view_fidelity")
+  if view:
+    cls = f"cls cos {view['cls_cosine']:.4f}, " if "cls_cosine" in view else ""
+    lines.append(
+        f"held-out images as encode() sees them (pp_eval, {view['images']} image(s)): {cls}"
+        f"patch cos {view['patch_cosine']:.4f}"
+    )
   if results.get("softmax_layers"):
     lines.append(f"hybrid: layers {results['softmax_layers']} keep softmax attention")
   if results.get("knn"):

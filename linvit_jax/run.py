@@ -217,6 +217,12 @@ def _report(config, workdir, scorer, student_model, student_params, results) -> 
     results["knn"] = report.knn_retention(
         config, teacher_model, teacher_params, student_model, student_params
     )
+  if teacher_params is not None:
+    view = report.eval_view_fidelity(
+        config, teacher_model, teacher_params, student_model, student_params
+    )
+    if view is not None:
+      results["eval_view_fidelity"] = view
   if any(spec.window or spec.sinks for spec in vit.layer_specs(student_model)):
     images = sample[: config.eval.fidelity_images]
     results["exact_share"] = evaluate.exact_shares(student_model, student_params, images)

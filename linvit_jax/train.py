@@ -250,7 +250,8 @@ def run_stage(
     name: str | None = None,
     min_shard_size: int = sharding_lib.DEFAULT_MIN_SIZE,
 ) -> tuple[Params, list[dict]]:
-  """Trains one stage (or resumes / skips it) and returns (final params, logged metric rows).
+  """Trains one stage (or resumes / skips it) and returns (its result: the final params, or their
+  moving average with optimizer.ema_decay > 0; the logged metric rows).
 
   Args:
     stage_cfg: the stage's config block (see the module docstring).
@@ -320,7 +321,7 @@ def run_stage(
         if latest >= total:
           logging.info("stage %r: already finished (checkpoint step %d); skipping", name, latest)
           _close(manager, writer, failed=False)
-          return state.params, metrics_lib.read_jsonl(
+          return optim.stage_result(state.params, state.opt_state), metrics_lib.read_jsonl(
               os.path.join(stage_dir, metrics_lib.METRICS_FILE)
           )
         logging.info("stage %r: resuming from step %d of %d", name, latest, total)
@@ -385,7 +386,7 @@ def run_stage(
     if code is None:
       raise
     raise _write_error(name, stage_dir, code) from e
-  return state.params, history
+  return optim.stage_result(state.params, state.opt_state), history
 
 
 def _close(manager: ocp.CheckpointManager, writer: Any, *, failed: bool) -> None:
@@ -515,7 +516,7 @@ def _train_loop(
       pending = (step + 1, device_metrics)
       done = step + 1
       if eval_fn is not None and ((eval_every and done % eval_every == 0) or done == total):
-        scores = eval_fn(state.params)
+        scores = eval_fn(optim.stage_result(state.params, state.opt_state))
         history.append(writer.write(done, {f"eval/{k}": v for k, v in scores.items()}))
       if (ckpt_every and done % ckpt_every == 0) or done == total:
         handle(*pending)  # never checkpoint past a stop the metrics would have called for

@@ -196,6 +196,20 @@ def test_convert_folder_headless_end_to_end(folder_run):
   assert [r["image_size"] for r in results["resolution"]] == [32, 64]
   for r in results["resolution"]:
     assert r["student_peak_bytes"] > 0 and r["teacher_images_per_s"] > 0 and "cls_cosine" in r
+  # beside the random views: the held-out photos as encode() sees them, one central crop each,
+  # in results, the export's config and its card
+  from linvit_jax.data import image_folder
+
+  held = sum(image_folder.holdout_mask(sorted(os.listdir(config.data.data_dir)), 0.2))
+  view = results["eval_view_fidelity"]
+  assert (
+      view["images"] == min(held, config.eval.fidelity_images) and 0 < view["cls_cosine"] <= 1.0001
+  )
+  assert view["patch_cosine_min_image"] <= view["patch_cosine"] <= 1.0001
+  with open(os.path.join(workdir, "student_config.json")) as f:
+    assert json.load(f)["fidelity"]["eval_view"] == view
+  with open(os.path.join(workdir, "README.md")) as f:
+    assert "as `encode` sees them" in f.read()
 
 
 def test_convert_folder_hybrid_export_round_trips(folder_run):
@@ -275,7 +289,7 @@ def test_convert_folder_align_options_reach_the_stage(tmp_path):
   extra = (
       ",tiny=False,max_images=400,distill_fraction=0.5,align_trainable=all,lr_align=3e-4"
       ",align_update_scale=param_rms,align_warmup=0.25,align_w_feature=4,align_top_weight=3"
-      ",align_w_blocks=0.5,align_w_attn_tf=0"
+      ",align_w_blocks=0.5,align_w_attn_tf=0,align_ema=0.99"
   )
   config = _config(path, str(tmp_path), extra)
   assert config.stages == ("distill_attention", "align")
@@ -286,6 +300,12 @@ def test_convert_folder_align_options_reach_the_stage(tmp_path):
   from linvit_jax import optim
 
   assert optim.optimizer_settings(config.distill_attention.optimizer)["update_scale"] == "absolute"
+  assert a.optimizer.ema_decay == 0.99
+  assert optim.optimizer_settings(config.distill_attention.optimizer)["ema_decay"] == 0.0
+  # off: the field is left out, so workdirs recorded before it existed still resume
+  assert "ema_decay" not in _config(path, str(tmp_path), ",distill_fraction=0.5").align.optimizer
+  with pytest.raises(ValueError, match="align_ema=1.0"):
+    _config(path, str(tmp_path), ",align_ema=1.0")
 
 
 def test_convert_folder_num_features_reaches_the_spec(tmp_path):

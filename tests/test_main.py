@@ -114,6 +114,8 @@ def test_demo_tiny_runs_end_to_end(demo_run):
   assert saved["teacher_top1"] > 0.5  # the shipped teacher is a trained model
   assert len(saved["fidelity_converted"]) == config.model.depth
   assert [r["factor"] for r in saved["resolution"]] == [1, 2]
+  # its fidelity sample is the eval view itself (no eval.sample_pp): no second, identical measure
+  assert not config.eval.sample_pp and "eval_view_fidelity" not in saved
   with open(os.path.join(workdir, "surgery_report.json")) as f:
     report = json.load(f)
   assert report  # every leaf listed; contents are tested in test_surgery.py

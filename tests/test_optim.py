@@ -175,3 +175,29 @@ def test_param_rms_updates_are_relative_per_output_column():
   np.testing.assert_allclose(optim.column_rms(out, 1e-4)[0, 0], want, rtol=1e-5)
   with pytest.raises(ValueError, match="update_scale='relative'"):
     optim.make_optimizer({**base, "update_scale": "relative"}, 10, mask)
+
+
+def test_param_ema_averages_the_params_after_each_update_and_is_what_a_stage_hands_on():
+  params = {"w": jnp.asarray([1.0, -2.0]), "frozen": jnp.asarray([3.0])}
+  mask = {"w": True, "frozen": False}
+  base = dict(lr=0.1, warmup_steps=0, schedule="constant", grad_clip=0.0, wd=0.0, name="sgd")
+  tx, _ = optim.make_optimizer({**base, "momentum": 0.0, "ema_decay": 0.5}, 10, mask)
+  state = tx.init(params)
+  assert optim.stage_result(params, state)["w"].tolist() == [1.0, -2.0]  # starts at the params
+  want, p = np.asarray(params["w"]), params
+  for t in range(4):
+    grads = {"w": jnp.asarray([1.0, 2.0]) * (t + 1), "frozen": jnp.ones(1)}
+    updates, state = tx.update(grads, state, p)
+    p = jax.tree.map(lambda a, u: a + u, p, updates)
+    beta = min(0.5, (1 + t) / (10 + t))  # the warm-up, then the decay
+    want = beta * want + (1 - beta) * np.asarray(p["w"])
+  result = optim.stage_result(p, state)
+  np.testing.assert_allclose(result["w"], want, rtol=1e-6)
+  assert not np.allclose(result["w"], p["w"])  # the average, not the last params
+  assert result["frozen"].tolist() == [3.0] and result["w"].dtype == p["w"].dtype
+  # off (the default): no average kept, the stage hands on its params
+  tx0, _ = optim.make_optimizer({**base, "momentum": 0.0}, 10, mask)
+  assert optim.stage_result(p, tx0.init(p)) is p
+  for bad in (1.0, -0.1):
+    with pytest.raises(ValueError, match="ema_decay"):
+      optim.make_optimizer({**base, "ema_decay": bad}, 10, mask)

@@ -126,6 +126,37 @@ def test_finished_stage_is_skipped_and_returns_its_params(reference):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_a_stage_with_ema_hands_on_the_average_also_when_skipped_or_resumed(reference, tmp_path):
+  _, plain, _ = reference
+  opt = {**tt.stage_cfg()["optimizer"], "ema_decay": 0.5}
+  params, history = _run(tmp_path / "ema", optimizer=opt)
+  assert _losses(history) == _losses(reference[2])  # the average does not change the training
+  diff = [
+      np.max(np.abs(np.asarray(a) - np.asarray(b)))
+      for a, b in zip(*map(jax.tree.leaves, (params, plain)))
+  ]
+  assert max(diff) > 1e-6  # the average of the walk, not its last point
+
+  def no_batches(start):
+    raise AssertionError(f"a finished stage asked for data from step {start}")
+
+  again, _ = _run(tmp_path / "ema", optimizer=opt, batch_iter_fn=no_batches)
+
+  # cut after step 3 and resumed: the average is checkpointed with the optimizer state
+  def three_batches(start):
+    for i, batch in enumerate(tt.batch_iter_fn()(start)):
+      if start + i == 3:
+        raise OSError("the input went away")
+      yield batch
+
+  with pytest.raises(OSError, match="went away"):
+    _run(tmp_path / "cut", optimizer=opt, checkpoint_every=3, batch_iter_fn=three_batches)
+  resumed, _ = _run(tmp_path / "cut", optimizer=opt, checkpoint_every=3)
+  for a, b, c in zip(*map(jax.tree.leaves, (params, again, resumed))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=TOL, atol=TOL)
+
+
 def test_host_params_and_frozen_arrays_stay_usable(tmp_path):
   """numpy init params shared with `frozen` (like copied teacher leaves) are never donated away."""
   init = tt.init_params(jax.random.PRNGKey(3))

@@ -83,8 +83,14 @@ def _sample_images(config: mlc.ConfigDict, n: int) -> np.ndarray:
         process_count=1,
     )
     return np.asarray(next(iter(it))["image"])
+  return eval_view_images(config, n)
+
+
+def eval_view_images(config: mlc.ConfigDict, n: int) -> np.ndarray:
+  """The first `n` eval images through `data.pp_eval` (what the exported student's `encode`
+  sees: one whole-image view per image), the same on every process."""
   it = input_pipeline.make_eval_iterator(
-      dataset=dataset,
+      dataset=config.data.eval_dataset or config.data.dataset,
       split=config.data.eval_split,
       pp=config.data.pp_eval,
       global_batch_size=max(n, 8),
