@@ -215,7 +215,7 @@ _RUN_IDENTITY = (
     "teacher.dont_load",
 )
 # Stage fields added after runs were recorded, at the value that reproduces those runs.
-_STAGE_FIELDS_ADDED = {"pp_train": ""}
+_STAGE_FIELDS_ADDED = {"pp_train": "", "start_weight": 0.0}
 _STAGE_BOOKKEEPING = (
     "checkpoint_every",
     "max_to_keep",

@@ -100,6 +100,12 @@ def stage_settings(stage_cfg: Any) -> dict[str, Any]:
   s.update(
       {k: _get(stage_cfg, k, v) for k, v in config_lib.stage_bookkeeping(int(s["steps"])).items()}
   )
+  s["start_weight"] = float(_get(stage_cfg, "start_weight", 0.0))
+  if not 0.0 <= s["start_weight"] < 1.0:  # also rejects nan
+    raise ValueError(
+        f"stage {name!r}: start_weight={s['start_weight']!r}: expected in [0, 1) (the share of "
+        "the starting params in what the stage hands on; 0 = its trained params)"
+    )
   opt_cfg = _get(stage_cfg, "optimizer", None)
   try:
     s["optimizer"] = optim.optimizer_settings(opt_cfg)
@@ -250,8 +256,9 @@ def run_stage(
     name: str | None = None,
     min_shard_size: int = sharding_lib.DEFAULT_MIN_SIZE,
 ) -> tuple[Params, list[dict]]:
-  """Trains one stage (or resumes / skips it) and returns (its result: the final params, or their
-  moving average with optimizer.ema_decay > 0; the logged metric rows).
+  """Trains one stage (or resumes / skips it) and returns (its result, the logged metric rows).
+  The result is the final params (their moving average with optimizer.ema_decay > 0), moved
+  `start_weight` of the way back to the starting params (0 by default: not at all).
 
   Args:
     stage_cfg: the stage's config block (see the module docstring).
@@ -321,7 +328,7 @@ def run_stage(
         if latest >= total:
           logging.info("stage %r: already finished (checkpoint step %d); skipping", name, latest)
           _close(manager, writer, failed=False)
-          return optim.stage_result(state.params, state.opt_state), metrics_lib.read_jsonl(
+          return _handed_on(state, init_params, init_rng, cfg), metrics_lib.read_jsonl(
               os.path.join(stage_dir, metrics_lib.METRICS_FILE)
           )
         logging.info("stage %r: resuming from step %d of %d", name, latest, total)
@@ -386,7 +393,26 @@ def run_stage(
     if code is None:
       raise
     raise _write_error(name, stage_dir, code) from e
-  return optim.stage_result(state.params, state.opt_state), history
+  return _handed_on(state, init_params, init_rng, cfg), history
+
+
+def _handed_on(state: TrainState, init_params: Any, init_rng: jax.Array, cfg: dict) -> Params:
+  """The stage's result: its params (or their moving average), moved `start_weight` of the way
+  back to where the stage started (rebuilt from `init_params` on a resumed or skipped stage)."""
+  result = optim.stage_result(state.params, state.opt_state)
+  w = cfg["start_weight"]
+  if not w:
+    return result
+  start = jax.jit(init_params)(init_rng) if callable(init_params) else init_params
+  return jax.jit(
+      lambda a, b: jax.tree.map(
+          lambda x, y: ((1.0 - w) * x.astype(jnp.float32) + w * y.astype(jnp.float32)).astype(
+              x.dtype
+          ),
+          a,
+          b,
+      )
+  )(result, start)
 
 
 def _close(manager: ocp.CheckpointManager, writer: Any, *, failed: bool) -> None:

@@ -301,6 +301,10 @@ def test_convert_folder_align_options_reach_the_stage(tmp_path):
 
   assert optim.optimizer_settings(config.distill_attention.optimizer)["update_scale"] == "absolute"
   assert a.optimizer.ema_decay == 0.99
+  assert a.start_weight == 0.5 and config.distill_attention.start_weight == 0.0  # the default
+  assert _config(path, str(tmp_path), extra + ",align_start_weight=0").align.start_weight == 0.0
+  with pytest.raises(ValueError, match="align_start_weight=1.0"):
+    _config(path, str(tmp_path), ",align_start_weight=1.0")
   assert optim.optimizer_settings(config.distill_attention.optimizer)["ema_decay"] == 0.0
   # off: the field is left out, so workdirs recorded before it existed still resume
   assert "ema_decay" not in _config(path, str(tmp_path), ",distill_fraction=0.5").align.optimizer

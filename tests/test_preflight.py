@@ -123,10 +123,25 @@ def test_a_run_recorded_before_stage_pp_train_existed_still_resumes(tmp_path):
   config = config_lib.base_config()
   old = json.loads(config.to_json_best_effort())
   for name in config.stages:
-    del old[name]["pp_train"]  # what config.json held before the field was added
+    del old[name]["pp_train"]  # what config.json held before the fields were added
+    del old[name]["start_weight"]
   (tmp_path / "config.json").write_text(json.dumps(old))
-  preflight.check_same_run(str(tmp_path), config)  # its default is what that run did
+  preflight.check_same_run(str(tmp_path), config)  # their defaults are what that run did
   stage = config.stages[0]
   config[stage].pp_train = "decode|flip_lr"
   with pytest.raises(ConfigError, match=rf"{stage}.pp_train: \"\" there"):
     preflight.check_same_run(str(tmp_path), config)
+  config[stage].pp_train = ""
+  config[stage].start_weight = 0.5
+  with pytest.raises(ConfigError, match=rf"{stage}.start_weight: 0.0 there, 0.5 now"):
+    preflight.check_same_run(str(tmp_path), config)
+
+
+def test_a_bad_start_weight_fails_before_compute_naming_the_stage():
+  config = config_lib.base_config()
+  config.finetune = config_lib.stage("finetune", steps=2, batch_size=2, lr=1e-4, start_weight=1.5)
+  config.stages = ("finetune",)
+  with pytest.raises(ConfigError, match=r"config.finetune: stage 'finetune': start_weight=1.5"):
+    preflight.validate(config)
+  config.finetune.start_weight = 0.5
+  preflight.validate(config)

@@ -157,6 +157,23 @@ def test_a_stage_with_ema_hands_on_the_average_also_when_skipped_or_resumed(refe
     np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=TOL, atol=TOL)
 
 
+def test_start_weight_hands_on_a_point_between_the_start_and_the_trained_params(
+    reference, tmp_path
+):
+  _, trained, history = reference
+  start = tt.init_params(jax.random.split(jax.random.PRNGKey(0))[0])  # run_stage's init key
+  params, history2 = _run(tmp_path, start_weight=0.25)
+  assert _losses(history2) == _losses(history)  # the training itself is the same
+  again, _ = _run(tmp_path, start_weight=0.25, batch_iter_fn=lambda s: iter(()))  # skipped
+  for got in (params, again):
+    for p, t, s0 in zip(*map(jax.tree.leaves, (got, trained, start))):
+      np.testing.assert_allclose(
+          p, 0.75 * np.asarray(t) + 0.25 * np.asarray(s0), rtol=1e-5, atol=1e-7
+      )
+  with pytest.raises(ValueError, match="stage 'tiny': start_weight=1.0"):
+    train.stage_settings(tt.stage_cfg(start_weight=1.0))
+
+
 def test_host_params_and_frozen_arrays_stay_usable(tmp_path):
   """numpy init params shared with `frozen` (like copied teacher leaves) are never donated away."""
   init = tt.init_params(jax.random.PRNGKey(3))
