@@ -150,10 +150,9 @@ def get_config(arg=None):
     raise ValueError(f"norm={arg.norm!r}: expected one of {sorted(NORMS) + ['source']}")
   if not 0 < arg.distill_fraction <= 1:
     raise ValueError(f"distill_fraction={arg.distill_fraction}: expected in (0, 1]")
-  if not 0 <= arg.align_start_weight < 1:
-    raise ValueError(f"align_start_weight={arg.align_start_weight}: expected in [0, 1) (0: off)")
-  if not 0 <= arg.align_ema < 1:
-    raise ValueError(f"align_ema={arg.align_ema}: expected in [0, 1) (0: off)")
+  for field in ("align_start_weight", "align_ema"):
+    if not 0 <= arg[field] < 1:
+      raise ValueError(f"{field}={arg[field]}: expected in [0, 1) (0: off)")
   for field in ("distill_augment", "align_augment"):
     if arg[field] not in AUGMENTS:
       raise ValueError(f"{field}={arg[field]!r}: expected one of {sorted(AUGMENTS)}")
