@@ -72,7 +72,8 @@ lr_distill, distill_trainable (distill_attention | attention_routing: v/out froz
 attention_features: q/k frozen | a path regex), lr_align, align_trainable (attention | all | a
 path regex), align_update_scale (absolute | param_rms: lr_align is then a step relative to each
 output column's RMS), align_warmup (fraction of the align steps), align_ema (0: off; a decay:
-the stage hands on the moving average of its params), align_start_weight (w: the stage hands on
+the stage hands on the moving average of its params), align_average (0: off; a fraction f: the
+stage hands on the uniform average of its params over its last f of steps), align_start_weight (w: the stage hands on
 (1 − w)·its trained params + w·the distilled ones it started from), align_w_feature (final tokens),
 align_w_blocks (every block's output), align_top_weight (the last block's weight over the
 first), align_w_attn_tf (teacher-forced attention outputs), distill_augment / align_augment
@@ -119,6 +120,7 @@ def get_config(arg=None):
       align_update_scale=config_lib.ALIGN_RECIPE["update_scale"],
       align_warmup=config_lib.ALIGN_RECIPE["warmup"],
       align_ema=0.0,
+      align_average=0.0,
       align_start_weight=0.5,
       align_w_feature=1.0,
       align_w_blocks=1.0,
@@ -153,6 +155,10 @@ def get_config(arg=None):
   for field in ("align_start_weight", "align_ema"):
     if not 0 <= arg[field] < 1:
       raise ValueError(f"{field}={arg[field]}: expected in [0, 1) (0: off)")
+  if not 0 <= arg.align_average <= 1:
+    raise ValueError(f"align_average={arg.align_average}: expected in [0, 1] (0: off)")
+  if arg.align_average and arg.align_ema:
+    raise ValueError("align_average and align_ema are two averages: choose one (the other 0)")
   for field in ("distill_augment", "align_augment"):
     if arg[field] not in AUGMENTS:
       raise ValueError(f"{field}={arg[field]!r}: expected one of {sorted(AUGMENTS)}")
@@ -246,6 +252,7 @@ def get_config(arg=None):
         update_scale=arg.align_update_scale,
         # only when on: runs recorded before the field existed keep resuming
         **({"ema_decay": arg.align_ema} if arg.align_ema else {}),
+        **({"average_last": arg.align_average} if arg.align_average else {}),
         start_weight=arg.align_start_weight,
         trainable=arg.align_trainable,
         w_feature=arg.align_w_feature,

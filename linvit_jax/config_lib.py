@@ -78,6 +78,10 @@ OPTIMIZER_DEFAULTS = dict(
     # hands the average on as the stage's result (curves are drawn on it too). Batch-size-8 walks
     # swing held-out fidelity from step to step; the average does not follow one walk.
     ema_decay=0.0,
+    # (0, 1]: instead, the uniform average of the params after each of the last `average_last`
+    # fraction of the stage's updates (stochastic weight averaging over the schedule's tail),
+    # handed on the same way. Exclusive with ema_decay.
+    average_last=0.0,
 )
 # The fields every config stage block spells out (a locked config takes overrides of these only).
 _OPTIMIZER_BLOCK = (

@@ -11,7 +11,8 @@ config_lib.OPTIMIZER_DEFAULTS, where every field's default lives). Frozen leaves
 `optax.set_to_zero` instead (`masked_optimizer`): a zero update and no optimizer state, the one
 place where the trainable mask acts (the step differentiates every leaf; XLA drops the gradients
 nothing reads). With `ema_decay` > 0, `param_ema` follows the chain and keeps a moving average of
-the params in the optimizer state; `stage_result` is what the stage hands on.
+the params in the optimizer state (with `average_last` > 0, `tail_average`: the uniform average
+over the schedule's tail); `stage_result` is what the stage hands on.
 
 A trainable mask is a pytree of Python bools like the params (`trainable_mask`), from None (all),
 a name in STAGE_TRAINABLE, a path regex (re.fullmatch on '/'-joined paths, as every path regex of
@@ -20,6 +21,7 @@ the project), a callable or a pytree.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -176,6 +178,28 @@ def param_ema(decay: float) -> optax.GradientTransformation:
   warm-up keeps the start from dominating a short stage). The average starts at the params."""
   if not 0.0 <= decay < 1.0:
     raise ValueError(f"optimizer.ema_decay={decay!r}: expected in [0, 1) (0 = off)")
+  return _param_average(lambda t: jnp.minimum(decay, (1.0 + t) / (10.0 + t)))
+
+
+def tail_average(total_steps: int, fraction: float) -> optax.GradientTransformation:
+  """Keeps the uniform average of the params after each of the last ⌈fraction · total_steps⌉
+  updates (stochastic weight averaging's average, over the tail of one schedule), in the same
+  state as `param_ema`; before the tail the state follows the params. Under a decaying
+  schedule the tail still moves, so the average spans several points of the walk, where an EMA
+  capped by its warm-up only sees the last few dozen nearly frozen steps of a short stage."""
+  if not 0.0 < fraction <= 1.0:
+    raise ValueError(f"optimizer.average_last={fraction!r}: expected in (0, 1] (0 = off)")
+  first = total_steps - max(1, math.ceil(fraction * total_steps))  # the tail's first update
+
+  def beta(t):
+    n = t - first  # updates of the tail averaged before this one
+    return jnp.where(n < 0, 0.0, n / (n + 1.0))
+
+  return _param_average(beta)
+
+
+def _param_average(beta_of_step: Callable[[jax.Array], jax.Array]) -> optax.GradientTransformation:
+  """ema ← β_t·ema + (1 − β_t)·(p_t + u_t) after update t (counted from 0); updates unchanged."""
 
   def init_fn(params):
     ema = jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)
@@ -183,9 +207,8 @@ def param_ema(decay: float) -> optax.GradientTransformation:
 
   def update_fn(updates, state, params=None):
     if params is None:
-      raise ValueError("param_ema needs the params (tx.update(grads, state, params))")
-    t = state.count.astype(jnp.float32)
-    beta = jnp.minimum(decay, (1.0 + t) / (10.0 + t))
+      raise ValueError("a param average needs the params (tx.update(grads, state, params))")
+    beta = beta_of_step(state.count.astype(jnp.float32))
     ema = jax.tree.map(
         lambda e, p, u: beta * e + (1.0 - beta) * (p.astype(jnp.float32) + u.astype(jnp.float32)),
         state.ema,
@@ -198,8 +221,8 @@ def param_ema(decay: float) -> optax.GradientTransformation:
 
 
 def stage_result(params: Params, opt_state: Any) -> Params:
-  """What a stage hands on: its params, or (optimizer.ema_decay > 0) their moving average, cast
-  to each param's dtype."""
+  """What a stage hands on: its params, or (optimizer.ema_decay or average_last > 0) their
+  average, cast to each param's dtype."""
   found = [
       s
       for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, ParamEmaState))
@@ -245,6 +268,14 @@ def make_optimizer(
     parts.append(optax.add_decayed_weights(float(opt["wd"]), _decay_mask(opt["wd_pattern"])))
   parts += [optax.scale_by_schedule(lambda step: schedule(step) / lr), optax.scale(-1.0)]
   tx = masked_optimizer(optax.chain(*parts), trainable_mask)
-  if opt["ema_decay"]:  # outside the mask: frozen leaves average to themselves
+  if opt["ema_decay"] and opt["average_last"]:
+    raise ValueError(
+        f"optimizer.ema_decay={opt['ema_decay']!r} and optimizer.average_last="
+        f"{opt['average_last']!r}: choose one average (set the other to 0)"
+    )
+  # Outside the mask: frozen leaves average to themselves.
+  if opt["ema_decay"]:
     tx = optax.chain(tx, param_ema(float(opt["ema_decay"])))
+  elif opt["average_last"]:
+    tx = optax.chain(tx, tail_average(int(total_steps), float(opt["average_last"])))
   return tx, schedule

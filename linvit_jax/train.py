@@ -257,7 +257,7 @@ def run_stage(
     min_shard_size: int = sharding_lib.DEFAULT_MIN_SIZE,
 ) -> tuple[Params, list[dict]]:
   """Trains one stage (or resumes / skips it) and returns (its result, the logged metric rows).
-  The result is the final params (their moving average with optimizer.ema_decay > 0), moved
+  The result is the final params (their average with optimizer.ema_decay or average_last > 0), moved
   `start_weight` of the way back to the starting params (0 by default: not at all).
 
   Args:

@@ -310,6 +310,13 @@ def test_convert_folder_align_options_reach_the_stage(tmp_path):
   assert "ema_decay" not in _config(path, str(tmp_path), ",distill_fraction=0.5").align.optimizer
   with pytest.raises(ValueError, match="align_ema=1.0"):
     _config(path, str(tmp_path), ",align_ema=1.0")
+  tail = _config(path, str(tmp_path), ",distill_fraction=0.5,align_average=0.5").align.optimizer
+  assert tail.average_last == 0.5 and "ema_decay" not in tail
+  assert "average_last" not in _config(path, str(tmp_path), ",distill_fraction=0.5").align.optimizer
+  with pytest.raises(ValueError, match="align_average=1.5"):
+    _config(path, str(tmp_path), ",align_average=1.5")
+  with pytest.raises(ValueError, match="choose one"):
+    _config(path, str(tmp_path), ",align_average=0.5,align_ema=0.9")
 
 
 def test_convert_folder_num_features_reaches_the_spec(tmp_path):

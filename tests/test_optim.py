@@ -201,3 +201,27 @@ def test_param_ema_averages_the_params_after_each_update_and_is_what_a_stage_han
   for bad in (1.0, -0.1):
     with pytest.raises(ValueError, match="ema_decay"):
       optim.make_optimizer({**base, "ema_decay": bad}, 10, mask)
+
+
+def test_tail_average_is_the_mean_of_the_params_after_each_update_of_the_tail():
+  params = {"w": jnp.asarray([1.0, -2.0]), "frozen": jnp.asarray([3.0])}
+  mask = {"w": True, "frozen": False}
+  base = dict(lr=0.1, warmup_steps=0, schedule="cosine", grad_clip=0.0, wd=0.0, name="sgd")
+  total = 7
+  for fraction, tail in ((0.4, 3), (1.0, 7), (0.01, 1)):  # ⌈fraction · steps⌉ updates, at least 1
+    tx, _ = optim.make_optimizer({**base, "momentum": 0.0, "average_last": fraction}, total, mask)
+    state, p, after = tx.init(params), params, []
+    for t in range(total):
+      grads = {"w": jnp.asarray([1.0, 2.0]) * (t + 1) ** 2, "frozen": jnp.ones(1)}
+      updates, state = tx.update(grads, state, p)
+      p = jax.tree.map(lambda a, u: a + u, p, updates)
+      after.append(np.asarray(p["w"]))
+    result = optim.stage_result(p, state)
+    np.testing.assert_allclose(result["w"], np.mean(after[-tail:], axis=0), rtol=1e-5)
+    assert result["frozen"].tolist() == [3.0]
+  assert not np.allclose(np.mean(after, axis=0), after[-1])  # the walk moved: a real average
+  for bad in (1.5, -0.1):
+    with pytest.raises(ValueError, match="average_last"):
+      optim.make_optimizer({**base, "average_last": bad}, 10, mask)
+  with pytest.raises(ValueError, match="choose one average"):
+    optim.make_optimizer({**base, "average_last": 0.5, "ema_decay": 0.9}, 10, mask)

@@ -148,3 +148,6 @@ def test_a_bad_start_weight_fails_before_compute_naming_the_stage():
   config.finetune = config_lib.stage("finetune", steps=2, batch_size=2, lr=1e-4, ema_decay=1.0)
   with pytest.raises(ConfigError, match=r"config.finetune.optimizer: optimizer.ema_decay=1.0"):
     preflight.validate(config)
+  config.finetune = config_lib.stage("finetune", steps=2, batch_size=2, lr=1e-4, average_last=2.0)
+  with pytest.raises(ConfigError, match=r"config.finetune.optimizer: optimizer.average_last=2.0"):
+    preflight.validate(config)

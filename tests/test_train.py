@@ -126,9 +126,12 @@ def test_finished_stage_is_skipped_and_returns_its_params(reference):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_a_stage_with_ema_hands_on_the_average_also_when_skipped_or_resumed(reference, tmp_path):
+@pytest.mark.parametrize("average", [{"ema_decay": 0.5}, {"average_last": 0.5}])
+def test_a_stage_with_an_average_hands_it_on_also_when_skipped_or_resumed(
+    reference, tmp_path, average
+):
   _, plain, _ = reference
-  opt = {**tt.stage_cfg()["optimizer"], "ema_decay": 0.5}
+  opt = {**tt.stage_cfg()["optimizer"], **average}
   params, history = _run(tmp_path / "ema", optimizer=opt)
   assert _losses(history) == _losses(reference[2])  # the average does not change the training
   diff = [
