@@ -76,7 +76,9 @@ OPTIMIZER_DEFAULTS = dict(
     # > 0: the stage also keeps an exponential moving average of its params (in the optimizer state,
     # so it is checkpointed and resumed), decay min(ema_decay, (1 + t) / (10 + t)) at update t, and
     # hands the average on as the stage's result (curves are drawn on it too). Batch-size-8 walks
-    # swing held-out fidelity from step to step; the average does not follow one walk.
+    # swing held-out fidelity from step to step; the average does not follow one walk. While
+    # t < 10/(1 − decay) the warm-up term is the smaller one and the average spans only the
+    # last ~t/9 updates (a 500-step stage: ~55, whatever decay ≥ 0.98): use average_last there.
     ema_decay=0.0,
     # (0, 1]: instead, the uniform average of the params after each of the last `average_last`
     # fraction of the stage's updates (stochastic weight averaging over the schedule's tail),
