@@ -73,8 +73,9 @@ attention_features: q/k frozen | a path regex), lr_align, align_trainable (atten
 path regex), align_update_scale (absolute | param_rms: lr_align is then a step relative to each
 output column's RMS), align_warmup (fraction of the align steps), align_ema (0: off; a decay:
 the stage hands on the moving average of its params), align_average (0: off; a fraction f: the
-stage hands on the uniform average of its params over its last f of steps), align_start_weight (w: the stage hands on
-(1 − w)·its trained params + w·the distilled ones it started from), align_w_feature (final tokens),
+stage hands on the uniform average of its params over its last f of steps), align_start_weight
+(w: the stage hands on (1 − w)·its trained params + w·the distilled ones it started from),
+align_w_feature (final tokens),
 align_w_blocks (every block's output), align_top_weight (the last block's weight over the
 first), align_w_attn_tf (teacher-forced attention outputs), distill_augment / align_augment
 ("" | color: DINO's colour jitter and random grayscale on that stage's training views; fidelity

@@ -198,7 +198,9 @@ def tail_average(total_steps: int, fraction: float) -> optax.GradientTransformat
   return _param_average(beta)
 
 
-def _param_average(beta_of_step: Callable[[jax.Array], jax.Array]) -> optax.GradientTransformation:
+def _param_average(
+    beta_of_step: Callable[[jax.Array], jax.Array],
+) -> optax.GradientTransformation:
   """ema ← β_t·ema + (1 − β_t)·(p_t + u_t) after update t (counted from 0); updates unchanged."""
 
   def init_fn(params):
