@@ -79,7 +79,9 @@ align_w_feature (final tokens),
 align_w_blocks (every block's output), align_top_weight (the last block's weight over the
 first), align_w_attn_tf (teacher-forced attention outputs), distill_augment / align_augment
 ("" | color: DINO's colour jitter and random grayscale on that stage's training views; fidelity
-is still measured on plain crops), holdout, eval_images,
+is still measured on plain crops), distill_mixup / align_mixup (p > 0: each of that stage's
+training views blended with its batch neighbour, weight ~ Beta(p, p): label-free mixup, the
+teacher and the student seeing the same blend; 0: off), holdout, eval_images,
 tiny (a few steps, for the tests).
 """
 
@@ -129,6 +131,8 @@ def get_config(arg=None):
       align_w_attn_tf=1.0,
       distill_augment="",
       align_augment="",
+      distill_mixup=0.0,
+      align_mixup=0.0,
       holdout=0.2,
       eval_images=32,
       exact_prefix=False,
@@ -160,6 +164,9 @@ def get_config(arg=None):
     raise ValueError(f"align_average={arg.align_average}: expected in [0, 1] (0: off)")
   if arg.align_average and arg.align_ema:
     raise ValueError("align_average and align_ema are two averages: choose one (the other 0)")
+  for field in ("distill_mixup", "align_mixup"):
+    if arg[field] < 0:
+      raise ValueError(f"{field}={arg[field]}: a Beta concentration, expected >= 0 (0: off)")
   for field in ("distill_augment", "align_augment"):
     if arg[field] not in AUGMENTS:
       raise ValueError(f"{field}={arg[field]!r}: expected one of {sorted(AUGMENTS)}")
@@ -239,6 +246,7 @@ def get_config(arg=None):
       grad_clip=1.0,
       trainable=arg.distill_trainable,
       pp_train=train_pp(res, norm, arg.distill_augment) if arg.distill_augment else "",
+      mixup=arg.distill_mixup,
   )
   c.stages = ("distill_attention",)
   if steps_b:
@@ -261,6 +269,7 @@ def get_config(arg=None):
         blocks_top_weight=arg.align_top_weight,
         w_attn_tf=arg.align_w_attn_tf,
         pp_train=train_pp(res, norm, arg.align_augment) if arg.align_augment else "",
+        mixup=arg.align_mixup,
     )
     c.stages = ("distill_attention", "align")
   for name in c.stages:

@@ -166,14 +166,16 @@ def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> di
   weighted by the `distill` block), finetune (all params, labels and optionally teacher logits /
   features), align (label-free: the student's own block outputs and final tokens matched to the
   teacher's). Optimizer fields (wd, warmup_steps, ...; not `name`) go to the block's `optimizer`;
-  `pp_train` overrides config.data.pp_train for this stage; `start_weight` w makes the stage hand
-  on (1 − w)·trained + w·starting params; any other keyword must be one of the
+  `pp_train` overrides config.data.pp_train for this stage; `mixup` p > 0 blends each training
+  image with its batch neighbour, weight ~ Beta(p, p) (label-free stages); `start_weight` w makes
+  the stage hand on (1 − w)·trained + w·starting params; any other keyword must be one of the
   kind's loss fields (`stage_losses`)."""
   losses = stage_losses(kind)
   opt_kw = {k: kw.pop(k) for k in OPTIMIZER_DEFAULTS if k in kw and k not in ("name", "lr")}
   # This stage's training pp string ("": config.data.pp_train), e.g. stronger augmentation for
   # one stage; the split, dataset and compose stay the data block's.
   pp_train = kw.pop("pp_train", "")
+  mixup = kw.pop("mixup", 0.0)
   start_weight = kw.pop("start_weight", 0.0)
   unknown = sorted(set(kw) - set(losses))
   if unknown:
@@ -185,6 +187,9 @@ def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> di
       steps=steps,
       batch_size=batch_size,
       pp_train=pp_train,
+      # Beta(p, p) concentration of the weight blending each training image with its batch
+      # neighbour (mixup without labels: more varied inputs to match the teacher on); 0 = off.
+      mixup=mixup,
       # What the stage hands on: (1 − w)·its trained params + w·its starting params (weight
       # interpolation, WiSE-FT); 0 = its trained params alone.
       start_weight=start_weight,  # 0 = the trained params; 0.5 = midway back to the start

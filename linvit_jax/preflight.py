@@ -93,6 +93,17 @@ def validate(config: mlc.ConfigDict) -> None:
           f"config.data.compose={config.data.compose}: composed images have no one label, but "
           f"config.{name} trains on labels (w_label={config[name].w_label})"
       )
+    mixup = config[name].get("mixup", 0.0)
+    if mixup < 0:
+      raise ConfigError(
+          f"config.{name}.mixup={mixup}: the Beta concentration of the blend weight must be >= 0 "
+          "(0: off; 1: uniform)"
+      )
+    if kind in ("train", "finetune") and config[name].w_label and mixup:
+      raise ConfigError(
+          f"config.{name}.mixup={mixup}: blended images have no one label, but config.{name} "
+          f"trains on labels (w_label={config[name].w_label})"
+      )
     if kind in ("train", "finetune") and config[name].w_label and not config.model.num_classes:
       raise ConfigError(
           f"config.{name}.w_label={config[name].w_label} but the model has no "
@@ -215,7 +226,7 @@ _RUN_IDENTITY = (
     "teacher.dont_load",
 )
 # Stage fields added after runs were recorded, at the value that reproduces those runs.
-_STAGE_FIELDS_ADDED = {"pp_train": "", "start_weight": 0.0}
+_STAGE_FIELDS_ADDED = {"pp_train": "", "start_weight": 0.0, "mixup": 0.0}
 _STAGE_BOOKKEEPING = (
     "checkpoint_every",
     "max_to_keep",

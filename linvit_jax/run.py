@@ -172,6 +172,7 @@ def _run_stages(config, workdir, mesh, scorer, student_model, student_params, re
             stage_cfg.batch_size,
             config.seed + 1000 * (i + 1),
             pp=stage_cfg.get("pp_train", ""),
+            mixup=stage_cfg.get("mixup", 0.0),
         ),
         param_rules=[tuple(r) for r in config.param_rules],
         seed=config.seed + i,

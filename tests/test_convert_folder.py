@@ -131,13 +131,14 @@ def folder_run(tmp_path_factory):
   ckpt = str(tmp / "teacher.npz")
   teacher_params = _headless_checkpoint(ckpt)
   _photos(str(tmp / "photos"))
-  config = _config(ckpt, str(tmp / "photos"), ",softmax_layers=1,align_augment=color")
+  config = _config(ckpt, str(tmp / "photos"), ",softmax_layers=1,align_augment=color,align_mixup=1")
   workdir = str(tmp / "work")
   real_iter_fn = sources.train_iter_fn
 
-  def recording_iter_fn(config, batch_size, seed, pp=""):
+  def recording_iter_fn(config, batch_size, seed, pp="", mixup=0.0):
     STAGE_PPS.append(pp)
-    return real_iter_fn(config, batch_size, seed, pp=pp)
+    STAGE_MIXUPS.append(mixup)
+    return real_iter_fn(config, batch_size, seed, pp=pp, mixup=mixup)
 
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(sources, "train_iter_fn", recording_iter_fn)
@@ -146,6 +147,7 @@ def folder_run(tmp_path_factory):
 
 
 STAGE_PPS = []  # the pp string each stage of folder_run's run asked its training stream for
+STAGE_MIXUPS = []  # and the mixup concentration
 
 
 def test_a_stage_trains_on_its_own_pp_string(folder_run, tmp_path):
@@ -157,12 +159,17 @@ def test_a_stage_trains_on_its_own_pp_string(folder_run, tmp_path):
   # (with init_norm resolved from the checkpoint, as the data block's is).
   assert len(STAGE_PPS) == 2 and STAGE_PPS[0] == ""
   assert "color_jitter|random_grayscale|vgg_value_range" in STAGE_PPS[1]
+  assert STAGE_MIXUPS == [0.0, 1.0]  # align_mixup reached only the align stage's stream
   path = str(tmp_path / "t.npz")
   _headless_checkpoint(path)
   with pytest.raises(ValueError, match="align_augment='sepia'"):
     _config(path, str(tmp_path), ",align_augment=sepia")
   both = _config(path, str(tmp_path), ",distill_augment=color")
   assert "color_jitter" in both.distill_attention.pp_train and both.align.pp_train == ""
+  mixed = _config(path, str(tmp_path), ",distill_mixup=0.2")
+  assert (mixed.distill_attention.mixup, mixed.align.mixup) == (0.2, 0.0)
+  with pytest.raises(ValueError, match=r"align_mixup=-1.0: a Beta concentration"):
+    _config(path, str(tmp_path), ",align_mixup=-1")
 
 
 def test_convert_folder_headless_end_to_end(folder_run):

@@ -120,6 +120,39 @@ def test_composed_batches_are_mosaics_of_the_batch_and_resume(ids_dir):
     train(ids_dir, compose=1.5)
 
 
+def test_mixup_blends_each_image_with_its_neighbour_and_resumes(ids_dir):
+  """mixup=1: image i is (1 − λ_i)·image i + λ_i·image i − 1 (mod B) of the plain batch, one λ_i
+  in [0, 1] per image (the same at every pixel), varied; ids unchanged; resuming at a step gives
+  the same blends; a negative concentration is refused."""
+  plain, mixed = take(train(ids_dir), 3), take(train(ids_dir, mixup=1.0), 3)
+  lams = []
+  for p, m in zip(plain, mixed):
+    np.testing.assert_array_equal(p["id"], m["id"])
+    x, prev = p["image"], np.roll(p["image"], 1, axis=0)
+    for i in range(8):
+      diff = prev[i] - x[i]
+      assert np.abs(diff).max() > 1e-3  # the fixture's images differ (each id its own grey)
+      lam = np.sum((m["image"][i] - x[i]) * diff) / np.sum(diff * diff)
+      assert -1e-6 <= lam <= 1 + 1e-6
+      np.testing.assert_allclose(m["image"][i], (1 - lam) * x[i] + lam * prev[i], atol=1e-5)
+      lams.append(lam)
+  assert np.std(lams) > 0.1  # one weight per image, not one per batch
+  assert_same_batches(mixed[2:], take(train(ids_dir, mixup=1.0, start_step=2), 1))
+  with pytest.raises(ValueError, match=r"mixup is a Beta concentration .* got -1"):
+    train(ids_dir, mixup=-1.0)
+
+
+@pytest.mark.parametrize("concentration", [0.2, 1.0, 5.0])
+def test_mixup_weights_follow_beta(concentration):
+  """beta_weights draws Beta(c, c): mean 1/2 and variance 1 / (4 (2c + 1)); stateless."""
+  key = tf.constant([3, 7], tf.int64)
+  lam = input_pipeline.beta_weights(key, 20_000, concentration).numpy()
+  assert lam.min() >= 0 and lam.max() <= 1
+  assert abs(lam.mean() - 0.5) < 0.01
+  np.testing.assert_allclose(lam.var(), 1 / (4 * (2 * concentration + 1)), rtol=0.05)
+  np.testing.assert_array_equal(lam, input_pipeline.beta_weights(key, 20_000, concentration))
+
+
 @pytest.mark.parametrize("start_step, process_count", [(3, 1), (13, 1), (7, 2)])
 def test_skip_ahead_equals_uninterrupted(ids_dir, start_step, process_count):
   # Steps 13 (x 8 examples) and 7 (x 4 per process, 48 per process) start in the second epoch.

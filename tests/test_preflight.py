@@ -125,6 +125,7 @@ def test_a_run_recorded_before_stage_pp_train_existed_still_resumes(tmp_path):
   for name in config.stages:
     del old[name]["pp_train"]  # what config.json held before the fields were added
     del old[name]["start_weight"]
+    del old[name]["mixup"]
   (tmp_path / "config.json").write_text(json.dumps(old))
   preflight.check_same_run(str(tmp_path), config)  # their defaults are what that run did
   stage = config.stages[0]
@@ -151,3 +152,18 @@ def test_a_bad_start_weight_fails_before_compute_naming_the_stage():
   config.finetune = config_lib.stage("finetune", steps=2, batch_size=2, lr=1e-4, average_last=2.0)
   with pytest.raises(ConfigError, match=r"config.finetune.optimizer: optimizer.average_last=2.0"):
     preflight.validate(config)
+
+
+def test_mixup_is_checked_before_compute_naming_the_stage():
+  config = config_lib.base_config()
+  config.finetune = config_lib.stage("finetune", steps=2, batch_size=2, lr=1e-4, mixup=-0.5)
+  config.stages = ("finetune",)
+  with pytest.raises(ConfigError, match=r"config.finetune.mixup=-0.5: the Beta concentration"):
+    preflight.validate(config)
+  config.finetune.mixup = 1.0  # blends have no one label: refused while the stage reads labels
+  with pytest.raises(ConfigError, match=r"config.finetune.mixup=1.0: blended images have no one"):
+    preflight.validate(config)
+  config.finetune.w_label = 0.0
+  config.finetune.w_feature = 1.0
+  config.teacher.init = "teacher.npz"
+  preflight.validate(config)

@@ -81,7 +81,7 @@ _MIN_BLOCK_EXAMPLES = 10_000
 _BLOCK_CYCLE = 4  # Blocks read at once, alternating examples.
 _FOREVER = 2**62
 # Independent stateless streams derived from the user's seed.
-_ORDER, _AUGMENT, _EVAL = 0, 1, 2
+_ORDER, _AUGMENT, _EVAL, _MIXUP = 0, 1, 2, 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,6 +331,7 @@ def make_train_iterator(
     process_index: int | None = None,
     process_count: int | None = None,
     compose: float = 0.0,
+    mixup: float = 0.0,
 ) -> Iterator[dict[str, np.ndarray]]:
   """Infinite iterator of this process's training batches, fixed by `seed`.
 
@@ -338,10 +339,14 @@ def make_train_iterator(
   `start_step=k` the first batch is the one an iterator from step 0 would yield k-th. `cache`
   keeps the share's raw (encoded) examples in memory after the first epoch. `compose`: that
   fraction of each batch's images become 2×2 mosaics of four of its images (`compose_2x2`;
-  deterministic, so resuming still yields the same batches).
+  deterministic, so resuming still yields the same batches). `mixup` p > 0: every image of each
+  batch is blended with the batch's previous one (`mix_with_previous`), each with its own weight
+  λ ~ Beta(p, p) drawn from `seed` and the batch's step, so resuming yields the same blends.
   """
   if not 0.0 <= compose <= 1.0:
     raise ValueError(f"data.compose is a fraction of each batch in [0, 1], got {compose}")
+  if mixup < 0:
+    raise ValueError(f"mixup is a Beta concentration (0: off), must be >= 0, got {mixup}")
   index, count = _processes(process_index, process_count)
   local_batch = _local_batch(global_batch_size, count)
   if start_step < 0 or shuffle_buffer < 0:
@@ -374,6 +379,15 @@ def make_train_iterator(
   n_composed = int(round(compose * local_batch))
   if n_composed:
     ds = ds.map(lambda b: {**b, "image": compose_2x2(b["image"], n_composed)})
+  if mixup:
+    mixup_key = _key(seed, _MIXUP)
+
+    def mix(step: tf.Tensor, batch: Example) -> Example:
+      weights = beta_weights(_fold(mixup_key, step), local_batch, mixup)
+      return {**batch, "image": mix_with_previous(batch["image"], weights)}
+
+    steps = tf.data.Dataset.range(start_step, _FOREVER)
+    ds = tf.data.Dataset.zip((steps, ds)).map(mix, deterministic=True)
   ds = ds.prefetch(2)
   return _options(ds).as_numpy_iterator()
 
@@ -391,6 +405,20 @@ def compose_2x2(images: tf.Tensor, n: int) -> tf.Tensor:
   top = tf.concat([fit(rolled[0], h0, w0), fit(rolled[1], h0, w - w0)], axis=2)
   bottom = tf.concat([fit(rolled[2], h - h0, w0), fit(rolled[3], h - h0, w - w0)], axis=2)
   return tf.concat([tf.concat([top, bottom], axis=1), images[n:]], axis=0)
+
+
+def beta_weights(key: tf.Tensor, n: int, concentration: float) -> tf.Tensor:
+  """n stateless draws of λ ~ Beta(c, c), as G1 / (G1 + G2) with G ~ Gamma(c)."""
+  gammas = tf.random.stateless_gamma([2, n], key, alpha=concentration)
+  return gammas[0] / tf.maximum(gammas[0] + gammas[1], 1e-30)
+
+
+def mix_with_previous(images: tf.Tensor, weights: tf.Tensor) -> tf.Tensor:
+  """Image i becomes (1 − λ_i)·image i + λ_i·image i − 1 (mod B): mixup without labels, for
+  function matching (the teacher and the student see the same blend; big_vision's distillation
+  configs blend pairs with a Beta(1, 1) weight)."""
+  lam = tf.cast(tf.reshape(weights, [-1] + [1] * (len(images.shape) - 1)), images.dtype)
+  return (1 - lam) * images + lam * tf.roll(images, 1, axis=0)
 
 
 def make_eval_iterator(

@@ -25,10 +25,11 @@ def _first(batches: Iterable[dict], limit: int) -> Iterator[dict]:
 
 
 def train_iter_fn(
-    config: mlc.ConfigDict, batch_size: int, seed: int, pp: str = ""
+    config: mlc.ConfigDict, batch_size: int, seed: int, pp: str = "", mixup: float = 0.0
 ) -> Callable[[int], Iterator[dict]]:
   """`make(start_step)`: the training stream of global batches, resumable at any step; `pp`
-  (a stage's own pp string) replaces config.data.pp_train when given."""
+  (a stage's own pp string) replaces config.data.pp_train when given; `mixup` (a stage's Beta
+  concentration, 0: off) blends each image with its batch neighbour."""
 
   def make(start_step: int) -> Iterator[dict]:
     return input_pipeline.make_train_iterator(
@@ -41,6 +42,7 @@ def train_iter_fn(
         shuffle_buffer=config.data.shuffle_buffer,
         start_step=start_step,
         compose=config.data.compose,
+        mixup=mixup,
     )
 
   return make
