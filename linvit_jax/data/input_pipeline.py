@@ -380,7 +380,7 @@ def make_train_iterator(
   if n_composed:
     ds = ds.map(lambda b: {**b, "image": compose_2x2(b["image"], n_composed)})
   if mixup:
-    mixup_key = _key(seed, _MIXUP)
+    mixup_key = _fold(_key(seed, _MIXUP), tf.constant(index, tf.int64))  # processes differ
 
     def mix(step: tf.Tensor, batch: Example) -> Example:
       weights = beta_weights(_fold(mixup_key, step), local_batch, mixup)
