@@ -387,7 +387,7 @@ def make_train_iterator(
       return {**batch, "image": mix_with_previous(batch["image"], weights)}
 
     steps = tf.data.Dataset.range(start_step, _FOREVER)
-    ds = tf.data.Dataset.zip((steps, ds)).map(mix, deterministic=True)
+    ds = tf.data.Dataset.zip((steps, ds)).map(mix)
   ds = ds.prefetch(2)
   return _options(ds).as_numpy_iterator()
 
