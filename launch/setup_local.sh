@@ -17,7 +17,7 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c "import linvit_jax, jax, flax, optax, orbax.checkpoint, tensorflow_datasets, safetensors, pytest" 2>/dev/null; then
+if ! .venv/bin/python -c "import linvit_jax, jax, flax, optax, orbax.checkpoint, tensorflow_datasets, safetensors, pytest, xdist" 2>/dev/null; then
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e '.[test]'
 fi
