@@ -165,7 +165,7 @@ def get_config(arg=None):
   if arg.align_average and arg.align_ema:
     raise ValueError("align_average and align_ema are two averages: choose one (the other 0)")
   for field in ("distill_mixup", "align_mixup"):
-    if arg[field] < 0:
+    if not arg[field] >= 0 or arg[field] == float("inf"):  # also refuses nan
       raise ValueError(f"{field}={arg[field]}: a Beta concentration, expected >= 0 (0: off)")
   for field in ("distill_augment", "align_augment"):
     if arg[field] not in AUGMENTS:

@@ -6,6 +6,7 @@ and not holding a run of another config).
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any
 
@@ -94,10 +95,15 @@ def validate(config: mlc.ConfigDict) -> None:
           f"config.{name} trains on labels (w_label={config[name].w_label})"
       )
     mixup = config[name].get("mixup", 0.0)
-    if mixup < 0:
+    if not (math.isfinite(mixup) and mixup >= 0):
       raise ConfigError(
-          f"config.{name}.mixup={mixup}: the Beta concentration of the blend weight must be >= 0 "
-          "(0: off; 1: uniform)"
+          f"config.{name}.mixup={mixup}: the Beta concentration of the blend weight must be a "
+          "finite number >= 0 (0: off; 1: uniform)"
+      )
+    if mixup and config[name].batch_size < 2:
+      raise ConfigError(
+          f"config.{name}.mixup={mixup}: blends images within a batch, but "
+          f"batch_size={config[name].batch_size}"
       )
     if kind in ("train", "finetune") and config[name].w_label and mixup:
       raise ConfigError(

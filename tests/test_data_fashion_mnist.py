@@ -83,3 +83,27 @@ def test_missing_package_says_what_to_install(tmp_path, monkeypatch):
       r"apt-get update && apt-get install -y dataset-fashion-mnist",
   ):
     input_pipeline.num_examples("fashion_mnist_local", "train", str(tmp_path / "tfds"))
+
+
+def test_preparing_is_serialised_across_processes(tmp_path):
+  """prepare() holds an flock while it prepares: a second holder (another worker or process)
+  waits until the first lets go, then finds the dataset prepared instead of racing TFDS's
+  rename."""
+  import threading
+  import time
+
+  entered = []
+
+  def second():
+    with fashion_mnist.prepare_lock(str(tmp_path)):
+      entered.append(time.monotonic())
+
+  with fashion_mnist.prepare_lock(str(tmp_path)):
+    thread = threading.Thread(target=second)
+    thread.start()
+    time.sleep(0.5)
+    assert not entered  # blocked while the first holds the lock
+    released = time.monotonic()
+  thread.join(timeout=10)
+  assert entered and entered[0] >= released
+  assert (tmp_path / f".{fashion_mnist.NAME}.lock").exists()

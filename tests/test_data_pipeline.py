@@ -138,8 +138,20 @@ def test_mixup_blends_each_image_with_its_neighbour_and_resumes(ids_dir):
       lams.append(lam)
   assert np.std(lams) > 0.1  # one weight per image, not one per batch
   assert_same_batches(mixed[2:], take(train(ids_dir, mixup=1.0, start_step=2), 1))
-  with pytest.raises(ValueError, match=r"mixup is a Beta concentration .* got -1"):
-    train(ids_dir, mixup=-1.0)
+  for bad in (-1.0, float("nan")):
+    with pytest.raises(ValueError, match=r"mixup is a Beta concentration .* got (-1|nan)"):
+      train(ids_dir, mixup=bad)
+  with pytest.raises(ValueError, match=r"mixup blends images within a batch: 1 image"):
+    train(ids_dir, mixup=1.0, global_batch_size=1)
+
+
+def test_mixup_of_integer_images_blends_and_rounds():
+  """A pp without value_range leaves uint8 images: the blend is computed in float and rounded,
+  not cast to λ = 0."""
+  images = tf.constant(np.array([[[[0]]], [[[200]]]], np.uint8))
+  mixed = input_pipeline.mix_with_previous(images, tf.constant([0.25, 0.5])).numpy()
+  assert mixed.dtype == np.uint8
+  np.testing.assert_array_equal(mixed.ravel(), [50, 100])  # 0.75·0 + 0.25·200; 0.5·200 + 0.5·0
 
 
 @pytest.mark.parametrize("concentration", [0.2, 1.0, 5.0])

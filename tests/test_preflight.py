@@ -160,6 +160,13 @@ def test_mixup_is_checked_before_compute_naming_the_stage():
   config.stages = ("finetune",)
   with pytest.raises(ConfigError, match=r"config.finetune.mixup=-0.5: the Beta concentration"):
     preflight.validate(config)
+  config.finetune.mixup = float("nan")
+  with pytest.raises(ConfigError, match=r"config.finetune.mixup=nan: .* finite"):
+    preflight.validate(config)
+  config.finetune.mixup, config.finetune.batch_size = 1.0, 1
+  with pytest.raises(ConfigError, match=r"config.finetune.mixup=1.0: blends images within"):
+    preflight.validate(config)
+  config.finetune.batch_size = 2
   config.finetune.mixup = 1.0  # blends have no one label: refused while the stage reads labels
   with pytest.raises(ConfigError, match=r"config.finetune.mixup=1.0: blended images have no one"):
     preflight.validate(config)

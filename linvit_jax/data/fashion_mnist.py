@@ -15,6 +15,8 @@ The input pipeline calls it on first use.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import gzip
 import os
 import struct
@@ -136,9 +138,17 @@ class FashionMnistLocal(tfds.core.GeneratorBasedBuilder):
 
 
 def prepare(data_dir: str | None = None) -> tfds.core.DatasetBuilder:
-  """Returns the builder, preparing the dataset into `data_dir` first if needed (no network)."""
+  """Returns the builder, preparing the dataset into `data_dir` first if needed (no network).
+
+  Several processes may ask at once (test workers, the processes of a run): one prepares, the
+  others wait on a lock and then find it prepared (TFDS's own rename would fail for them)."""
   builder = FashionMnistLocal(data_dir=data_dir)
-  if not builder.is_prepared():
+  if builder.is_prepared():
+    return builder
+  with prepare_lock(os.path.dirname(os.path.dirname(builder.data_dir))):
+    builder = FashionMnistLocal(data_dir=data_dir)  # another process may have prepared it
+    if builder.is_prepared():
+      return builder
     _check_files(source_dir())
     try:
       import importlib_resources  # noqa: F401
@@ -154,3 +164,19 @@ def prepare(data_dir: str | None = None) -> tfds.core.DatasetBuilder:
         )
     )
   return builder
+
+
+@contextlib.contextmanager
+def prepare_lock(directory: str):
+  """An exclusive lock (flock on `directory`/.fashion_mnist_local.lock) while preparing; none
+  for a remote directory (gs://...), where only one process should prepare."""
+  if "://" in directory:
+    yield
+    return
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, f".{NAME}.lock"), "a") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)

@@ -345,10 +345,12 @@ def make_train_iterator(
   """
   if not 0.0 <= compose <= 1.0:
     raise ValueError(f"data.compose is a fraction of each batch in [0, 1], got {compose}")
-  if mixup < 0:
-    raise ValueError(f"mixup is a Beta concentration (0: off), must be >= 0, got {mixup}")
+  if not (math.isfinite(mixup) and mixup >= 0):
+    raise ValueError(f"mixup is a Beta concentration (0: off), must be finite >= 0, got {mixup}")
   index, count = _processes(process_index, process_count)
   local_batch = _local_batch(global_batch_size, count)
+  if mixup and local_batch < 2:
+    raise ValueError(f"mixup blends images within a batch: {local_batch} image per process")
   if start_step < 0 or shuffle_buffer < 0:
     raise ValueError(
         f"start_step and shuffle_buffer must be >= 0, got {start_step}, " f"{shuffle_buffer}"
@@ -417,8 +419,12 @@ def mix_with_previous(images: tf.Tensor, weights: tf.Tensor) -> tf.Tensor:
   """Image i becomes (1 − λ_i)·image i + λ_i·image i − 1 (mod B): mixup without labels, for
   function matching (the teacher and the student see the same blend; big_vision's distillation
   configs blend pairs with a Beta(1, 1) weight)."""
-  lam = tf.cast(tf.reshape(weights, [-1] + [1] * (len(images.shape) - 1)), images.dtype)
-  return (1 - lam) * images + lam * tf.roll(images, 1, axis=0)
+  lam = tf.reshape(tf.cast(weights, tf.float32), [-1] + [1] * (len(images.shape) - 1))
+  x = tf.cast(images, tf.float32)
+  mixed = (1 - lam) * x + lam * tf.roll(x, 1, axis=0)
+  if images.dtype.is_integer:  # a pp without value_range: a convex blend stays in range
+    return tf.cast(tf.round(mixed), images.dtype)
+  return tf.cast(mixed, images.dtype)
 
 
 def make_eval_iterator(
