@@ -100,10 +100,11 @@ def validate(config: mlc.ConfigDict) -> None:
           f"config.{name}.mixup={mixup}: the Beta concentration of the blend weight must be a "
           "finite number >= 0 (0: off; 1: uniform)"
       )
-    if mixup and config[name].batch_size < 2:
+    if mixup and config[name].batch_size // jax.process_count() < 2:
       raise ConfigError(
-          f"config.{name}.mixup={mixup}: blends images within a batch, but "
-          f"batch_size={config[name].batch_size}"
+          f"config.{name}.mixup={mixup}: blends images within each process's batch, but "
+          f"batch_size={config[name].batch_size} over {jax.process_count()} process(es) "
+          "leaves fewer than 2 (raise the batch or set mixup=0)"
       )
     if kind in ("train", "finetune") and config[name].w_label and mixup:
       raise ConfigError(
