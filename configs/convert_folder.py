@@ -40,7 +40,11 @@ pretrained ViTs"):
      parameter units the stage is unstable. The stage then hands on the midpoint of its trained
      weights and the distilled ones it started from (`align_start_weight=0.5`, weight
      interpolation as in WiSE-FT): cls 0.936, patch 0.946, k-NN 99.1 %, 448 px 0.909, better at
-     224 px than either end (docs/levers.md, last sections);
+     224 px than either end (docs/levers.md, "Weight interpolation"). Its training views are
+     label-free mixup (`align_mixup=1`: each crop blended with its batch neighbour, weight ~
+     Beta(1, 1), the teacher and the student seeing the same blend, as in big_vision's
+     function-matching distillation): cls 0.943, patch 0.953, k-NN 98.5 %, 448 px 0.910 on the
+     shared ViT-S/14 (docs/levers.md, last section);
   5. fidelity report (per layer, end to end, curves vs images seen, cls attention maps), speed and
      memory at res and 2·res, export (student.npz + student_config.json).
 
@@ -81,7 +85,8 @@ first), align_w_attn_tf (teacher-forced attention outputs), distill_augment / al
 ("" | color: DINO's colour jitter and random grayscale on that stage's training views; fidelity
 is still measured on plain crops), distill_mixup / align_mixup (p > 0: each of that stage's
 training views blended with its batch neighbour, weight ~ Beta(p, p): label-free mixup, the
-teacher and the student seeing the same blend; 0: off), holdout, eval_images,
+teacher and the student seeing the same blend; 0: off; align's default 1, distillation's 0),
+holdout, eval_images,
 tiny (a few steps, for the tests).
 """
 
@@ -132,7 +137,7 @@ def get_config(arg=None):
       distill_augment="",
       align_augment="",
       distill_mixup=0.0,
-      align_mixup=0.0,
+      align_mixup=1.0,
       holdout=0.2,
       eval_images=32,
       exact_prefix=False,
@@ -167,6 +172,10 @@ def get_config(arg=None):
   for field in ("distill_mixup", "align_mixup"):
     if not arg[field] >= 0 or arg[field] == float("inf"):  # also refuses nan
       raise ValueError(f"{field}={arg[field]}: a Beta concentration, expected >= 0 (0: off)")
+    if arg[field] and arg.batch < 2:
+      raise ValueError(
+          f"{field}={arg[field]} blends images within a batch: batch={arg.batch} (set {field}=0)"
+      )
   for field in ("distill_augment", "align_augment"):
     if arg[field] not in AUGMENTS:
       raise ValueError(f"{field}={arg[field]!r}: expected one of {sorted(AUGMENTS)}")

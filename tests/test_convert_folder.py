@@ -167,7 +167,10 @@ def test_a_stage_trains_on_its_own_pp_string(folder_run, tmp_path):
   both = _config(path, str(tmp_path), ",distill_augment=color")
   assert "color_jitter" in both.distill_attention.pp_train and both.align.pp_train == ""
   mixed = _config(path, str(tmp_path), ",distill_mixup=0.2")
-  assert (mixed.distill_attention.mixup, mixed.align.mixup) == (0.2, 0.0)
+  assert (mixed.distill_attention.mixup, mixed.align.mixup) == (0.2, 1.0)  # align's default
+  assert _config(path, str(tmp_path), ",align_mixup=0").align.mixup == 0.0
+  with pytest.raises(ValueError, match=r"align_mixup=1.0 blends images within a batch: batch=1"):
+    _config(path, str(tmp_path), ",batch=1")
   for bad in ("-1", "nan"):
     with pytest.raises(ValueError, match=rf"align_mixup={bad}.*: a Beta concentration"):
       _config(path, str(tmp_path), f",align_mixup={bad}")
