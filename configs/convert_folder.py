@@ -90,6 +90,7 @@ holdout, eval_images,
 tiny (a few steps, for the tests).
 """
 
+import math
 import os
 
 from linvit_jax import config_lib
@@ -170,7 +171,7 @@ def get_config(arg=None):
   if arg.align_average and arg.align_ema:
     raise ValueError("align_average and align_ema are two averages: choose one (the other 0)")
   for field in ("distill_mixup", "align_mixup"):
-    if not arg[field] >= 0 or arg[field] == float("inf"):  # also refuses nan
+    if not (math.isfinite(arg[field]) and arg[field] >= 0):
       raise ValueError(f"{field}={arg[field]}: a Beta concentration, expected >= 0 (0: off)")
     if arg[field] and arg.batch < 2:
       raise ValueError(
