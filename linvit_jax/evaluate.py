@@ -133,6 +133,13 @@ def pooled_features(
   return np.concatenate(feats), np.concatenate(labels).astype(np.int64)
 
 
+def row_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """Cosine similarity of each row of a with the same row of b ([N, D] each → [N]), in float64."""
+  a, b = a.astype(np.float64), b.astype(np.float64)
+  norms = np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-300)
+  return np.sum(a * b, axis=-1) / norms
+
+
 def knn_top1(
     train_feats: np.ndarray,
     train_labels: np.ndarray,

@@ -217,6 +217,11 @@ def model_card(cfg: Mapping[str, Any]) -> str:
         f"k-NN top-1 on `{k['dataset']}`: teacher {100 * k['teacher_top1']:.2f} %, "
         f"student {100 * k['student_top1']:.2f} % (retention {100 * k['retention']:.1f} %)."
     )
+    if "cls_cosine" in k:
+      lines.append(
+          f"Pooled-feature cosine to the teacher on the same images: mean {k['cls_cosine']:.4f}, "
+          f"worst {k['cls_cosine_min']:.4f}."
+      )
   lines += [
       "",
       "## Load it",

@@ -73,6 +73,7 @@ def knn_retention(config, teacher_model, teacher_params, student_model, student_
   """Weighted k-NN top-1 of teacher and student on eval.knn's set, and their ratio."""
   knn = config.eval.knn
   out = {"dataset": knn.dataset, "k": knn.k}
+  features = {}
   for who, model, params in (
       ("teacher", teacher_model, teacher_params),
       ("student", student_model, student_params),
@@ -88,7 +89,15 @@ def knn_retention(config, teacher_model, teacher_params, student_model, student_
     )
     out[f"{who}_top1"] = evaluate.knn_top1(*train, *test, k=knn.k, temperature=knn.temperature)
     out["train_examples"], out["eval_examples"] = len(train[0]), len(test[0])
+    features[who] = (np.concatenate([train[0], test[0]]), np.concatenate([train[1], test[1]]))
   out["retention"] = out["student_top1"] / max(out["teacher_top1"], 1e-12)
+  # The same images reach both models in the same order (the batches are deterministic), so the
+  # set doubles as a fidelity sample far larger than the held-out photos: unseen, though from
+  # another domain than the user's photos.
+  (t_feats, t_labels), (s_feats, s_labels) = features["teacher"], features["student"]
+  if len(t_feats) == len(s_feats) and np.array_equal(t_labels, s_labels):
+    cosine = evaluate.row_cosine(t_feats, s_feats)
+    out["cls_cosine"], out["cls_cosine_min"] = float(cosine.mean()), float(cosine.min())
   return out
 
 
@@ -221,6 +230,11 @@ def format_summary(results: Mapping[str, Any]) -> str:
         f"{k['eval_examples']} classified): teacher {pct(k['teacher_top1'])}, student "
         f"{pct(k['student_top1'])}, retention {100 * k['retention']:.1f} %"
     )
+    if "cls_cosine" in k:
+      lines.append(
+          f"pooled-feature cosine to the teacher on those {k['train_examples'] + k['eval_examples']}"
+          f" images: mean {k['cls_cosine']:.4f}, worst {k['cls_cosine_min']:.4f}"
+      )
   if results.get("exact_share"):
     shares = ", ".join("-" if s is None else f"{s:.2f}" for s in results["exact_share"])
     lines.append(

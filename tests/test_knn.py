@@ -75,8 +75,52 @@ def test_knn_on_a_labelled_folder_in_the_report(tmp_path):
   assert knn["teacher_top1"] == 1.0  # two colours: trivially separable for any feature
   assert 0 <= knn["retention"] <= 1.0 + 1e-9
   assert "k-NN top-1 (k=5" in report.format_summary(results)
+  # The converted (untrained) linear student is not the teacher: its cosine is below 1.
+  assert -1.0 <= knn["cls_cosine_min"] <= knn["cls_cosine"] < 0.9999
+  assert "pooled-feature cosine to the teacher on those 24 images" in report.format_summary(results)
   card = json.loads((tmp_path / "work" / "student_config.json").read_text())
   assert card["fidelity"]["knn"]["teacher_top1"] == 1.0
+  assert card["fidelity"]["knn"]["cls_cosine"] == pytest.approx(knn["cls_cosine"])
+
+
+def test_knn_set_doubles_as_a_fidelity_sample(monkeypatch):
+  """knn_retention's cls cosine pairs each image's teacher and student features (reference and
+  classified images alike); with another order of images it is left out, not mis-paired."""
+  rs = np.random.RandomState(0)
+  teacher = {"train": rs.randn(30, 8), "test": rs.randn(10, 8)}
+  angles = {"train": rs.uniform(0, 1.2, 30), "test": rs.uniform(0, 1.2, 10)}
+  labels = {"train": np.arange(30) % 3, "test": np.arange(10) % 3}
+
+  def rotated(x, angle):  # the same norm, at a known angle to x in the plane of dims 0 and 1
+    x = x.copy()
+    x[:, 2:] = 0.0
+    c, s = np.cos(angle), np.sin(angle)
+    return np.stack([c * x[:, 0] - s * x[:, 1], s * x[:, 0] + c * x[:, 1]], 1)
+
+  swap_labels = {"on": False}
+
+  def fake_features(model, params, batches, label_key):
+    split = batches
+    if model == "teacher":
+      feats = teacher[split].copy()
+      feats[:, 2:] = 0.0
+      return feats[:, :2], labels[split]
+    y = labels[split][::-1] if swap_labels["on"] else labels[split]
+    return rotated(teacher[split], angles[split]), y
+
+  monkeypatch.setattr(report.evaluate, "pooled_features", fake_features)
+  monkeypatch.setattr(report.sources, "knn_batches", lambda config, split, n: split)
+  monkeypatch.setattr(report.evaluate, "knn_top1", lambda *a, **k: 0.5)
+  knn = type("K", (), {})()
+  knn.dataset, knn.k, knn.temperature, knn.label_key = "fake", 5, 0.07, "labels"
+  knn.train_split, knn.eval_split, knn.train_examples, knn.eval_examples = "train", "test", 30, 10
+  config = type("C", (), {"eval": type("E", (), {"knn": knn})()})()
+  out = report.knn_retention(config, "teacher", None, "student", None)
+  expected = np.cos(np.concatenate([angles["train"], angles["test"]]))
+  assert out["cls_cosine"] == pytest.approx(expected.mean(), abs=1e-9)
+  assert out["cls_cosine_min"] == pytest.approx(expected.min(), abs=1e-9)
+  swap_labels["on"] = True
+  assert "cls_cosine" not in report.knn_retention(config, "teacher", None, "student", None)
 
 
 def test_knn_set_with_one_class_fails_before_compute(tmp_path, monkeypatch):
