@@ -53,7 +53,8 @@ cosine, votes exp(sim / 0.07)) on the final pooled feature, teacher vs student, 
 ratio, on `knn=` a labelled set: the embedded Fashion-MNIST upsampled to `res` (default,
 `fashion_mnist_local`), a TFDS name (`knn_data_dir=`), or `image_folder:<DIR>` with one sub-folder
 per class (`knn_train` / `knn_eval` images of each split: its `train@H` / `holdout@H` path-hash
-split, H = `holdout`); `knn=none` turns it off.
+split, H = `holdout`); `knn=none` turns it off. The same images give the teacher/student cosine of
+the pooled feature (mean, worst) beside it: a fidelity sample of every unseen image of that set.
 
 Levers inside each linear layer (attention.AttentionSpec options): `center_keys` (on: keys
 centred per image and head before φ: softmax ignores a shift shared by all keys, a feature map
