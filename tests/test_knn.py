@@ -85,7 +85,7 @@ def test_knn_on_a_labelled_folder_in_the_report(tmp_path):
 
 def test_knn_set_doubles_as_a_fidelity_sample(monkeypatch):
   """knn_retention's cls cosine pairs each image's teacher and student features (reference and
-  classified images alike); with another order of images it is left out, not mis-paired."""
+  classified images alike); when the labels show another order it is left out, not mis-paired."""
   rs = np.random.RandomState(0)
   teacher = {"train": rs.randn(30, 8), "test": rs.randn(10, 8)}
   angles = {"train": rs.uniform(0, 1.2, 30), "test": rs.uniform(0, 1.2, 10)}
