@@ -80,6 +80,8 @@ output column's RMS), align_warmup (fraction of the align steps), align_ema (0: 
 the stage hands on the moving average of its params), align_average (0: off; a fraction f: the
 stage hands on the uniform average of its params over its last f of steps), align_start_weight
 (w: the stage hands on (1 − w)·its trained params + w·the distilled ones it started from),
+align_lora (r > 0: every trained kernel moves within a rank-r update, LoRA as in LoLCATs' stage 2,
+column-scaled under param_rms; biases, norms and embeddings step as usual; 0: off),
 align_w_feature (final tokens),
 align_w_blocks (every block's output), align_top_weight (the last block's weight over the
 first), align_w_attn_tf (teacher-forced attention outputs), distill_augment / align_augment
@@ -133,6 +135,7 @@ def get_config(arg=None):
       align_ema=0.0,
       align_average=0.0,
       align_start_weight=0.5,
+      align_lora=0,
       align_w_feature=1.0,
       align_w_blocks=1.0,
       align_top_weight=1.0,
@@ -168,6 +171,8 @@ def get_config(arg=None):
   for field in ("align_start_weight", "align_ema"):
     if not 0 <= arg[field] < 1:
       raise ValueError(f"{field}={arg[field]}: expected in [0, 1) (0: off)")
+  if isinstance(arg.align_lora, bool) or not isinstance(arg.align_lora, int) or arg.align_lora < 0:
+    raise ValueError(f"align_lora={arg.align_lora!r}: expected a rank >= 0 (0: off)")
   if not 0 <= arg.align_average <= 1:
     raise ValueError(f"align_average={arg.align_average}: expected in [0, 1] (0: off)")
   if arg.align_average and arg.align_ema:
@@ -274,6 +279,7 @@ def get_config(arg=None):
         # only when on: runs recorded before the field existed keep resuming
         **({"ema_decay": arg.align_ema} if arg.align_ema else {}),
         **({"average_last": arg.align_average} if arg.align_average else {}),
+        **({"lora_rank": arg.align_lora} if arg.align_lora else {}),
         start_weight=arg.align_start_weight,
         trainable=arg.align_trainable,
         w_feature=arg.align_w_feature,

@@ -12,7 +12,8 @@ Args: feature_map (elu1 | relu | hedgehog | favor), policy (copy_same | copy_all
 copy_attention_only), distill_steps, finetune_steps, the levers inside each linear layer
 (center_keys, conv_v, window, sinks, exact_prefix: attention.AttentionSpec's options, off by default),
 align_steps (0: off; n: convert_folder's label-free `align` stage, every parameter, param_rms steps
-at lr 2e-4, between the distillation and the fine-tune), tiny (a few steps, for the tests).
+at lr 2e-4, between the distillation and the fine-tune), align_lora (r > 0: that stage's kernels
+move within rank-r updates, LoRA; 0: off), tiny (a few steps, for the tests).
 """
 
 from linvit_jax import config_lib
@@ -31,6 +32,7 @@ def get_config(arg=None):
       sinks=0,
       exact_prefix=False,
       align_steps=0,
+      align_lora=0,
       tiny=False,
   )
   c = config_lib.fmnist_conversion(
@@ -63,6 +65,7 @@ def get_config(arg=None):
         wd=0.0,
         update_scale=recipe["update_scale"],
         trainable=recipe["trainable"],
+        **({"lora_rank": arg.align_lora} if arg.align_lora else {}),
     )
     c.stages = ("distill_attention", "align", "finetune")
   return c

@@ -84,6 +84,11 @@ OPTIMIZER_DEFAULTS = dict(
     # fraction of the stage's updates (stochastic weight averaging over the schedule's tail),
     # handed on the same way. Exclusive with ema_decay.
     average_last=0.0,
+    # r > 0: every trained kernel moves only within a rank-r update, W₀ + A·B (LoRA; the factors
+    # are optimizer state, the params stay merged: lora.py); its other trained leaves (biases,
+    # norms, embeddings) step as usual. With update_scale="param_rms" the product is scaled by
+    # each output column's RMS at the stage's start. 0 = off (full-rank steps).
+    lora_rank=0,
 )
 # The fields every config stage block spells out (a locked config takes overrides of these only).
 _OPTIMIZER_BLOCK = (

@@ -6,6 +6,9 @@ The optimizer is big_vision's (its optax.make) on the trained leaves:
       update_scale="param_rms"] → scale(lr) → add_decayed_weights(wd)
       → scale_by_schedule(schedule / lr) → scale(-1)
 
+With `lora_rank` r > 0 that chain steps rank-r factors of every trained kernel instead of the
+kernel itself, and the kernel moves by the change of their product (lora.low_rank_updates).
+
 so weight decay is decoupled and follows the schedule's shape only (see
 config_lib.OPTIMIZER_DEFAULTS, where every field's default lives). Frozen leaves go through
 `optax.set_to_zero` instead (`masked_optimizer`): a zero update and no optimizer state, the one
@@ -30,6 +33,7 @@ import jax.numpy as jnp
 import optax
 
 from linvit_jax import config_lib
+from linvit_jax import lora
 from linvit_jax import tree as tree_lib
 
 Params = Any  # a pytree of arrays (or ShapeDtypeStructs)
@@ -259,8 +263,13 @@ def make_optimizer(
   if opt["grad_clip"]:
     parts.append(optax.clip_by_global_norm(float(opt["grad_clip"])))
   parts += [direction]
+  rank = opt["lora_rank"]
+  if rank and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+    raise ValueError(f"optimizer.lora_rank={rank!r}: expected a positive integer (0 = off)")
   if opt["update_scale"] == "param_rms":
-    parts.append(scale_by_param_rms(float(opt["param_scale_floor"])))
+    by_rms = scale_by_param_rms(float(opt["param_scale_floor"]))
+    # Low-rank factors get their column scale from the product (lora.low_rank_updates).
+    parts.append(optax.masked(by_rms, lora.factor_leaves_mask) if rank else by_rms)
   elif opt["update_scale"] != "absolute":
     raise ValueError(
         f"optimizer.update_scale={opt['update_scale']!r}: expected 'absolute' or 'param_rms'"
@@ -269,7 +278,15 @@ def make_optimizer(
   if opt["wd"]:
     parts.append(optax.add_decayed_weights(float(opt["wd"]), _decay_mask(opt["wd_pattern"])))
   parts += [optax.scale_by_schedule(lambda step: schedule(step) / lr), optax.scale(-1.0)]
-  tx = masked_optimizer(optax.chain(*parts), trainable_mask)
+  inner = optax.chain(*parts)
+  if rank:
+    inner = lora.low_rank_updates(
+        inner,
+        rank,
+        column_scale=opt["update_scale"] == "param_rms",
+        scale_floor=float(opt["param_scale_floor"]),
+    )
+  tx = masked_optimizer(inner, trainable_mask)
   if opt["ema_decay"] and opt["average_last"]:
     raise ValueError(
         f"optimizer.ema_decay={opt['ema_decay']!r} and optimizer.average_last="

@@ -328,6 +328,12 @@ def test_convert_folder_align_options_reach_the_stage(tmp_path):
     _config(path, str(tmp_path), ",align_average=1.5")
   with pytest.raises(ValueError, match="choose one"):
     _config(path, str(tmp_path), ",align_average=0.5,align_ema=0.9")
+  lora = _config(path, str(tmp_path), ",distill_fraction=0.5,align_lora=8").align.optimizer
+  assert lora.lora_rank == 8 and optim.optimizer_settings(lora)["update_scale"] == "param_rms"
+  assert "lora_rank" not in _config(path, str(tmp_path), ",distill_fraction=0.5").align.optimizer
+  for bad in ("-1", "2.5"):
+    with pytest.raises(ValueError, match="align_lora="):
+      _config(path, str(tmp_path), f",align_lora={bad}")
 
 
 def test_convert_folder_num_features_reaches_the_spec(tmp_path):

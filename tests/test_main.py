@@ -215,4 +215,6 @@ def test_demo_align_steps_adds_the_label_free_stage():
   assert (a.steps, a.optimizer.warmup_steps, a.optimizer.lr, a.trainable) == (40, 10, 2e-4, "all")
   assert a.optimizer.update_scale == "param_rms" and a.w_feature == a.w_blocks == 1.0
   preflight.validate(config)
+  assert "lora_rank" not in a.optimizer
+  assert configs.demo.get_config("align_steps=40,align_lora=4").align.optimizer.lora_rank == 4
   assert configs.demo.get_config("").stages == ("distill_attention", "finetune")

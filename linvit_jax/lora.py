@@ -1,0 +1,166 @@
+"""Low-rank (LoRA) updates, as an optimizer transformation.
+
+LoRA trains W = W₀ + A·B with W₀ frozen, A [m, r] and B [r, n]. The loss only ever reads W, and
+∂L/∂A = G·Bᵀ, ∂L/∂B = Aᵀ·G with G = ∂L/∂W, so the whole method fits inside the optimizer: the
+factors live in the optimizer state, the inner chain (clip, Adam, lr, schedule) steps them, and
+the update handed to the params is the change of the product, A'B' − AB. The params stay the merged
+weights at every step, so the model, the loss, evaluation, checkpoints, the stage's hand-on and
+its interpolation with the start are the same code with LoRA on or off (nothing to merge at the
+end), and resuming restores the factors with the rest of the optimizer state.
+
+Which leaves: those whose path fullmatches `pattern` (default every kernel: Dense, DenseGeneral,
+Conv) and whose matrix view has both sides larger than the rank. A kernel of any rank is read as
+the matrix [prod(shape[:k]), prod(shape[k:])] with the split k that makes it most square: q/k/v
+[d, h, hd] → [d, h·hd], the out projection [h, hd, d] → [h·hd, d], a patch embedding
+[p, p, c, d] → [p·p·c, d]. Every other trained leaf (biases, norms, embeddings, per-head vectors)
+is stepped as usual.
+
+`column_scale=True` (the optimizer's update_scale="param_rms") makes ΔW = (A·B) ⊙ s with s the
+RMS of each output column of W₀ (floored), fixed when the stage starts: the same relative-step
+idea as `optim.scale_by_param_rms`, for a low-rank update (a column carrying a tiny folded
+LayerScale moves by a fraction of its size; a column scale keeps the rank). A starts N(0, 1/r),
+B at zero, so the stage starts at W₀ and a step of size lr on B moves each entry of W by ~lr·s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from linvit_jax import tree as tree_lib
+
+FACTOR_NAMES = ("lora_a", "lora_b")  # the factors' names under their param's path
+
+
+class LoraState(NamedTuple):
+  # Like the params: {"lora_a", "lora_b", "scale"} at a low-rank leaf, MaskedNode elsewhere.
+  factors: Any
+  inner: Any  # the inner transformation's state over (factors | full leaves)
+
+
+def matrix_split(shape: Sequence[int]) -> int:
+  """The k for which [prod(shape[:k]), prod(shape[k:])] is the most square matrix view (≥ 2-D)."""
+  if len(shape) < 2:
+    raise ValueError(f"a low-rank update needs a leaf of 2 or more axes, got shape {tuple(shape)}")
+
+  def imbalance(k):
+    return abs(math.log(max(math.prod(shape[:k]), 1)) - math.log(max(math.prod(shape[k:]), 1)))
+
+  return min(range(1, len(shape)), key=imbalance)
+
+
+def matrix_shape(shape: Sequence[int]) -> tuple[int, int]:
+  k = matrix_split(shape)
+  return math.prod(shape[:k]), math.prod(shape[k:])
+
+
+def is_low_rank(path: str, shape: Sequence[int], rank: int, compiled_pattern: Any) -> bool:
+  """Whether a trained leaf gets a rank-`rank` update (see the module docstring)."""
+  if len(shape) < 2 or not tree_lib.matches(path, compiled_pattern):
+    return False
+  return rank < min(matrix_shape(shape))
+
+
+def is_factor_path(path: str) -> bool:
+  """True for the factor leaves of the inner tree (what update-scaling by the param skips)."""
+  return path.rsplit("/", 1)[-1] in FACTOR_NAMES
+
+
+def low_rank_updates(
+    inner: optax.GradientTransformation,
+    rank: int,
+    *,
+    pattern: str = r".*/kernel",
+    column_scale: bool = False,
+    scale_floor: float = 1e-4,
+    seed: int = 0,
+) -> optax.GradientTransformation:
+  """`inner` run on rank-`rank` factors of the matching leaves (and on the other leaves as they
+  are); returns the params' updates. See the module docstring."""
+  if not (isinstance(rank, int) and rank > 0):
+    raise ValueError(f"optimizer.lora_rank={rank!r}: expected a positive integer (0 = off)")
+  compiled = tree_lib.compile_patterns(pattern)
+
+  def plan(params):
+    leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(params)
+    low = [
+        is_low_rank(tree_lib.path_str(p), tuple(x.shape), rank, compiled)
+        for p, x in leaves_with_paths
+    ]
+    return [x for _, x in leaves_with_paths], low, treedef
+
+  def inner_tree(param_leaves, factor_leaves, low, treedef):
+    return treedef.unflatten(
+        [
+            {n: f[n] for n in FACTOR_NAMES} if is_low else p
+            for p, f, is_low in zip(param_leaves, factor_leaves, low)
+        ]
+    )
+
+  def init_fn(params):
+    param_leaves, low, treedef = plan(params)
+    key = jax.random.PRNGKey(seed)
+    factors = []
+    for i, (p, is_low) in enumerate(zip(param_leaves, low)):
+      if not is_low:
+        factors.append(optax.MaskedNode())
+        continue
+      m, n = matrix_shape(p.shape)
+      w = jnp.asarray(p, jnp.float32).reshape(m, n)
+      if column_scale:
+        scale = jnp.maximum(jnp.sqrt(jnp.mean(jnp.square(w), axis=0)), scale_floor)
+      else:
+        scale = jnp.ones((n,), jnp.float32)
+      a = jax.random.normal(jax.random.fold_in(key, i), (m, rank), jnp.float32) / math.sqrt(rank)
+      factors.append({"lora_a": a, "lora_b": jnp.zeros((rank, n), jnp.float32), "scale": scale})
+    inner_state = inner.init(inner_tree(param_leaves, factors, low, treedef))
+    return LoraState(factors=treedef.unflatten(factors), inner=inner_state)
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError("low-rank updates need the params (tx.update(grads, state, params))")
+    param_leaves, low, treedef = plan(params)
+    grad_leaves = treedef.flatten_up_to(updates)
+    factor_leaves = treedef.flatten_up_to(state.factors)
+    inner_grads = []
+    for g, f, is_low in zip(grad_leaves, factor_leaves, low):
+      if not is_low:
+        inner_grads.append(g)
+        continue
+      a, b = f["lora_a"], f["lora_b"]
+      gs = g.astype(jnp.float32).reshape(a.shape[0], b.shape[1]) * f["scale"]
+      inner_grads.append({"lora_a": gs @ b.T, "lora_b": a.T @ gs})
+    inner_params = inner_tree(param_leaves, factor_leaves, low, treedef)
+    inner_updates, inner_state = inner.update(
+        treedef.unflatten(inner_grads), state.inner, inner_params
+    )
+    out, new_factors = [], []
+    for p, u, f, is_low in zip(
+        param_leaves, treedef.flatten_up_to(inner_updates), factor_leaves, low
+    ):
+      if not is_low:
+        out.append(u)
+        new_factors.append(f)
+        continue
+      a, b = f["lora_a"], f["lora_b"]
+      a2, b2 = a + u["lora_a"], b + u["lora_b"]
+      delta = (a2 @ b2 - a @ b) * f["scale"]
+      out.append(delta.reshape(p.shape).astype(p.dtype))
+      new_factors.append({"lora_a": a2, "lora_b": b2, "scale": f["scale"]})
+    return treedef.unflatten(out), LoraState(
+        factors=treedef.unflatten(new_factors), inner=inner_state
+    )
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def factor_leaves_mask(inner_params: Any) -> Any:
+  """True at every leaf of the inner tree that is not a factor (the full-rank leaves)."""
+  return jax.tree_util.tree_map_with_path(
+      lambda p, _: not is_factor_path(tree_lib.path_str(p)), inner_params
+  )
