@@ -13,7 +13,8 @@ Conv) and whose matrix view has both sides larger than the rank. A kernel of any
 the matrix [prod(shape[:k]), prod(shape[k:])] with the split k that makes it most square: q/k/v
 [d, h, hd] → [d, h·hd], the out projection [h, hd, d] → [h·hd, d], a patch embedding
 [p, p, c, d] → [p·p·c, d]. Every other trained leaf (biases, norms, embeddings, per-head vectors)
-is stepped as usual.
+is stepped as usual. In a scanned tree (`Transformer/encoderblock/...`, a leading depth axis) each
+layer gets its own factors: the depth axis is a batch axis of A and B, not part of the matrix.
 
 `column_scale=True` (the optimizer's update_scale="param_rms") makes ΔW = (A·B) ⊙ s with s the
 RMS of each output column of W₀ (floored), fixed when the stage starts: the same relative-step
@@ -33,6 +34,9 @@ import jax.numpy as jnp
 import optax
 
 from linvit_jax import tree as tree_lib
+from linvit_jax.models import layout
+
+_SCANNED = f"Transformer/{layout.SCANNED_BLOCK}/"
 
 FACTOR_NAMES = ("lora_a", "lora_b")  # the factors' names under their param's path
 
@@ -59,8 +63,14 @@ def matrix_shape(shape: Sequence[int]) -> tuple[int, int]:
   return math.prod(shape[:k]), math.prod(shape[k:])
 
 
+def depth_axes(path: str) -> int:
+  """1 for a leaf of a scanned encoder (its leading depth axis), else 0."""
+  return 1 if path.startswith(_SCANNED) else 0
+
+
 def is_low_rank(path: str, shape: Sequence[int], rank: int, compiled_pattern: Any) -> bool:
   """Whether a trained leaf gets a rank-`rank` update (see the module docstring)."""
+  shape = tuple(shape)[depth_axes(path) :]
   if len(shape) < 2 or not tree_lib.matches(path, compiled_pattern):
     return False
   return rank < min(matrix_shape(shape))
@@ -88,17 +98,18 @@ def low_rank_updates(
 
   def plan(params):
     leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(params)
+    paths = [tree_lib.path_str(p) for p, _ in leaves_with_paths]
     low = [
-        is_low_rank(tree_lib.path_str(p), tuple(x.shape), rank, compiled)
-        for p, x in leaves_with_paths
-    ]
+        depth_axes(path) if is_low_rank(path, tuple(x.shape), rank, compiled) else None
+        for path, (_, x) in zip(paths, leaves_with_paths)
+    ]  # per leaf: None (full steps) or its number of leading depth axes
     return [x for _, x in leaves_with_paths], low, treedef
 
   def inner_tree(param_leaves, factor_leaves, low, treedef):
     return treedef.unflatten(
         [
-            {n: f[n] for n in FACTOR_NAMES} if is_low else p
-            for p, f, is_low in zip(param_leaves, factor_leaves, low)
+            {n: f[n] for n in FACTOR_NAMES} if depth is not None else p
+            for p, f, depth in zip(param_leaves, factor_leaves, low)
         ]
     )
 
@@ -106,18 +117,25 @@ def low_rank_updates(
     param_leaves, low, treedef = plan(params)
     key = jax.random.PRNGKey(seed)
     factors = []
-    for i, (p, is_low) in enumerate(zip(param_leaves, low)):
-      if not is_low:
+    for i, (p, depth) in enumerate(zip(param_leaves, low)):
+      if depth is None:
         factors.append(optax.MaskedNode())
         continue
-      m, n = matrix_shape(p.shape)
-      w = jnp.asarray(p, jnp.float32).reshape(m, n)
+      lead = tuple(p.shape[:depth])
+      m, n = matrix_shape(p.shape[depth:])
+      w = jnp.asarray(p, jnp.float32).reshape(lead + (m, n))
       if column_scale:
-        scale = jnp.maximum(jnp.sqrt(jnp.mean(jnp.square(w), axis=0)), scale_floor)
+        scale = jnp.maximum(jnp.sqrt(jnp.mean(jnp.square(w), axis=-2)), scale_floor)
       else:
-        scale = jnp.ones((n,), jnp.float32)
-      a = jax.random.normal(jax.random.fold_in(key, i), (m, rank), jnp.float32) / math.sqrt(rank)
-      factors.append({"lora_a": a, "lora_b": jnp.zeros((rank, n), jnp.float32), "scale": scale})
+        scale = jnp.ones(lead + (n,), jnp.float32)
+      a = jax.random.normal(jax.random.fold_in(key, i), lead + (m, rank), jnp.float32)
+      factors.append(
+          {
+              "lora_a": a / math.sqrt(rank),
+              "lora_b": jnp.zeros(lead + (rank, n), jnp.float32),
+              "scale": scale,
+          }
+      )
     inner_state = inner.init(inner_tree(param_leaves, factors, low, treedef))
     return LoraState(factors=treedef.unflatten(factors), inner=inner_state)
 
@@ -128,35 +146,39 @@ def low_rank_updates(
     grad_leaves = treedef.flatten_up_to(updates)
     factor_leaves = treedef.flatten_up_to(state.factors)
     inner_grads = []
-    for g, f, is_low in zip(grad_leaves, factor_leaves, low):
-      if not is_low:
+    for g, f, depth in zip(grad_leaves, factor_leaves, low):
+      if depth is None:
         inner_grads.append(g)
         continue
-      a, b = f["lora_a"], f["lora_b"]
-      gs = g.astype(jnp.float32).reshape(a.shape[0], b.shape[1]) * f["scale"]
-      inner_grads.append({"lora_a": gs @ b.T, "lora_b": a.T @ gs})
+      a, b, scale = f["lora_a"], f["lora_b"], f["scale"]
+      gs = g.astype(jnp.float32).reshape(a.shape[:-1] + b.shape[-1:]) * scale[..., None, :]
+      inner_grads.append({"lora_a": gs @ _t(b), "lora_b": _t(a) @ gs})
     inner_params = inner_tree(param_leaves, factor_leaves, low, treedef)
     inner_updates, inner_state = inner.update(
         treedef.unflatten(inner_grads), state.inner, inner_params
     )
     out, new_factors = [], []
-    for p, u, f, is_low in zip(
+    for p, u, f, depth in zip(
         param_leaves, treedef.flatten_up_to(inner_updates), factor_leaves, low
     ):
-      if not is_low:
+      if depth is None:
         out.append(u)
         new_factors.append(f)
         continue
-      a, b = f["lora_a"], f["lora_b"]
+      a, b, scale = f["lora_a"], f["lora_b"], f["scale"]
       a2, b2 = a + u["lora_a"], b + u["lora_b"]
-      delta = (a2 @ b2 - a @ b) * f["scale"]
+      delta = (a2 @ b2 - a @ b) * scale[..., None, :]
       out.append(delta.reshape(p.shape).astype(p.dtype))
-      new_factors.append({"lora_a": a2, "lora_b": b2, "scale": f["scale"]})
+      new_factors.append({"lora_a": a2, "lora_b": b2, "scale": scale})
     return treedef.unflatten(out), LoraState(
         factors=treedef.unflatten(new_factors), inner=inner_state
     )
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _t(x: jax.Array) -> jax.Array:
+  return jnp.swapaxes(x, -1, -2)
 
 
 def factor_leaves_mask(inner_params: Any) -> Any:

@@ -194,3 +194,35 @@ def test_a_low_rank_stage_resumes_to_the_same_params(tmp_path):
     delta = np.asarray(params[name]["kernel"]) - np.asarray(start[name]["kernel"])
     s = np.linalg.svd(delta, compute_uv=False)
     assert s[0] > 0 and s[2] < 1e-4 * s[0]
+
+
+def test_a_scanned_encoder_gets_factors_per_layer():
+  """A leading depth axis (`Transformer/encoderblock/...`) is a batch axis of the factors: each
+  layer's kernel moves within rank r, the stack as a whole does not."""
+  rng = np.random.default_rng(2)
+  params = {"Transformer": {"encoderblock": {"Dense_0": {"kernel": rng.normal(size=(3, 8, 12))}}}}
+  params = jax.tree.map(lambda x: x.astype(np.float32), params)
+  x = rng.normal(size=(5, 8)).astype(np.float32)
+
+  def loss(p):
+    k = p["Transformer"]["encoderblock"]["Dense_0"]["kernel"]
+    return sum(jnp.mean(jnp.sin(x @ k[i] + i)) for i in range(3))
+
+  tx, _ = optim.make_optimizer(
+      {**OPT, "update_scale": "param_rms"}, 6, optim.trainable_mask(params)
+  )
+  state, p = tx.init(params), params
+  for _ in range(6):
+    updates, state = tx.update(jax.grad(loss)(p), state, p)
+    p = optax.apply_updates(p, updates)
+  f = _lora_state(state).factors["Transformer"]["encoderblock"]["Dense_0"]["kernel"]
+  assert f["lora_a"].shape == (3, 8, 2) and f["lora_b"].shape == (3, 2, 12)
+  assert f["scale"].shape == (3, 12)
+  delta = np.asarray(p["Transformer"]["encoderblock"]["Dense_0"]["kernel"]) - np.asarray(
+      params["Transformer"]["encoderblock"]["Dense_0"]["kernel"]
+  )
+  for layer in delta:
+    s = np.linalg.svd(layer, compute_uv=False)
+    assert s[0] > 1e-4 and s[2] < 1e-4 * s[0]
+  stacked = np.linalg.svd(delta.reshape(24, 12), compute_uv=False)
+  assert stacked[2] > 1e-3 * stacked[0]  # three layers' own directions, not one rank-2 update
