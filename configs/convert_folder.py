@@ -253,6 +253,11 @@ def get_config(arg=None):
   steps_a, steps_b = max(1, distill_images // arg.batch), align_images // arg.batch
   if arg.tiny:
     steps_a, steps_b = 2, 2
+  if arg.align_lora and not steps_b:
+    raise ValueError(
+        f"align_lora={arg.align_lora} needs the align stage: distill_fraction="
+        f"{arg.distill_fraction} leaves it no images"
+    )
   c.distill_attention = config_lib.stage(
       "distill_attention",
       steps=steps_a,

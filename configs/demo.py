@@ -53,6 +53,8 @@ def get_config(arg=None):
     student = c.student.to_dict()
     student["attention"] = dict(kind="linear", feature_map=arg.feature_map, **levers)
     c.student = student
+  if arg.align_lora and not arg.align_steps:
+    raise ValueError(f"align_lora={arg.align_lora} needs the align stage (align_steps > 0)")
   if arg.align_steps:  # convert_folder's label-free end-to-end stage, at its default settings
     steps = 3 if arg.tiny else arg.align_steps
     recipe = config_lib.ALIGN_RECIPE

@@ -13,7 +13,8 @@ Conv) and whose matrix view has both sides larger than the rank. A kernel of any
 the matrix [prod(shape[:k]), prod(shape[k:])] with the split k that makes it most square: q/k/v
 [d, h, hd] → [d, h·hd], the out projection [h, hd, d] → [h·hd, d], a patch embedding
 [p, p, c, d] → [p·p·c, d]. Every other trained leaf (biases, norms, embeddings, per-head vectors)
-is stepped as usual. In a scanned tree (`Transformer/encoderblock/...`, a leading depth axis) each
+is stepped as usual. A per-head kernel such as hedgehog's [h, hd, w] reads as [h·hd, w]: one rank-r
+update whose output directions the heads share. In a scanned tree (`Transformer/encoderblock/...`, a leading depth axis) each
 layer gets its own factors: the depth axis is a batch axis of A and B, not part of the matrix.
 
 `column_scale=True` (the optimizer's update_scale="param_rms") makes ΔW = (A·B) ⊙ s with s the
@@ -21,6 +22,11 @@ RMS of each output column of W₀ (floored), fixed when the stage starts: the sa
 idea as `optim.scale_by_param_rms`, for a low-rank update (a column carrying a tiny folded
 LayerScale moves by a fraction of its size; a column scale keeps the rank). A starts N(0, 1/r),
 B at zero, so the stage starts at W₀ and a step of size lr on B moves each entry of W by ~lr·s.
+
+What the inner chain sees are the factors' gradients: its global-norm clip acts on their norm
+(under param_rms about s times the kernels' gradient norm, so a clip of 1 rarely acts), and weight
+decay (`wd_pattern` matched on the kernel's path) decays the factors, pulling W back towards W₀.
+A is drawn from a fixed key (`seed`), the same in every run.
 """
 
 from __future__ import annotations
@@ -167,7 +173,8 @@ def low_rank_updates(
         continue
       a, b, scale = f["lora_a"], f["lora_b"], f["scale"]
       a2, b2 = a + u["lora_a"], b + u["lora_b"]
-      delta = (a2 @ b2 - a @ b) * scale[..., None, :]
+      # (a + ua)(b + ub) − ab, without subtracting two nearly equal products
+      delta = (u["lora_a"] @ b2 + a @ u["lora_b"]) * scale[..., None, :]
       out.append(delta.reshape(p.shape).astype(p.dtype))
       new_factors.append({"lora_a": a2, "lora_b": b2, "scale": scale})
     return treedef.unflatten(out), LoraState(
@@ -179,6 +186,11 @@ def low_rank_updates(
 
 def _t(x: jax.Array) -> jax.Array:
   return jnp.swapaxes(x, -1, -2)
+
+
+def param_path(path: str) -> str:
+  """The path of the param a leaf of the inner tree stands for (a factor's: its kernel's)."""
+  return path.rsplit("/", 1)[0] if is_factor_path(path) else path
 
 
 def factor_leaves_mask(inner_params: Any) -> Any:

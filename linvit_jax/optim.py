@@ -131,9 +131,14 @@ def make_schedule(opt: Mapping[str, Any], total_steps: int) -> optax.Schedule:
 def _decay_mask(pattern: str | None) -> Callable[[Params], Any]:
   # A function of the params the inner optimizer sees (frozen leaves are optax.MaskedNode there,
   # subtrees without leaves, so they get no mask entry either).
+  # Low-rank factors (lora.py) are decayed when their kernel's path is: that pulls the kernel
+  # back towards where the stage started, as AdamW does to LoRA factors.
   if pattern is None:  # the pre-big_vision convention, kept for callers that ask for it
     return lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)
-  return lambda p: tree_lib.regex_mask(p, pattern)
+  compiled = tree_lib.compile_patterns(pattern)
+  return lambda p: jax.tree_util.tree_map_with_path(
+      lambda path, _: tree_lib.matches(lora.param_path(tree_lib.path_str(path)), compiled), p
+  )
 
 
 def column_rms(param: jax.Array, floor: float) -> jax.Array:

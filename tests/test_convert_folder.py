@@ -331,6 +331,8 @@ def test_convert_folder_align_options_reach_the_stage(tmp_path):
   lora = _config(path, str(tmp_path), ",distill_fraction=0.5,align_lora=8").align.optimizer
   assert lora.lora_rank == 8 and optim.optimizer_settings(lora)["update_scale"] == "param_rms"
   assert "lora_rank" not in _config(path, str(tmp_path), ",distill_fraction=0.5").align.optimizer
+  with pytest.raises(ValueError, match="align_lora=8 needs the align stage"):
+    _config(path, str(tmp_path), ",tiny=False,max_images=400,distill_fraction=1,align_lora=8")
   for bad in ("-1", "2.5"):
     with pytest.raises(ValueError, match="align_lora="):
       _config(path, str(tmp_path), f",align_lora={bad}")

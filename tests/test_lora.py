@@ -217,7 +217,10 @@ def test_a_scanned_encoder_gets_factors_per_layer():
     p = optax.apply_updates(p, updates)
   f = _lora_state(state).factors["Transformer"]["encoderblock"]["Dense_0"]["kernel"]
   assert f["lora_a"].shape == (3, 8, 2) and f["lora_b"].shape == (3, 2, 12)
-  assert f["scale"].shape == (3, 12)
+  col_rms = np.sqrt(
+      np.mean(params["Transformer"]["encoderblock"]["Dense_0"]["kernel"] ** 2, axis=1)
+  )
+  np.testing.assert_allclose(f["scale"], col_rms, rtol=1e-5)  # each layer's own columns
   delta = np.asarray(p["Transformer"]["encoderblock"]["Dense_0"]["kernel"]) - np.asarray(
       params["Transformer"]["encoderblock"]["Dense_0"]["kernel"]
   )
@@ -226,3 +229,13 @@ def test_a_scanned_encoder_gets_factors_per_layer():
     assert s[0] > 1e-4 and s[2] < 1e-4 * s[0]
   stacked = np.linalg.svd(delta.reshape(24, 12), compute_uv=False)
   assert stacked[2] > 1e-3 * stacked[0]  # three layers' own directions, not one rank-2 update
+
+
+def test_weight_decay_acts_on_the_factors_and_pulls_towards_the_start():
+  params = _params()
+  moved = {}
+  for wd in (0.0, 0.5):
+    tx, _ = optim.make_optimizer({**OPT, "wd": wd}, 8, optim.trainable_mask(params))
+    got, _ = _walk(tx, params, 8)
+    moved[wd] = np.linalg.norm(np.asarray(got["out"]["kernel"]) - params["out"]["kernel"])
+  assert 0 < moved[0.5] < 0.8 * moved[0.0]

@@ -217,4 +217,6 @@ def test_demo_align_steps_adds_the_label_free_stage():
   preflight.validate(config)
   assert "lora_rank" not in a.optimizer
   assert configs.demo.get_config("align_steps=40,align_lora=4").align.optimizer.lora_rank == 4
+  with pytest.raises(ValueError, match="align_lora=4 needs the align stage"):
+    configs.demo.get_config("align_lora=4")
   assert configs.demo.get_config("").stages == ("distill_attention", "finetune")
