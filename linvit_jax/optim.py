@@ -6,9 +6,6 @@ The optimizer is big_vision's (its optax.make) on the trained leaves:
       update_scale="param_rms"] → scale(lr) → add_decayed_weights(wd)
       → scale_by_schedule(schedule / lr) → scale(-1)
 
-With `lora_rank` r > 0 that chain steps rank-r factors of every trained kernel instead of the
-kernel itself, and the kernel moves by the change of their product (lora.low_rank_updates).
-
 so weight decay is decoupled and follows the schedule's shape only (see
 config_lib.OPTIMIZER_DEFAULTS, where every field's default lives). Frozen leaves go through
 `optax.set_to_zero` instead (`masked_optimizer`): a zero update and no optimizer state, the one
@@ -16,6 +13,9 @@ place where the trainable mask acts (the step differentiates every leaf; XLA dro
 nothing reads). With `ema_decay` > 0, `param_ema` follows the chain and keeps a moving average of
 the params in the optimizer state (with `average_last` > 0, `tail_average`: the uniform average
 over the schedule's tail); `stage_result` is what the stage hands on.
+
+With `lora_rank` r > 0 that chain steps rank-r factors of every trained kernel instead of the
+kernel itself, and the kernel moves by the change of their product (lora.low_rank_updates).
 
 A trainable mask is a pytree of Python bools like the params (`trainable_mask`), from None (all),
 a name in STAGE_TRAINABLE, a path regex (re.fullmatch on '/'-joined paths, as every path regex of
