@@ -63,6 +63,22 @@ def _losses(history):
   return [r["loss"] for r in history if "loss" in r]
 
 
+def _cut_after_step_3_and_resumed(workdir, **cfg):
+  """The 5-step stage, its input failing at step 3 (checkpointed there), then rerun: the params
+  the resumed stage ends with."""
+
+  def three_batches(start):
+    for i, batch in enumerate(tt.batch_iter_fn()(start)):
+      if start + i == 3:
+        raise OSError("the input went away")
+      yield batch
+
+  with pytest.raises(OSError, match="went away"):
+    _run(workdir, checkpoint_every=3, batch_iter_fn=three_batches, **cfg)
+  resumed, _ = _run(workdir, checkpoint_every=3, **cfg)
+  return resumed
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
   """The 5-step run on this process's single device."""
@@ -146,15 +162,7 @@ def test_a_stage_with_an_average_hands_it_on_also_when_skipped_or_resumed(
   again, _ = _run(tmp_path / "ema", optimizer=opt, batch_iter_fn=no_batches)
 
   # cut after step 3 and resumed: the average is checkpointed with the optimizer state
-  def three_batches(start):
-    for i, batch in enumerate(tt.batch_iter_fn()(start)):
-      if start + i == 3:
-        raise OSError("the input went away")
-      yield batch
-
-  with pytest.raises(OSError, match="went away"):
-    _run(tmp_path / "cut", optimizer=opt, checkpoint_every=3, batch_iter_fn=three_batches)
-  resumed, _ = _run(tmp_path / "cut", optimizer=opt, checkpoint_every=3)
+  resumed = _cut_after_step_3_and_resumed(tmp_path / "cut", optimizer=opt)
   for a, b, c in zip(*map(jax.tree.leaves, (params, again, resumed))):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=TOL, atol=TOL)
