@@ -98,7 +98,7 @@ def low_rank_updates(
 ) -> optax.GradientTransformation:
   """`inner` run on rank-`rank` factors of the matching leaves (and on the other leaves as they
   are); returns the params' updates. See the module docstring."""
-  if not (isinstance(rank, int) and rank > 0):
+  if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
     raise ValueError(f"optimizer.lora_rank={rank!r}: expected a positive integer (0 = off)")
   compiled = tree_lib.compile_patterns(pattern)
 

@@ -268,9 +268,7 @@ def make_optimizer(
   if opt["grad_clip"]:
     parts.append(optax.clip_by_global_norm(float(opt["grad_clip"])))
   parts += [direction]
-  rank = opt["lora_rank"]
-  if rank and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
-    raise ValueError(f"optimizer.lora_rank={rank!r}: expected a positive integer (0 = off)")
+  rank = opt["lora_rank"]  # checked by lora.low_rank_updates when not 0
   if opt["update_scale"] == "param_rms":
     by_rms = scale_by_param_rms(float(opt["param_scale_floor"]))
     # Low-rank factors get their column scale from the product (lora.low_rank_updates).
