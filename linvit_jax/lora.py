@@ -42,8 +42,6 @@ import optax
 from linvit_jax import tree as tree_lib
 from linvit_jax.models import layout
 
-_SCANNED = f"Transformer/{layout.SCANNED_BLOCK}/"
-
 FACTOR_NAMES = ("lora_a", "lora_b")  # the factors' names under their param's path
 
 
@@ -69,14 +67,9 @@ def matrix_shape(shape: Sequence[int]) -> tuple[int, int]:
   return math.prod(shape[:k]), math.prod(shape[k:])
 
 
-def depth_axes(path: str) -> int:
-  """1 for a leaf of a scanned encoder (its leading depth axis), else 0."""
-  return 1 if path.startswith(_SCANNED) else 0
-
-
 def is_low_rank(path: str, shape: Sequence[int], rank: int, compiled_pattern: Any) -> bool:
   """Whether a trained leaf gets a rank-`rank` update (see the module docstring)."""
-  shape = tuple(shape)[depth_axes(path) :]
+  shape = tuple(shape)[layout.depth_axes(path) :]
   if len(shape) < 2 or not tree_lib.matches(path, compiled_pattern):
     return False
   return rank < min(matrix_shape(shape))
@@ -106,7 +99,7 @@ def low_rank_updates(
     leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(params)
     paths = [tree_lib.path_str(p) for p, _ in leaves_with_paths]
     low = [
-        depth_axes(path) if is_low_rank(path, tuple(x.shape), rank, compiled) else None
+        layout.depth_axes(path) if is_low_rank(path, tuple(x.shape), rank, compiled) else None
         for path, (_, x) in zip(paths, leaves_with_paths)
     ]  # per leaf: None (full steps) or its number of leading depth axes
     return [x for _, x in leaves_with_paths], low, treedef

@@ -35,6 +35,7 @@ import optax
 from linvit_jax import config_lib
 from linvit_jax import lora
 from linvit_jax import tree as tree_lib
+from linvit_jax.models import layout
 
 Params = Any  # a pytree of arrays (or ShapeDtypeStructs)
 
@@ -141,15 +142,18 @@ def _decay_mask(pattern: str | None) -> Callable[[Params], Any]:
   )
 
 
-def column_rms(param: jax.Array, floor: float) -> jax.Array:
+def column_rms(param: jax.Array, floor: float, depth_axes: int = 0) -> jax.Array:
   """RMS of `param` over every axis but the last (a vector: over all of it), at least `floor`;
   broadcastable against `param`. For a Dense kernel [in, out] (or DenseGeneral [h, d, out]) that is
-  one scale per output column, the axis a folded LayerScale scales."""
+  one scale per output column, the axis a folded LayerScale scales. The first `depth_axes` axes
+  (a scanned encoder's layer axis: layout.depth_axes) are kept: each layer has its own scales."""
   x = param.astype(jnp.float32)
-  if x.ndim <= 1:
-    rms = jnp.sqrt(jnp.mean(jnp.square(x)))
+  inner_ndim = x.ndim - depth_axes
+  if inner_ndim <= 1:
+    axes = tuple(range(depth_axes, x.ndim))
   else:
-    rms = jnp.sqrt(jnp.mean(jnp.square(x), axis=tuple(range(x.ndim - 1)), keepdims=True))
+    axes = tuple(range(depth_axes, x.ndim - 1))
+  rms = jnp.sqrt(jnp.mean(jnp.square(x), axis=axes, keepdims=True)) if axes else jnp.abs(x)
   return jnp.maximum(rms, floor)
 
 
@@ -169,7 +173,12 @@ def scale_by_param_rms(floor: float = 1e-4) -> optax.GradientTransformation:
   def update_fn(updates, state, params=None):
     if params is None:
       raise ValueError("scale_by_param_rms needs the params (tx.update(grads, state, params))")
-    updates = jax.tree.map(lambda u, p: u * column_rms(p, floor).astype(u.dtype), updates, params)
+    updates = jax.tree_util.tree_map_with_path(
+        lambda path, u, p: u
+        * column_rms(p, floor, layout.depth_axes(tree_lib.path_str(path))).astype(u.dtype),
+        updates,
+        params,
+    )
     return updates, state
 
   return optax.GradientTransformation(init_fn, update_fn)

@@ -177,6 +177,34 @@ def test_param_rms_updates_are_relative_per_output_column():
     optim.make_optimizer({**base, "update_scale": "relative"}, 10, mask)
 
 
+def test_param_rms_keeps_a_scanned_encoders_layers_apart():
+  # A scanned encoder stacks its layers on a leading axis: each layer's columns get their own
+  # scales, exactly those of the same layer in a per-block tree (not an RMS over all layers).
+  rng = np.random.default_rng(0)
+  kernels = rng.normal(size=(3, 4, 5)) * np.array([1e-3, 1.0, 30.0])[:, None, None]
+  biases = rng.normal(size=(3, 5)) * np.array([1e-4, 1.0, 10.0])[:, None]
+  leaf = lambda k, b: {
+      "MlpBlock_0": {"Dense_0": {"kernel": jnp.asarray(k), "bias": jnp.asarray(b)}}
+  }
+  scanned = {"Transformer": {"encoderblock": leaf(kernels, biases)}}
+  per_block = {"Transformer": {f"encoderblock_{i}": leaf(kernels[i], biases[i]) for i in range(3)}}
+  base = dict(lr=1e-2, warmup_steps=0, schedule="constant", grad_clip=0.0, wd=0.0)
+  base.update(update_scale="param_rms", param_scale_floor=1e-6)
+
+  def first_update(params):
+    tx, _ = optim.make_optimizer(base, 10, optim.trainable_mask(params))
+    grads = jax.tree.map(jnp.ones_like, params)
+    return tx.update(grads, tx.init(params), params)[0]
+
+  got = first_update(scanned)["Transformer"]["encoderblock"]["MlpBlock_0"]["Dense_0"]
+  for i in range(3):
+    want = first_update(per_block)["Transformer"][f"encoderblock_{i}"]["MlpBlock_0"]["Dense_0"]
+    np.testing.assert_allclose(got["kernel"][i], want["kernel"], rtol=1e-5)
+    np.testing.assert_allclose(got["bias"][i], want["bias"], rtol=1e-5)
+  # The smallest layer moves by ~lr × its own scale, not the stack's.
+  assert np.abs(got["kernel"][0]).max() < 1e-4 < np.abs(got["kernel"][2]).min()
+
+
 def test_param_ema_averages_the_params_after_each_update_and_is_what_a_stage_hands_on():
   params = {"w": jnp.asarray([1.0, -2.0]), "frozen": jnp.asarray([3.0])}
   mask = {"w": True, "frozen": False}

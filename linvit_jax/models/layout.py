@@ -31,6 +31,12 @@ def is_scanned(params: Params) -> bool:
   return SCANNED_BLOCK in params["Transformer"]
 
 
+def depth_axes(path: str) -> int:
+  """1 for a leaf of a scanned encoder (`Transformer/encoderblock/...`: a leading depth axis that
+  stacks the layers), else 0. `path` is the '/'-joined path from the params' root."""
+  return 1 if path.startswith(f"Transformer/{SCANNED_BLOCK}/") else 0
+
+
 def block_params(params: Params, layer: int) -> Params:
   """Block `layer`'s params subtree, from a per-block or scanned (stacked) tree."""
   t = params["Transformer"]
