@@ -33,18 +33,19 @@ pretrained ViTs"):
      held-out crops) go back to softmax with the teacher's weights;
   4. align (when distill_fraction < 1, the default): the student's own forward matched to the
      teacher's block by block and at the final tokens, plus the teacher-forced term, on the rest
-     of the budget; every parameter (`align_trainable`), Adam steps relative to each output
-     column's RMS (`align_update_scale=param_rms`, lr 2e-4), a quarter of the stage warm-up. On
-     the shared ViT-S/14 at 224 px (6,000 + 4,000 images) it lifts 448-px cls cosine 0.872 →
-     0.915 and k-NN retention 96.4 → 101.2 % for 224-px cls 0.917 → 0.912; at lr ≥ 2e-5 in
-     parameter units the stage is unstable. The stage then hands on the midpoint of its trained
-     weights and the distilled ones it started from (`align_start_weight=0.5`, weight
-     interpolation as in WiSE-FT): cls 0.936, patch 0.946, k-NN 99.1 %, 448 px 0.909, better at
-     224 px than either end (docs/levers.md, "Weight interpolation"). Its training views are
-     label-free mixup (`align_mixup=1`: each crop blended with its batch neighbour, weight ~
-     Beta(1, 1), the teacher and the student seeing the same blend, as in big_vision's
-     function-matching distillation): cls 0.943, patch 0.953, k-NN 98.5 %, 448 px 0.910 on the
-     shared ViT-S/14 (docs/levers.md, last section);
+     of the budget, on label-free mixup views (`align_mixup=1`: each crop blended with its batch
+     neighbour, weight ~ Beta(1, 1), the teacher and the student seeing the same blend, as in
+     big_vision's function-matching distillation); every kernel moves within a rank-8 update
+     (`align_lora=8`, LoRA as in LoLCATs' stage 2, written as an optimizer transformation so the
+     params stay merged), biases, norms and embeddings as usual, Adam steps relative to each
+     output column's RMS (`align_update_scale=param_rms`, lr 2e-4), a quarter of the stage
+     warm-up; the stage hands on its trained weights (`align_start_weight=0`). On the shared
+     ViT-S/14 at 224 px (6,000 + 4,000 images, one seed): cls 0.950, patch 0.958, k-NN 100 %,
+     448 px 0.919, against 0.943 / 0.953 / 98.5 % / 0.910 for full-rank `align` handing on the
+     midpoint of its trained weights and the distilled ones (`align_lora=0,align_start_weight=0.5`,
+     the default before; weight interpolation as in WiSE-FT); full-rank `align` handing on its
+     trained weights loses 224-px fidelity (cls 0.917 → 0.912: it starts to fit the photos);
+     at lr ≥ 2e-5 in parameter units the stage is unstable (docs/levers.md);
   5. fidelity report (per layer, end to end, curves vs images seen, cls attention maps), speed and
      memory at res and 2·res, export (student.npz + student_config.json).
 
@@ -79,9 +80,11 @@ path regex), align_update_scale (absolute | param_rms: lr_align is then a step r
 output column's RMS), align_warmup (fraction of the align steps), align_ema (0: off; a decay:
 the stage hands on the moving average of its params), align_average (0: off; a fraction f: the
 stage hands on the uniform average of its params over its last f of steps), align_start_weight
-(w: the stage hands on (1 − w)·its trained params + w·the distilled ones it started from),
-align_lora (r > 0: every trained kernel moves within a rank-r update, LoRA as in LoLCATs' stage 2,
-column-scaled under param_rms; biases, norms and embeddings step as usual; 0: off),
+(w, default 0: the stage hands on (1 − w)·its trained params + w·the distilled ones it started
+from; 0.5 was the best measured for full-rank `align`),
+align_lora (r > 0, default 8: every trained kernel moves within a rank-r update, LoRA as in
+LoLCATs' stage 2, column-scaled under param_rms; biases, norms and embeddings step as usual; 0:
+full-rank steps; ignored, like every align_* field, when distill_fraction=1 leaves no align stage),
 align_w_feature (final tokens),
 align_w_blocks (every block's output), align_top_weight (the last block's weight over the
 first), align_w_attn_tf (teacher-forced attention outputs), distill_augment / align_augment
@@ -134,8 +137,8 @@ def get_config(arg=None):
       align_warmup=config_lib.ALIGN_RECIPE["warmup"],
       align_ema=0.0,
       align_average=0.0,
-      align_start_weight=0.5,
-      align_lora=0,
+      align_start_weight=0.0,
+      align_lora=8,
       align_w_feature=1.0,
       align_w_blocks=1.0,
       align_top_weight=1.0,
@@ -253,11 +256,6 @@ def get_config(arg=None):
   steps_a, steps_b = max(1, distill_images // arg.batch), align_images // arg.batch
   if arg.tiny:
     steps_a, steps_b = 2, 2
-  if arg.align_lora and not steps_b:
-    raise ValueError(
-        f"align_lora={arg.align_lora} needs the align stage: distill_fraction="
-        f"{arg.distill_fraction} leaves it no images"
-    )
   c.distill_attention = config_lib.stage(
       "distill_attention",
       steps=steps_a,

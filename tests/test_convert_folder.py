@@ -312,8 +312,8 @@ def test_convert_folder_align_options_reach_the_stage(tmp_path):
 
   assert optim.optimizer_settings(config.distill_attention.optimizer)["update_scale"] == "absolute"
   assert a.optimizer.ema_decay == 0.99
-  assert a.start_weight == 0.5 and config.distill_attention.start_weight == 0.0  # the default
-  assert _config(path, str(tmp_path), extra + ",align_start_weight=0").align.start_weight == 0.0
+  assert a.start_weight == 0.0 and config.distill_attention.start_weight == 0.0  # the default
+  assert _config(path, str(tmp_path), extra + ",align_start_weight=0.5").align.start_weight == 0.5
   with pytest.raises(ValueError, match="align_start_weight=1.0"):
     _config(path, str(tmp_path), ",align_start_weight=1.0")
   assert optim.optimizer_settings(config.distill_attention.optimizer)["ema_decay"] == 0.0
@@ -328,11 +328,17 @@ def test_convert_folder_align_options_reach_the_stage(tmp_path):
     _config(path, str(tmp_path), ",align_average=1.5")
   with pytest.raises(ValueError, match="choose one"):
     _config(path, str(tmp_path), ",align_average=0.5,align_ema=0.9")
-  lora = _config(path, str(tmp_path), ",distill_fraction=0.5,align_lora=8").align.optimizer
+  lora = _config(path, str(tmp_path), ",distill_fraction=0.5").align.optimizer  # the default
   assert lora.lora_rank == 8 and optim.optimizer_settings(lora)["update_scale"] == "param_rms"
-  assert "lora_rank" not in _config(path, str(tmp_path), ",distill_fraction=0.5").align.optimizer
-  with pytest.raises(ValueError, match="align_lora=8 needs the align stage"):
-    _config(path, str(tmp_path), ",tiny=False,max_images=400,distill_fraction=1,align_lora=8")
+  assert _config(path, str(tmp_path), ",align_lora=16").align.optimizer.lora_rank == 16
+  # off: the field is left out, so workdirs recorded before it existed still resume
+  assert "lora_rank" not in _config(path, str(tmp_path), ",align_lora=0").align.optimizer
+  # no align stage (the whole budget distils): the align_* fields, the rank too, have no stage
+  no_align = _config(path, str(tmp_path), ",tiny=False,max_images=400,distill_fraction=1")
+  assert (
+      no_align.stages == ("distill_attention",)
+      and "lora_rank" not in no_align.distill_attention.optimizer
+  )
   for bad in ("-1", "2.5"):
     with pytest.raises(ValueError, match="align_lora="):
       _config(path, str(tmp_path), f",align_lora={bad}")
