@@ -8,6 +8,10 @@ switched on (`all`: every lever); its workdir is `<out>/<arm>` (a finished arm i
 resumes). Writes `<out>/levers.json` and `<out>/levers.md`: per arm the final cls and mean patch
 cosine on held-out crops, the worst per-layer teacher-forced cosine, k-NN retention, and images/s
 of the student against the teacher at 1× and 2× the resolution (the run's own resolution rows).
+
+Every arm starts from `BASE`, the recipe the table was first measured on (no lever, distillation
+only), not from `convert_folder`'s defaults: the defaults move as levers are adopted, and an
+arm's row must mean the same run whenever it is made again.
 """
 
 from __future__ import annotations
@@ -15,6 +19,39 @@ from __future__ import annotations
 import argparse
 import json
 import os
+
+# convert_folder's settings for every arm before its own changes: no lever inside the layer, the
+# whole budget distilled, and the `align` stage (for arms that add one) as it first was.
+BASE = {
+    "feature_map": "hedgehog_exp",
+    "policy": "copy_all",
+    "exact_prefix": False,
+    "center_keys": False,
+    "conv_v": False,
+    "window": 0,
+    "sinks": 0,
+    "compose": 0.0,
+    "lr_distill": 1e-3,
+    "distill_trainable": "distill_attention",
+    "distill_fraction": 1.0,
+    "lr_align": 1e-4,
+    "align_trainable": "attention",
+    "align_update_scale": "absolute",
+    "align_warmup": 0.05,
+    "align_mixup": 0.0,
+    "align_start_weight": 0.0,
+    "align_lora": 0,
+}
+# The align recipe convert_folder adopted, after the same distillation (`align_extra`).
+_ALIGN_RMS = {
+    "center_keys": True,
+    "conv_v": True,
+    "align_extra": True,
+    "align_trainable": "all",
+    "align_update_scale": "param_rms",
+    "lr_align": 2e-4,
+    "align_warmup": 0.25,
+}
 
 ARMS = {
     "baseline": {},
@@ -75,6 +112,10 @@ ARMS = {
         "lr_align": 2e-4,
         "align_warmup": 0.25,
     },
+    # Its later steps: label-free mixup views handing on the midpoint of the aligned and the
+    # distilled weights (the default before LoRA), and rank-8 LoRA handing on the aligned ones.
+    "center_conv_align_mixup_mid": {**_ALIGN_RMS, "align_mixup": 1.0, "align_start_weight": 0.5},
+    "center_conv_align_mixup_lora8": {**_ALIGN_RMS, "align_mixup": 1.0, "align_lora": 8},
     "align_all": {"distill_fraction": 0.5, "align_trainable": "all", "lr_align": 2e-5},
     "all_align_all": {
         "exact_prefix": True,
@@ -87,24 +128,28 @@ ARMS = {
 }
 
 
-def run_arm(name: str, args: argparse.Namespace) -> dict:
-  import linvit_jax
-
-  arm = dict(ARMS[name])
+def arm_options(name: str, args: argparse.Namespace) -> dict:
+  """convert_folder's arguments for arm `name`: `BASE`, the arm's changes, the run's budget."""
+  arm = {**BASE, **ARMS[name]}
   max_images = args.max_images
   if arm.pop("align_extra", False):  # the same distillation, then as many images of align
     max_images, arm["distill_fraction"] = 2 * max_images, 0.5
-  options = dict(
+  return dict(
+      arm,
       res=args.res,
       max_images=max_images,
       batch=args.batch,
       knn=args.knn,
       knn_train=args.knn_train,
       knn_eval=args.knn_eval,
-      **arm,
   )
+
+
+def run_arm(name: str, args: argparse.Namespace) -> dict:
+  import linvit_jax
+
   workdir = os.path.join(args.out, name)
-  linvit_jax.convert(args.init, images=args.images, workdir=workdir, **options)
+  linvit_jax.convert(args.init, images=args.images, workdir=workdir, **arm_options(name, args))
   with open(os.path.join(workdir, "results.json")) as f:
     return json.load(f)
 

@@ -141,6 +141,37 @@ def test_lever_table_runs_an_arm_and_writes_its_row(tmp_path):
   assert "| exact_prefix |" in (tmp_path / "out" / "levers.md").read_text()
 
 
+def test_lever_table_arms_are_pinned_and_build_a_config(tmp_path):
+  """Arms start from the table's own base recipe, not from convert_folder's moving defaults, and
+  every arm's options are ones convert_folder takes."""
+  import argparse
+
+  from bench import lever_table
+  from linvit_jax import api
+
+  args = argparse.Namespace(
+      res=112, max_images=2000, batch=8, knn="none", knn_train=500, knn_eval=250
+  )
+  base = lever_table.arm_options("baseline", args)
+  assert not (base["center_keys"] or base["conv_v"] or base["exact_prefix"] or base["align_lora"])
+  assert base["distill_fraction"] == 1.0 and base["max_images"] == 2000
+  lora = lever_table.arm_options("center_conv_align_mixup_lora8", args)
+  assert (lora["align_lora"], lora["align_start_weight"], lora["align_mixup"]) == (8, 0.0, 1.0)
+  assert (lora["distill_fraction"], lora["max_images"]) == (0.5, 4000) and "align_extra" not in lora
+  assert lever_table.arm_options("center_conv_align_mixup_mid", args)["align_start_weight"] == 0.5
+  for name in lever_table.ARMS:
+    config = api.load_config(
+        "convert_folder",
+        init="unread.npz",
+        images=str(tmp_path),
+        **lever_table.arm_options(name, args),
+    )
+    assert config.data.image_size == 112, name
+    assert ("align" in config.stages) == (
+        lever_table.arm_options(name, args)["distill_fraction"] < 1
+    )
+
+
 def test_feature_map_layer_bench_runs_every_case_and_restores_the_map(tmp_path):
   from bench import bench_feature_map_layer as bench
   from linvit_jax.models import feature_maps
