@@ -350,3 +350,20 @@ def test_convert_folder_num_features_reaches_the_spec(tmp_path):
   attention = _config(path, str(tmp_path), ",num_features=16").student.attention
   assert attention.feature_map == "hedgehog_exp" and attention.num_features == 16
   assert "num_features" not in _config(path, str(tmp_path)).student.attention  # the map's default
+
+
+def test_a_workdir_of_the_previous_default_is_refused_then_finished_with_its_settings(tmp_path):
+  """The LoRA default changed the align stage: resuming a run begun under the previous default
+  names both fields, and the README's two options make it the same run again."""
+  from linvit_jax import preflight
+
+  path = str(tmp_path / "t.npz")
+  _headless_checkpoint(path)
+  previous = ",distill_fraction=0.5,align_lora=0,align_start_weight=0.5"
+  workdir = tmp_path / "w"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(_config(path, str(tmp_path), previous).to_json_best_effort())
+  with pytest.raises(ConfigError, match="holds a run of another config") as e:
+    preflight.check_same_run(str(workdir), _config(path, str(tmp_path), ",distill_fraction=0.5"))
+  assert "align.optimizer.lora_rank" in str(e.value) and "align.start_weight" in str(e.value)
+  preflight.check_same_run(str(workdir), _config(path, str(tmp_path), previous))
