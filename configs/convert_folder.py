@@ -40,10 +40,11 @@ pretrained ViTs"):
      params stay merged), biases, norms and embeddings as usual, Adam steps relative to each
      output column's RMS (`align_update_scale=param_rms`, lr 2e-4), a quarter of the stage
      warm-up; the stage hands on its trained weights (`align_start_weight=0`). On the shared
-     ViT-S/14 at 224 px (6,000 + 4,000 images, one seed): cls 0.950, patch 0.958, k-NN 100 %,
-     448 px 0.919, against 0.943 / 0.953 / 98.5 % / 0.910 for full-rank `align` handing on the
-     midpoint of its trained weights and the distilled ones (`align_lora=0,align_start_weight=0.5`,
-     the default before; weight interpolation as in WiSE-FT); full-rank `align` handing on its
+     ViT-S/14 at 224 px (6,000 + 4,000 images, seeds 0 / 1): cls 0.950 / 0.953, patch 0.958 /
+     0.966, k-NN 100 / 102 %, 448 px 0.919 / 0.916 (seed 0 against 0.943 / 0.953 / 98.5 % /
+     0.910, one seed, for full-rank `align` handing on the midpoint of its trained weights and
+     the distilled ones: `align_lora=0,align_start_weight=0.5`, the default before; weight
+     interpolation as in WiSE-FT); full-rank `align` handing on its
      trained weights loses 224-px fidelity (cls 0.917 → 0.912: it starts to fit the photos);
      at lr ≥ 2e-5 in parameter units the stage is unstable (docs/levers.md);
   5. fidelity report (per layer, end to end, curves vs images seen, cls attention maps), speed and
