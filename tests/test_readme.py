@@ -343,3 +343,42 @@ def test_main_command_config_loads(command, sandbox):
   assert (
       result.returncode == 0 and "loaded" in result.stdout
   ), f"{command}: config does not load (exit {result.returncode}):\n{result.stderr[-4000:]}"
+
+
+_MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _tracked_files() -> set[str] | None:
+  """Paths git tracks (a link to a file made locally but never committed breaks on a clone)."""
+  try:
+    out = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+  except (OSError, subprocess.CalledProcessError):
+    return None
+  return set(out.splitlines())
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        "README.md",
+        "bench/RESULTS.md",
+        *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")),
+    ],
+)
+def test_markdown_links_name_committed_files(doc):
+  tracked = _tracked_files()
+  missing = []
+  for target in _MARKDOWN_LINK.findall((ROOT / doc).read_text()):
+    target = target.split("#")[0]
+    if not target or re.match(r"[a-z]+:", target):  # anchors, http(s):, mailto:
+      continue
+    path = os.path.normpath(os.path.join(os.path.dirname(doc), target))
+    if path.startswith(".."):  # beside the checkout (../shared)
+      continue
+    exists = (ROOT / path).exists()
+    committed = tracked is None or path in tracked or any(t.startswith(path + "/") for t in tracked)
+    if not (exists and committed):
+      missing.append(target)
+  assert not missing, f"{doc} links to files the repository does not have: {missing}"
