@@ -95,23 +95,8 @@ ARMS = {
     # Stage 2 after the same distillation budget (`align_extra`: max_images is doubled and the
     # second half goes to align): every parameter, lr 3e-6 in parameter units, or 2e-4 relative
     # to each output column's RMS (update_scale=param_rms), warm-up a quarter of the stage.
-    "center_conv_align_abs3e-6": {
-        "center_keys": True,
-        "conv_v": True,
-        "align_extra": True,
-        "align_trainable": "all",
-        "lr_align": 3e-6,
-        "align_warmup": 0.25,
-    },
-    "center_conv_align_rms2e-4": {
-        "center_keys": True,
-        "conv_v": True,
-        "align_extra": True,
-        "align_trainable": "all",
-        "align_update_scale": "param_rms",
-        "lr_align": 2e-4,
-        "align_warmup": 0.25,
-    },
+    "center_conv_align_abs3e-6": {**_ALIGN_RMS, "align_update_scale": "absolute", "lr_align": 3e-6},
+    "center_conv_align_rms2e-4": _ALIGN_RMS,
     # Its later steps: label-free mixup views handing on the midpoint of the aligned and the
     # distilled weights (the default before LoRA), and rank-8 LoRA handing on the aligned ones.
     "center_conv_align_mixup_mid": {**_ALIGN_RMS, "align_mixup": 1.0, "align_start_weight": 0.5},

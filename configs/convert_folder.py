@@ -44,9 +44,9 @@ pretrained ViTs"):
      0.966, k-NN 100 / 102 %, 448 px 0.919 / 0.916 (seed 0 against 0.943 / 0.953 / 98.5 % /
      0.910, one seed, for full-rank `align` handing on the midpoint of its trained weights and
      the distilled ones: `align_lora=0,align_start_weight=0.5`, the default before; weight
-     interpolation as in WiSE-FT); full-rank `align` handing on its
-     trained weights loses 224-px fidelity (cls 0.917 → 0.912: it starts to fit the photos);
-     at lr ≥ 2e-5 in parameter units the stage is unstable (docs/levers.md);
+     interpolation as in WiSE-FT); full-rank `align` handing on its trained weights loses 224-px
+     fidelity (cls 0.917 → 0.912: it starts to fit the photos); at lr ≥ 2e-5 in parameter units
+     the stage is unstable (docs/levers.md);
   5. fidelity report (per layer, end to end, curves vs images seen, cls attention maps), speed and
      memory at res and 2·res, export (student.npz + student_config.json).
 

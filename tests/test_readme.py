@@ -18,6 +18,7 @@ Everything is derived from the README's text, so a command or snippet added late
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pathlib
 import re
@@ -348,7 +349,8 @@ def test_main_command_config_loads(command, sandbox):
 _MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
-def _tracked_files() -> set[str] | None:
+@functools.cache
+def _tracked_files() -> frozenset[str] | None:
   """Paths git tracks (a link to a file made locally but never committed breaks on a clone)."""
   try:
     out = subprocess.run(
@@ -356,7 +358,7 @@ def _tracked_files() -> set[str] | None:
     ).stdout
   except (OSError, subprocess.CalledProcessError):
     return None
-  return set(out.splitlines())
+  return frozenset(out.splitlines())
 
 
 @pytest.mark.parametrize(
