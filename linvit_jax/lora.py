@@ -26,7 +26,8 @@ B at zero, so the stage starts at W₀ and a step of size lr on B moves each ent
 What the inner chain sees are the factors' gradients: its global-norm clip acts on their norm
 (under param_rms about s times the kernels' gradient norm, so a clip of 1 rarely acts), and weight
 decay (`wd_pattern` matched on the kernel's path) decays the factors, pulling W back towards W₀.
-A is drawn from a fixed key (`seed`), the same in every run.
+A is drawn from `seed` (the stage seed, through `optim.make_optimizer`), so runs with another
+config seed draw another A.
 """
 
 from __future__ import annotations

@@ -254,13 +254,14 @@ def stage_result(params: Params, opt_state: Any) -> Params:
 
 
 def make_optimizer(
-    opt: Mapping[str, Any], total_steps: int, trainable_mask: Any
+    opt: Mapping[str, Any], total_steps: int, trainable_mask: Any, *, seed: int = 0
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """big_vision's optimizer chain (its optax.make) for the trained leaves: clip → scale_by_adam
   (or sgd momentum) → scale(lr) → add_decayed_weights(wd, wd_pattern) → schedule shape → descent.
   "adamw" and "adam" are the same chain (decay is always decoupled, as in big_vision); frozen
   leaves get a zero update and no optimizer state. Fields `opt` omits take their
-  config_lib.OPTIMIZER_DEFAULTS. Returns (tx, schedule)."""
+  config_lib.OPTIMIZER_DEFAULTS. `seed` draws LoRA's fixed A factors (the run's stage seed, so
+  that seeds vary every random draw). Returns (tx, schedule)."""
   opt = {**config_lib.OPTIMIZER_DEFAULTS, **opt}
   schedule = make_schedule(opt, total_steps)
   lr = float(opt["lr"])
@@ -297,6 +298,7 @@ def make_optimizer(
         rank,
         column_scale=opt["update_scale"] == "param_rms",
         scale_floor=float(opt["param_scale_floor"]),
+        seed=seed,
     )
   tx = masked_optimizer(inner, trainable_mask)
   if opt["ema_decay"] and opt["average_last"]:

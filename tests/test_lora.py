@@ -228,3 +228,24 @@ def test_weight_decay_acts_on_the_factors_and_pulls_towards_the_start():
     got, _ = _walk(tx, params, 8)
     moved[wd] = np.linalg.norm(np.asarray(got["out"]["kernel"]) - params["out"]["kernel"])
   assert 0 < moved[0.5] < 0.8 * moved[0.0]
+
+
+def test_the_seed_draws_the_a_factors():
+  """The seed reaches LoRA's A (issue 39: seeds that vary every random draw): the same seed draws
+  the same A, another seed another A, and B starts at zero either way."""
+  params = _params()
+  mask = optim.trainable_mask(params)
+
+  def a_factors(seed):
+    tx, _ = optim.make_optimizer(OPT, 8, mask, seed=seed)
+    state = _lora_state(tx.init(params))
+    return [
+        np.asarray(f["lora_a"])
+        for f in jax.tree.leaves(
+            state.factors, is_leaf=lambda x: isinstance(x, dict) and "lora_a" in x
+        )
+    ]
+
+  same, again, other = a_factors(3), a_factors(3), a_factors(4)
+  assert same and all(np.array_equal(x, y) for x, y in zip(same, again))
+  assert all(not np.allclose(x, y) for x, y in zip(same, other))
