@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Mapping
 from typing import Any
 
 _PACKAGE = "linvit_jax.configs"
@@ -103,8 +104,12 @@ def resolve_config_argv(argv: list[str]) -> list[str]:
   return out
 
 
-def load(path: str, arg: str | None = None) -> Any:
-  """The ConfigDict of config file `path` with its `:arg` string (what --config=path:arg loads)."""
+def load(path: str, arg: str | Mapping[str, Any] | None = None) -> Any:
+  """The ConfigDict of config file `path` with its `:arg` (what --config=path:arg loads).
+
+  `arg` is the `:arg` string, or a Mapping of Python values (the Python API's options) handed to
+  `get_config` as it is: config_lib.parse_arg reads both.
+  """
 
   spec = importlib.util.spec_from_file_location("linvit_jax_config", path)
   module = importlib.util.module_from_spec(spec)
