@@ -228,8 +228,15 @@ def _recover_dtype(name: str, a: np.ndarray, path: str) -> np.ndarray:
 def _read_npz(path: str) -> dict[str, np.ndarray]:
   """All arrays of an .npz file as a flat dict; errors name the file and the cause."""
   with _open(path) as f:
-    if not f.read(1):
+    head = f.read(6)
+    if not head:
       raise CheckpointError(f"checkpoint '{path}': file is empty (0 bytes)")
+    if not head.startswith((b"PK", b"\x93NUMPY")):  # zip (.npz), or np.save's single array
+      # np.load would take it for a pickle and advise allow_pickle, which is never the fix.
+      raise CheckpointError(
+          f"checkpoint '{path}': not an .npz (a zip archive of arrays), a .safetensors file "
+          f"or a model folder (it starts with {head!r})"
+      )
     f.seek(0)
     try:
       loaded = np.load(f, allow_pickle=False)

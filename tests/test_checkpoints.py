@@ -388,7 +388,11 @@ def bad_not_a_zip(params, tmp_path):
   path = str(tmp_path / "text.npz")
   with open(path, "w") as f:
     f.write("this is not a checkpoint")
-  return path, {}, r"text\.npz': truncated or corrupt"
+  return (
+      path,
+      {},
+      r"text\.npz': not an \.npz \(a zip archive of arrays\), a \.safetensors file or a model folder",
+  )
 
 
 def bad_empty_file(params, tmp_path):
