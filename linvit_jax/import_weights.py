@@ -9,7 +9,8 @@ the input normalisation and how the position table is resized, which `init=OUT.n
 `init=` of every config also takes SRC directly, so this step is only needed to keep an npz.
 
 Both files are written only when the whole source converted (the npz atomically, the JSON after
-it). A bad source is one `error:` line naming the file and what is wrong, exit 2.
+it). A bad source, an output path that cannot be written (checked before the conversion) or a
+`--num_heads` that does not divide the width is one `error:` line naming what is wrong, exit 2.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+from typing import NoReturn
 
 from linvit_jax import checkpoints
 from linvit_jax import gfile
@@ -27,16 +29,57 @@ from linvit_jax.models import foreign
 
 def import_weights(src: str, out: str, num_heads: int | None = None) -> foreign.Imported:
   """Converts `src` and writes `out` (.npz) with its sidecar JSON; returns what was imported."""
-  if not out.endswith(".npz"):
-    raise UserError(f"output '{out}': expected a path ending in .npz")
-  imported = foreign.read(src, num_heads=num_heads)
-  checkpoints.save_npz(out, imported.params)
-  gfile.write_text(foreign.sidecar_path(out), json.dumps(foreign.sidecar_info(imported), indent=1))
+  _check_output(out)  # before the conversion, which can take a while for a big model
+  if num_heads is not None and (isinstance(num_heads, bool) or int(num_heads) < 1):
+    raise UserError(f"--num_heads {num_heads}: expected a positive integer")
+  try:
+    imported = foreign.read(src, num_heads=num_heads)
+  except ValueError as e:
+    if num_heads is None or isinstance(e, UserError):
+      raise
+    # The only shape the user chose: the attention kernels are split into num_heads parts.
+    raise UserError(
+        f"--num_heads {num_heads} does not fit '{src}': its width is not a multiple of "
+        f"{num_heads} ({e})"
+    ) from e
+  try:
+    checkpoints.save_npz(out, imported.params)
+    gfile.write_text(
+        foreign.sidecar_path(out), json.dumps(foreign.sidecar_info(imported), indent=1)
+    )
+  except OSError as e:  # a full disk, no permission: what the user fixes
+    raise UserError(f"output '{out}': cannot write it ({e.strerror or e})") from e
   return imported
 
 
+def _check_output(out: str) -> None:
+  """An output path the npz cannot be written to is named before any work: not .npz, a folder,
+  or under a regular file (makedirs would fail with a traceback after the whole conversion)."""
+  if not out.endswith(".npz"):
+    raise UserError(f"output '{out}': expected a path ending in .npz")
+  if gfile.is_remote(out):
+    return
+  path = os.path.abspath(out)
+  if os.path.isdir(path):
+    raise UserError(f"output '{out}' is a folder; expected the path of the .npz file to write")
+  parent = os.path.dirname(path)
+  while not os.path.exists(parent):  # the nearest existing ancestor; the rest is created
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise UserError(f"output '{out}': '{parent}' is a file, not a folder")
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise UserError(f"output '{out}': cannot write in '{parent}' (permission denied)")
+
+
+class _Parser(argparse.ArgumentParser):
+  """argparse whose usage errors are the project's one `error:` line (exit 2), not usage text."""
+
+  def error(self, message: str) -> NoReturn:
+    self.exit(2, f"error: {message} (--help lists the arguments)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(
+  parser = _Parser(
       prog="python -m linvit_jax.import_weights",
       description=__doc__.split("\n\n")[0].split(": ", 1)[-1],
   )

@@ -2,7 +2,7 @@ r"""`python -m linvit_jax.main --config configs/X.py[:arg] --workdir DIR`.
 
 A run: load the teacher (or none, to train a model from scratch) → build the linear student →
 surgery with the config's policy → calibrate fresh attention → the config's stages → evaluation →
-export (student.npz in big_vision's format, student_config.json, surgery_report.json,
+export (student.npz in big_vision's format, student_config.json, surgery_report.json and .txt,
 results.json, plots) into the workdir. Rerunning in the same workdir resumes: finished stages are
 skipped, an interrupted stage continues from its last checkpoint.
 
@@ -55,11 +55,58 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class _OwnInfoOnly(std_logging.Filter):
-  """INFO lines from linvit_jax itself (resuming, hybrid layers, data folders); libraries
-  (jax's backend probe, TFDS, orbax) only from WARNING up. `--verbosity=1` shows everything."""
+  """INFO lines from linvit_jax itself (resuming, hybrid layers, data folders), each text once
+  per run; libraries (jax's backend probe, TFDS, orbax) only from WARNING up. `--verbosity=1`
+  shows everything.
+
+  Once: every stage opens its data again, and the image-folder summary it logs is the same line
+  each time (a run of three stages said it three times)."""
+
+  def __init__(self):
+    super().__init__()
+    self._said: set[str] = set()
 
   def filter(self, record: std_logging.LogRecord) -> bool:
-    return record.levelno >= std_logging.WARNING or record.pathname.startswith(_PACKAGE_DIR)
+    if record.levelno >= std_logging.WARNING:
+      return True
+    if not record.pathname.startswith(_PACKAGE_DIR):
+      return False
+    text = record.getMessage()
+    if text in self._said:
+      return False
+    self._said.add(text)
+    return True
+
+
+class _BarSafeStream:
+  """stderr for log lines while tqdm bars may be drawn there (train.py's progress bars).
+
+  A bar's line has no newline until it closes, so a log line written straight to stderr lands in
+  the middle of it. `tqdm.write` clears the bars, writes the line and redraws them; with no bar
+  open it is a plain write."""
+
+  def write(self, text: str) -> None:
+    import tqdm  # a light import, and only once a line is logged (not for --help)
+
+    tqdm.tqdm.write(text, file=sys.stderr, end="")
+
+  def flush(self) -> None:
+    sys.stderr.flush()
+
+  def close(self) -> None:
+    pass  # stderr is not ours to close (absl's handler closes a stream that is not stderr)
+
+  def __eq__(self, other: object) -> bool:
+    # absl writes a record a second time to sys.stderr when its stream "is not stderr" and the
+    # level reaches --stderrthreshold: this stream is stderr.
+    return other is self or other is sys.stderr
+
+  __hash__ = object.__hash__
+
+
+def route_logs_around_bars(handler: std_logging.Handler) -> None:
+  """Makes `handler` (absl's stderr handler, a StreamHandler) write through `_BarSafeStream`."""
+  handler.stream = _BarSafeStream()
 
 
 # What a command line runs once its flags are parsed: command(config, workdir).
@@ -78,10 +125,18 @@ def convert(config: Any, workdir: str) -> None:
 
   results = run_lib.run(config, workdir)
   print(report.format_summary(results))
+  print(report.format_where_exported(workdir))
 
 
 def main(argv: list[str], command: Command = convert) -> None:
-  del argv
+  # absl leaves what is not a flag in argv: a typo such as `--workdir w extra` or a flag's value
+  # given without its name would otherwise be dropped silently and a whole run started.
+  if argv[1:]:
+    raise UserError(
+        f"unexpected argument(s) {' '.join(repr(a) for a in argv[1:])}: this command takes "
+        "only flags, e.g. --config configs/demo.py --workdir workdirs/demo (--helpshort lists "
+        "them)"
+    )
   if FLAGS.config is None:
     raise UserError("--config is required, e.g. --config configs/demo.py")
   if FLAGS.print_config:
@@ -95,8 +150,10 @@ def main(argv: list[str], command: Command = convert) -> None:
     return
   if not FLAGS.workdir:
     raise UserError("--workdir is required, e.g. --workdir workdirs/demo")
+  handler = logging.get_absl_handler().python_handler
   if not any(a.lstrip("-").split("=")[0] in ("v", "verbosity") for a in sys.argv[1:]):
-    logging.get_absl_handler().python_handler.addFilter(_OwnInfoOnly())
+    handler.addFilter(_OwnInfoOnly())
+  route_logs_around_bars(handler)
   command(FLAGS.config, FLAGS.workdir)
 
 
@@ -118,6 +175,19 @@ def _user_error_message(e: BaseException) -> str | None:
 def _fail(text: str) -> None:
   sys.stderr.write(f"error: {' '.join(text.split())}\n")
   sys.exit(2)
+
+
+# absl's help flags (each prints and exits); `-h` is what most users type first.
+_HELP_FLAGS = ("--help", "-help", "-?", "--helpshort", "-helpshort", "--helpfull", "-helpfull")
+_HELP_ALIASES = {"-h": "--help"}
+
+
+def _end_of_flags(argv: list[str]) -> int:
+  return argv.index("--") if "--" in argv else len(argv)
+
+
+def _asks_for_help(argv: list[str]) -> bool:
+  return any(a in _HELP_FLAGS or a in _HELP_ALIASES for a in argv[1 : _end_of_flags(argv)])
 
 
 def _check_config_file(argv: list[str]) -> None:
@@ -180,9 +250,17 @@ def _parse_flags(argv: list[str]) -> list[str]:
   field that does not exist, and a ValueError/TypeError from a config file's get_config (e.g. a
   bad `:arg`; its traceback is embedded in the message, the last line says what is wrong)."""
   argv = config_files.resolve_config_argv(argv)
-  _check_config_file(argv)
+  end = _end_of_flags(argv)
+  argv = [_HELP_ALIASES.get(a, a) for a in argv[:end]] + argv[end:]
+  if not _asks_for_help(argv):  # --help works whatever --config says
+    _check_config_file(argv)
   try:
     return FLAGS(argv)
+  except SystemExit as e:
+    # absl prints the help, then exits 1; asking for help is no failure.
+    if e.code == 1 and _asks_for_help(argv):
+      sys.exit(0)
+    raise
   except (KeyError, AttributeError) as e:
     if _raised_by_config_code(e):  # get_config itself failed (e.g. reading a checkpoint)
       message = _user_error_message(e) or f"{type(e).__name__}: {e}"
@@ -205,7 +283,10 @@ def _parse_flags(argv: list[str]) -> list[str]:
 def cli(command: Command = convert) -> None:
   """Parses --config/--workdir and runs `command(config, workdir)`; known user errors end in
   `error: <message>` on stderr and exit code 2 (128 + signal after Ctrl-C or SIGTERM)."""
-  quiet_tf.import_quietly("tensorflow")  # before a config or the data pipeline imports it loudly
+  # Before a config or the data pipeline imports TensorFlow loudly; not for --help, which must
+  # answer at once (importing TensorFlow takes seconds).
+  if not _asks_for_help(sys.argv):
+    quiet_tf.import_quietly("tensorflow")
   try:
     app.run(functools.partial(main, command=command), flags_parser=_parse_flags)
   except KeyError as e:  # a config field that does not exist

@@ -5,6 +5,7 @@ ablation, the token study and the benchmarks draw here)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -235,6 +236,8 @@ def format_summary(results: Mapping[str, Any]) -> str:
           f"pooled-feature cosine to the teacher on those {k['train_examples'] + k['eval_examples']}"
           f" images: mean {k['cls_cosine']:.4f}, worst {k['cls_cosine_min']:.4f}"
       )
+  elif results.get("knn_skipped"):  # a string: why k-NN was not measured, how to turn it on
+    lines.append(f"k-NN: not measured — {' '.join(str(results['knn_skipped']).split())}")
   if results.get("exact_share"):
     shares = ", ".join("-" if s is None else f"{s:.2f}" for s in results["exact_share"])
     lines.append(
@@ -278,6 +281,20 @@ def format_summary(results: Mapping[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------- pictures
+
+
+def format_where_exported(workdir: str) -> str:
+  """Where a run's student went and the two lines of Python that load it (the CLI's last lines).
+
+  A local workdir is named by its absolute path, so that the lines work from any directory."""
+  folder = workdir if gfile.is_remote(workdir) else os.path.abspath(workdir)
+  return "\n".join(
+      [
+          f"student exported to {folder}; load it in Python with:",
+          "  import linvit_jax",
+          f"  student = linvit_jax.load_student({json.dumps(folder)})",  # a Python literal too
+      ]
+  )
 
 
 def new_figure(**kw):

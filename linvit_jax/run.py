@@ -136,8 +136,13 @@ def _transplant(
     params, kept = surgery.keep_fresh(params, fresh, config.student.dont_load)
     results["student_kept_fresh"] = kept
   if jax.process_index() == 0:
+    # The whole table (one row per tensor, ~270 for a ViT-B) goes to a file; the run says one line.
     surgery_report.to_json(os.path.join(workdir, "surgery_report.json"))
-    print(surgery_report.table(max_rows=40))
+    table_path = os.path.join(workdir, "surgery_report.txt")
+    gfile.write_text(table_path, surgery_report.table() + "\n")
+    kept = results.get("student_kept_fresh")
+    extra = f"; student.dont_load keeps {len(kept)} fresh" if kept else ""
+    print(f"surgery: {surgery_report.summary()}{extra}, table in {table_path}")
   if config.surgery.calibrate and not surgery_report.copied_attention():
     params = stages.calibrate(teacher_model, teacher_params, student_model, params, sample[:64])
   return params

@@ -28,7 +28,7 @@ Feature-map parameters (`.../MultiHeadDotProductAttention_0/feature_map_q|featur
 lacks, or copies across a shape mismatch, is a `SurgeryError` naming the path (and both shapes).
 
     params, report = transplant(teacher_params, student_init, "copy_same")
-    print(report.table()); report.to_json(workdir + "/surgery.json"); report.counts()
+    print(report.summary()); report.to_json(workdir + "/surgery.json"); report.table()
 
 A fine-tune on a new label set keeps the student's head by prepending a rule:
 `get_policy("copy_same", prepend=[("head/.*", "keep")])`.
@@ -163,6 +163,23 @@ class SurgeryReport:
     return any(
         r.action == "copy" and re.fullmatch(ATTENTION_PROJECTIONS, r.path) for r in self.rows
     )
+
+  def summary(self) -> str:
+    """One line for a run's output: "150 tensors copied, 48 fresh (attention)"; the fresh ones
+    are grouped as attention (projections, feature maps, levers) or by their top-level name."""
+    fresh: dict[str, int] = {}
+    attention = re.compile(_ATTN + "/.*")
+    for r in self.rows:
+      if r.action == "keep":
+        group = "attention" if attention.fullmatch(r.path) else r.path.split("/")[0]
+        fresh[group] = fresh.get(group, 0) + 1
+    c = self.counts()
+    line = f"{c['copy']} tensors copied, {c['keep']} fresh"
+    if len(fresh) == 1:
+      line += f" ({next(iter(fresh))})"
+    elif fresh:
+      line += f" ({', '.join(f'{n} {g}' for g, n in sorted(fresh.items(), key=lambda x: -x[1]))})"
+    return line
 
   def table(self, max_rows: int | None = None) -> str:
     """Aligned text table with a summary line; `max_rows` elides the middle of long tables."""

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
+
+from linvit_jax.errors import UserError
 
 # skimage/data file names: real photographs only.
 COLOR = (
@@ -97,16 +100,41 @@ def write_sample_photos(out_dir: str, *, which: str = "all") -> list[str]:
   return sorted(paths)
 
 
-def main(argv: list[str] | None = None) -> None:
-  """`python -m linvit_jax.data.sample_photos OUT_DIR [all|color|gray]`."""
-  import sys
+_USAGE = "python -m linvit_jax.data.sample_photos OUT_DIR [all|color|gray]"
 
+
+def main(argv: list[str] | None = None) -> int:
+  """`python -m linvit_jax.data.sample_photos OUT_DIR [all|color|gray]`; a wrong argument is one
+  `error:` line and exit 2, with nothing written."""
   args = sys.argv[1:] if argv is None else argv
-  if not 1 <= len(args) <= 2:
-    raise SystemExit("usage: python -m linvit_jax.data.sample_photos OUT_DIR [all|color|gray]")
-  paths = write_sample_photos(args[0], which=args[1] if len(args) > 1 else "all")
-  print(f"wrote {len(paths)} photos to {args[0]}")
+  if any(a in ("-h", "--help") for a in args):
+    print(f"usage: {_USAGE}\n\n{__doc__.splitlines()[0]}")
+    return 0
+  try:
+    if not args or args[0].startswith("-"):
+      raise UserError(f"expected OUT_DIR first; usage: {_USAGE}")
+    if len(args) > 2:
+      extra = " ".join(repr(a) for a in args[2:])
+      raise UserError(f"unexpected argument(s) {extra}; usage: {_USAGE}")
+    which = args[1] if len(args) > 1 else "all"
+    if which not in _WHICH:
+      raise UserError(f"{which!r}: expected one of {', '.join(_WHICH)} after OUT_DIR")
+    out_dir = args[0]
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+      raise UserError(f"OUT_DIR '{out_dir}' is a file, not a folder")
+    try:
+      paths = write_sample_photos(out_dir, which=which)
+    except ImportError as e:  # no scikit-image
+      raise UserError(str(e)) from e
+    except OSError as e:  # no photos found, or OUT_DIR cannot be written
+      where = f"cannot write {e.filename!r}: " if e.filename else ""
+      raise UserError(f"{where}{e.strerror or e}") from e
+  except UserError as e:
+    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    return 2
+  print(f"wrote {len(paths)} photos to {out_dir}")
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())
