@@ -32,6 +32,8 @@ JAX_VERSIONS = next(r for r in INSTALL_REQUIRES if re.match(r"jax(?![\w.-])", r)
 # `pip install 'linvit_jax[tpu]'` / `'linvit_jax[cuda12]'`: plain `jax` runs on CPU only.
 ACCELERATOR_EXTRAS = {extra: [f"jax[{extra}]{JAX_VERSIONS}"] for extra in ("tpu", "cuda12")}
 
+HUB_REQUIRES = ["huggingface_hub>=0.23,<3"]
+
 setup(
     name="linvit_jax",
     version="0.1.0",
@@ -48,7 +50,11 @@ setup(
     install_requires=INSTALL_REQUIRES,
     extras_require={
         **ACCELERATOR_EXTRAS,
+        # `init=hf:facebook/dinov2-small` / `timm:<name>` (linvit_jax.hub): snapshot_download
+        # with allow_patterns and local_files_only, stable across these releases; tested on 2.4.
+        "hub": HUB_REQUIRES,
         "test": [
+            *HUB_REQUIRES,  # the hub tests read a cache laid out by huggingface_hub, offline
             "pytest>=8,<10",
             "pytest-xdist>=3.5,<4",
             "nbclient>=0.10,<1",

@@ -87,3 +87,11 @@ def test_install_requires_stays_a_literal_list(setup_kwargs):
   ]
   assert len(assigned) == 1
   assert ast.literal_eval(assigned[0]) == setup_kwargs["install_requires"]
+
+
+def test_hub_extra_brings_huggingface_hub_and_the_tests_have_it(setup_kwargs):
+  """`pip install 'linvit_jax[hub]'` for `init=hf:…` / `timm:…`; CI's [test] runs those tests."""
+  extras = setup_kwargs["extras_require"]
+  assert {Requirement(r).name for r in extras["hub"]} == {"huggingface_hub"}
+  assert set(extras["hub"]) <= set(extras["test"])
+  assert not [r for r in setup_kwargs["install_requires"] if "huggingface" in r]  # optional

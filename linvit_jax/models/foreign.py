@@ -2,7 +2,8 @@
 
 Sources (`read(path)`): a Hugging Face model folder (config.json + model.safetensors, sharded or
 not) or a timm folder (config.json with `architecture` + model.safetensors), or a bare
-`.safetensors` file (its family told by its tensor names). Families:
+`.safetensors` file (its family told by its tensor names), or a hub name for either folder
+(`hf:facebook/dinov2-small`, `timm:vit_small_patch14_dinov2`: huggingface_hub's cache). Families:
 
   Hugging Face  Dinov2Model, Dinov2WithRegistersModel, ViTModel / ViTForImageClassification
                 (DeiT published as ViT), DeiTModel (its distillation token a register),
@@ -35,6 +36,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from linvit_jax import hub
 from linvit_jax.checkpoints import CheckpointError
 from linvit_jax.checkpoints import unflatten
 from linvit_jax.models import layout
@@ -87,7 +89,10 @@ class Imported:
 
 
 def is_foreign(path: str) -> bool:
-  """Whether `path` is for this module: a local folder, a .safetensors file or a pickle file."""
+  """Whether `path` is for this module: a local folder, a .safetensors file, a pickle file or a
+  hub name (`hf:org/name`, `timm:name`: linvit_jax.hub)."""
+  if hub.is_hub_name(path):
+    return True
   if "://" in path:
     return False
   base = path.split(":", 1)[0] if not os.path.exists(path) else path
@@ -726,7 +731,13 @@ def _timm_map_head(t: _Tensors, heads: int) -> dict[str, Any]:
 
 
 def read(path: str, num_heads: int | None = None) -> Imported:
-  """A Hugging Face / timm folder or a .safetensors file, in big_vision's layout (see module doc)."""
+  """A Hugging Face / timm folder or a .safetensors file, in big_vision's layout (see module doc).
+
+  A hub name (`hf:facebook/dinov2-small`, `timm:vit_small_patch14_dinov2`) is read from the folder
+  huggingface_hub caches it in (linvit_jax.hub.resolve: downloaded when not cached and online).
+  """
+  if hub.is_hub_name(path):
+    path = hub.resolve(path)
   if not os.path.exists(path):
     raise CheckpointError(f"checkpoint '{path}': file not found (cwd {os.getcwd()!r})")
   if path.endswith(PICKLE_SUFFIXES) or _is_torch_zip(path):
