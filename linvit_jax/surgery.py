@@ -166,19 +166,28 @@ class SurgeryReport:
 
   def summary(self) -> str:
     """One line for a run's output: "150 tensors copied, 48 fresh (attention)"; the fresh ones
-    are grouped as attention (projections, feature maps, levers) or by their top-level name."""
+    are grouped as attention (projections, feature maps, levers), by module in the encoder
+    (LayerNorm, MlpBlock, encoder_norm) or by top-level name (embedding, head, ...)."""
     fresh: dict[str, int] = {}
     attention = re.compile(_ATTN + "/.*")
     for r in self.rows:
-      if r.action == "keep":
-        group = "attention" if attention.fullmatch(r.path) else r.path.split("/")[0]
-        fresh[group] = fresh.get(group, 0) + 1
+      if r.action != "keep":
+        continue
+      parts = r.path.split("/")
+      if attention.fullmatch(r.path):
+        group = "attention"
+      elif parts[0] == "Transformer" and len(parts) > 2:
+        group = re.sub(r"_\d+$", "", parts[2] if parts[1].startswith("encoderblock") else parts[1])
+      else:
+        group = parts[0]
+      fresh[group] = fresh.get(group, 0) + 1
     c = self.counts()
     line = f"{c['copy']} tensors copied, {c['keep']} fresh"
     if len(fresh) == 1:
       line += f" ({next(iter(fresh))})"
-    elif fresh:
-      line += f" ({', '.join(f'{n} {g}' for g, n in sorted(fresh.items(), key=lambda x: -x[1]))})"
+    elif fresh:  # the largest group first
+      groups = sorted(fresh.items(), key=lambda item: (-item[1], item[0]))
+      line += f" ({', '.join(f'{n} {group}' for group, n in groups)})"
     return line
 
   def table(self, max_rows: int | None = None) -> str:

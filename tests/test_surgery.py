@@ -218,3 +218,38 @@ def test_deeper_teacher_fills_a_shallower_student(bv_fixture, teacher_and_studen
   }
   short = report.table(max_rows=6)
   assert "rows ..." in short and len(short.splitlines()) == 1 + 7 + 1
+
+
+def test_summary_is_one_line_of_counts_and_groups(teacher_and_student):
+  _, teacher, student = teacher_and_student
+  _, report = surgery.transplant(teacher, student, "copy_same")
+  c = report.counts()
+  assert report.summary() == f"{c['copy']} tensors copied, {c['keep']} fresh (attention)"
+  _, report = surgery.transplant(teacher, student, "copy_none")
+  depth = len({r.path.split("/")[1] for r in report.rows if "encoderblock" in r.path})
+  assert report.summary() == (  # the largest group first
+      f"0 tensors copied, {c['copy'] + c['keep']} fresh ({12 * depth} attention, "
+      f"{4 * depth} LayerNorm, {4 * depth} MlpBlock, 2 embedding, 2 encoder_norm, 2 head, "
+      "1 cls, 1 pos_embedding)"
+  )
+
+
+def test_run_writes_the_table_to_a_file_and_prints_one_line(teacher_and_student, capsys, tmp_path):
+  """The table (one row per tensor, ~270 for a ViT-B) used to go to stdout."""
+  import ml_collections as mlc
+
+  from linvit_jax import run as run_lib
+
+  _, teacher, student = teacher_and_student
+  config = mlc.ConfigDict(
+      {"surgery": {"policy": "copy_same", "calibrate": False}, "student": {"dont_load": ()}}
+  )
+  results = {}
+  run_lib._transplant(config, str(tmp_path), None, teacher, None, student, student, None, results)
+  out = capsys.readouterr().out
+  _, report = surgery.transplant(teacher, student, "copy_same")
+  table = str(tmp_path / "surgery_report.txt")
+  assert out == f"surgery: {report.summary()}, table in {table}\n"
+  with open(table) as f:
+    assert f.read() == report.table() + "\n"  # every row, none elided
+  assert (tmp_path / "surgery_report.json").exists()
