@@ -1,6 +1,7 @@
-"""Every code block of README.md works as written (it once had a snippet that failed when pasted).
+"""Every code block of README.md and docs/usage.md works as written (the README once had a snippet
+that failed when pasted); the README keeps its two commands and its links.
 
-Everything is derived from the README's text, so a command or snippet added later is covered:
+Everything is derived from the documents' text, so a command or snippet added later is covered:
 
 - ```python blocks are executed as written, each in a fresh interpreter at a stand-in checkout
   (`sandbox`: the repository's entries linked, the commands' output roots not), so what they write
@@ -32,6 +33,19 @@ from linvit_jax import config_files
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+# The documents whose code blocks are checked: the README and the usage guide it links.
+DOCS = (README, ROOT / "docs" / "usage.md")
+# The README's two commands, verbatim: .ci/run runs the second one as written.
+DEMO_COMMAND = (
+    "bash launch/setup_local.sh && .venv/bin/python -m linvit_jax.main --config configs/demo.py"
+    " --workdir workdirs/demo"
+)
+TEST_COMMAND = (
+    "bash launch/setup_local.sh && .venv/bin/python -m pytest -q -n 2 --dist loadfile tests"
+)
+# The user guide (up to the end of "Use the student") stays short enough to read in one go.
+GUIDE_END = "## Use the student"
+GUIDE_MAX_LINES = 200
 
 PYTHON = ("python", "py")
 SHELL = ("bash", "sh", "shell")
@@ -49,12 +63,17 @@ class Block:
   lang: str
   text: str
   line: int  # 1-based line of the opening fence
+  doc: str = "README.md"  # the document, relative to the repository root
+
+  def __str__(self) -> str:
+    return f"{self.doc}:{self.line}"
 
 
 @dataclasses.dataclass(frozen=True)
 class Command:
   words: tuple[str, ...]
-  line: int  # README line of the block it is in
+  line: int  # line of the block it is in
+  doc: str = "README.md"
 
   def module(self) -> str | None:
     """MODULE of `[VAR=x ...] .../pythonX -m MODULE ...`, else None."""
@@ -68,7 +87,7 @@ class Command:
     return list(self.words[i + 2 :])
 
   def __str__(self) -> str:
-    return f"README.md:{self.line}: {shlex.join(self.words)}"
+    return f"{self.doc}:{self.line}: {shlex.join(self.words)}"
 
 
 def read_blocks(path: pathlib.Path = README) -> list[Block]:
@@ -80,11 +99,11 @@ def read_blocks(path: pathlib.Path = README) -> list[Block]:
       if m:
         fence, lang, start, body = m.group(1), m.group(2).lower(), number, []
     elif re.fullmatch(r" {0,3}" + re.escape(fence[0]) + "{" + str(len(fence)) + r",}\s*", line):
-      blocks.append(Block(lang, "\n".join(body) + "\n", start))
+      blocks.append(Block(lang, "\n".join(body) + "\n", start, path.relative_to(ROOT).as_posix()))
       fence = None
     else:
       body.append(line)
-  assert fence is None, f"{path.name}:{start}: code block never closed"
+  assert fence is None, f"{path.relative_to(ROOT)}:{start}: code block never closed"
   return blocks
 
 
@@ -101,14 +120,14 @@ def shell_commands(block: Block) -> list[Command]:
         while words and re.fullmatch(r"\w+=.*", words[0]):  # VAR=value prefixes
           words.pop(0)
         if words:
-          commands.append(Command(tuple(words), block.line))
+          commands.append(Command(tuple(words), block.line, block.doc))
         words = []
       else:
         words.append(token)
   return commands
 
 
-BLOCKS = read_blocks()
+BLOCKS = [b for doc in DOCS for b in read_blocks(doc)]
 PYTHON_BLOCKS = [b for b in BLOCKS if b.lang in PYTHON]
 SHELL_BLOCKS = [b for b in BLOCKS if b.lang in SHELL]
 COMMANDS = [c for b in SHELL_BLOCKS for c in shell_commands(b)]
@@ -184,12 +203,31 @@ def _external(path: pathlib.PurePosixPath) -> bool:
 
 def test_readme_has_blocks_of_known_kinds():
   assert PYTHON_BLOCKS and MAIN_COMMANDS, "README parsing found no python block or main command"
-  unknown = [
-      f"README.md:{b.line}: ```{b.lang}" for b in BLOCKS if b.lang not in PYTHON + SHELL + OUTPUT
-  ]
+  unknown = [f"{b}: ```{b.lang}" for b in BLOCKS if b.lang not in PYTHON + SHELL + OUTPUT]
   assert not unknown, (
       "code blocks of a language this test does not check (run them, or mark "
       f"output as ```text): {unknown}"
+  )
+
+
+def test_readme_keeps_the_two_commands_verbatim():
+  """The demo and the test command, each alone in a bash block, exactly as .ci/run runs them."""
+  readme_blocks = [b.text.strip() for b in SHELL_BLOCKS if b.doc == "README.md"]
+  for command in (DEMO_COMMAND, TEST_COMMAND):
+    assert command in readme_blocks, f"README.md: no bash block holding exactly: {command}"
+  ci = (ROOT / ".ci" / "run").read_text().splitlines()
+  assert TEST_COMMAND in ci, f".ci/run no longer runs the README's test command: {TEST_COMMAND}"
+
+
+def test_readme_guide_is_short():
+  """What it does, the two commands, converting and using a student: a read, not a notebook."""
+  lines = README.read_text(encoding="utf-8").splitlines()
+  assert GUIDE_END in lines, f"README.md: no '{GUIDE_END}' section"
+  start = lines.index(GUIDE_END)
+  end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+  assert end <= GUIDE_MAX_LINES, (
+      f"README.md: the guide runs to line {end} (to the end of '{GUIDE_END}'); keep it within "
+      f"{GUIDE_MAX_LINES} lines and move the detail to docs/"
   )
 
 
@@ -197,7 +235,7 @@ def test_readme_has_blocks_of_known_kinds():
 # Python blocks: run as written.
 
 
-@pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=lambda b: f"line{b.line}")
+@pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=str)
 def test_python_block_runs_as_written(block, sandbox):
   result = subprocess.run(
       [sys.executable, "-c", block.text],
@@ -208,8 +246,7 @@ def test_python_block_runs_as_written(block, sandbox):
       check=False,
   )
   assert result.returncode == 0, (
-      f"README.md:{block.line}: python block failed "
-      f"(exit {result.returncode}):\n{result.stderr[-4000:]}"
+      f"{block}: python block failed " f"(exit {result.returncode}):\n{result.stderr[-4000:]}"
   )
 
 
@@ -217,12 +254,12 @@ def test_python_block_runs_as_written(block, sandbox):
 # Shell blocks: syntax, modules, paths, and the main commands' configs.
 
 
-@pytest.mark.parametrize("block", SHELL_BLOCKS, ids=lambda b: f"line{b.line}")
+@pytest.mark.parametrize("block", SHELL_BLOCKS, ids=str)
 def test_shell_block_syntax(block):
   result = subprocess.run(
       ["bash", "-n"], input=block.text, capture_output=True, text=True, timeout=60, check=False
   )
-  assert result.returncode == 0, f"README.md:{block.line}: bash syntax error: {result.stderr}"
+  assert result.returncode == 0, f"{block}: bash syntax error: {result.stderr}"
 
 
 @pytest.mark.parametrize("command", [c for c in COMMANDS if c.module()], ids=str)

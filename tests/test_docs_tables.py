@@ -1,0 +1,96 @@
+"""The tables of figures in README.md and docs/*.md are what their committed results files give.
+
+tools/docs_tables.py makes them; here its check runs on the repository, and on a copy of the
+documents with one number edited by hand, which it must catch and name.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+
+import pytest
+
+from tools import docs_tables
+
+ROOT = docs_tables.ROOT
+
+
+def test_every_table_matches_its_results_files():
+  problems = docs_tables.check(ROOT)
+  assert not problems, problems[0] + "\n(python tools/docs_tables.py rewrites the tables)"
+
+
+@pytest.fixture
+def copy(tmp_path) -> pathlib.Path:
+  """The documents and every table's sources, copied into a stand-in repository."""
+  files = {"README.md", *(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))}
+  for table in docs_tables.TABLES.values():
+    files.update(table.sources)
+  for rel in files:
+    (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / rel, tmp_path / rel)
+  return tmp_path
+
+
+def _edit_number(path: pathlib.Path, table: str) -> None:
+  """Changes the last digit of the first decimal number inside `table`'s block in `path`."""
+  text = path.read_text(encoding="utf-8")
+  start = text.index(f"<!-- table:{table} -->")
+  end = text.index("<!-- /table -->", start)
+  block = text[start:end]
+  i = next(i for i, c in enumerate(block) if c.isdigit() and block[i - 1] == "." and i > 30)
+  while i + 1 < len(block) and block[i + 1].isdigit():
+    i += 1
+  digit = str((int(block[i]) + 1) % 10)
+  path.write_text(text[: start + i] + digit + text[start + i + 1 :], encoding="utf-8")
+
+
+def test_a_hand_edited_number_fails_the_check_naming_the_table(copy, capsys):
+  assert docs_tables.main(["--check", "--root", str(copy)]) == 0
+  _edit_number(copy / "README.md", "default_seeds")
+  assert docs_tables.main(["--check", "--root", str(copy)]) == 1
+  err = capsys.readouterr().err
+  assert "README.md: table 'default_seeds' differs" in err, err
+  assert "docs/vits14_lora8_w0_results.json" in err, err
+
+
+def test_rewriting_restores_the_table(copy):
+  _edit_number(copy / "docs" / "recipe.md", "default_history")
+  assert docs_tables.check(copy)
+  assert docs_tables.rewrite(copy) == ["docs/recipe.md"]
+  assert docs_tables.check(copy) == []
+  assert (copy / "docs" / "recipe.md").read_text() == (ROOT / "docs" / "recipe.md").read_text()
+
+
+def test_a_results_file_that_changes_fails_the_check(copy):
+  path = copy / "docs" / "levers_speed.json"
+  rows = json.loads(path.read_text())
+  rows[-1]["center_conv_speedup"] += 1.0
+  path.write_text(json.dumps(rows))
+  problems = docs_tables.check(copy)
+  assert problems and "table 'speed' differs" in problems[0], problems
+
+
+def test_an_unregistered_table_is_an_error(copy):
+  readme = copy / "README.md"
+  readme.write_text(readme.read_text() + "\n<!-- table:nowhere -->\n| x |\n<!-- /table -->\n")
+  assert any("table 'nowhere' is not registered" in p for p in docs_tables.check(copy))
+  with pytest.raises(KeyError, match="nowhere"):
+    docs_tables.rewrite(copy)
+
+
+def test_flop_ratio_is_the_textbook_count():
+  """softmax ÷ linear FLOPs of a ViT-S/14 block (attention + MLP), written out by hand: the
+  projections and the MLP are 24·N·D² either way; softmax adds 4·N²·D, the hedgehog map
+  (F = 2·Dh features from a Dh × Dh projection per head) 4·N·H·F·Dh + 4·N·H·F + 4·N·H·Dh·F/2."""
+  d, h = 384, 6
+  dh = d // h
+  f = 2 * dh
+  for size in (224, 448, 896):
+    n = (size // 14) ** 2 + 1
+    dense = 24.0 * n * d * d
+    softmax = dense + 4.0 * n * n * d
+    linear = dense + 4.0 * n * h * f * dh + 4.0 * n * h * f + 4.0 * n * h * dh * f / 2
+    assert docs_tables.flop_ratio(size) == pytest.approx(softmax / linear, rel=1e-12)

@@ -1,0 +1,385 @@
+"""Every table of figures in README.md and docs/*.md, made from committed results files.
+
+  python tools/docs_tables.py           # rewrite every table in place
+  python tools/docs_tables.py --check   # exit 1 naming the first table that differs
+
+A table lives between markers in the Markdown:
+
+  <!-- table:NAME -->
+  | ... generated, not edited by hand ... |
+  <!-- /table -->
+
+(the README's `<!-- ablation:begin -->` … `<!-- ablation:end -->` block, which
+tools/update_token_study_readme.py writes from the ablation's workdirs, is the table `ablation`),
+and `TABLES[NAME]` says which committed files (results JSON, or a Markdown file that another tool
+generates) it is made from, and how. A marker whose NAME is not registered, or a registered table
+that no document holds, is an error too. Figures with no committed results file do not belong in
+these tables: say in prose that they cannot be reproduced from this checkout, or leave them out.
+
+FLOP ratios are analytic (`bench.common`'s counts: matmuls and attention contractions), an
+estimate of what a compute-bound accelerator would see, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import pathlib
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `python tools/docs_tables.py` puts tools/, not the root, first
+  sys.path.insert(0, str(ROOT))
+
+from bench import common as bench_common  # noqa: E402
+from linvit_jax.models import attention as attention_lib  # noqa: E402
+
+MARKER = re.compile(
+    r"(?P<open><!-- (?:table:(?P<name>[\w.-]+)|(?P<alias>ablation):begin) -->\n)(?P<body>.*?)"
+    r"(?P<close><!-- (?:/table|ablation:end) -->)",
+    re.S,
+)
+# The documents whose tables are kept: the README and every docs/*.md.
+DOCS = ("README.md", "docs/*.md")
+
+Load = Callable[[str], Any]  # repository-relative path -> parsed JSON (or text for .md)
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+  sources: tuple[str, ...]  # repository-relative files it is made from (committed)
+  render: Callable[[Load], str]  # the Markdown between the markers, without the final newline
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading a run's results.json (linvit_jax's run record).
+
+
+def _final(results: dict[str, Any]) -> str:
+  """The last stage a run evaluated ('align' or 'distill_attention')."""
+  for stage in ("align", "distill_attention"):
+    if f"end_to_end_after_{stage}" in results:
+      return stage
+  raise ValueError("results.json has no end_to_end_after_<stage> entry")
+
+
+def _layers(results: dict[str, Any]) -> str:
+  cos = [row["cosine"] for row in results[f"fidelity_after_{_final(results)}"]]
+  return f"{min(cos):.3f}–{max(cos):.3f}"
+
+
+def _at(results: dict[str, Any], image_size: int) -> dict[str, Any] | None:
+  for row in results.get("resolution", ()):
+    if row["image_size"] == image_size and "cls_cosine" in row:
+      return row
+  return None
+
+
+def _retention(results: dict[str, Any]) -> str:
+  knn = results.get("knn")
+  return "—" if not knn else f"{100 * knn['retention']:.1f} %"
+
+
+def _minutes(seconds: float) -> str:
+  return f"{seconds / 60:.0f}"
+
+
+# ------------------------------------------------------------------------------------------------
+# The tables.
+
+# The convert_folder default on the shared DINOv2-style ViT-S/14, one fresh run per seed.
+DEFAULT_RUNS = (
+    # seed, results file, whether timing_s covers the whole run (seed 1 was stopped and resumed)
+    (0, "docs/vits14_lora8_w0_results.json", True),
+    (1, "docs/vits14_default_seed1_results.json", False),
+)
+
+
+def _default_seeds(load: Load) -> str:
+  lines = [
+      "| seed | final cls cosine | mean patch cosine | per layer (teacher-forced) "
+      "| k-NN top-1, teacher → student (retention) | 448 px, no retraining: cls / patch "
+      "| run time on 2 CPU cores |",
+      "|---|---|---|---|---|---|---|",
+  ]
+  for seed, path, whole in DEFAULT_RUNS:
+    r = load(path)
+    e = r[f"end_to_end_after_{_final(r)}"]
+    knn, big, t = r["knn"], _at(r, 448), r["timing_s"]
+    time = (
+        f"{_minutes(t['total'])} min ({_minutes(t['distill_attention'])} distillation, "
+        f"{_minutes(t['align'])} `align`)"
+        if whole
+        else "— (stopped and resumed: its timing covers only the resumed part)"
+    )
+    lines.append(
+        f"| [{seed}]({path}) "
+        f"| {e['cls_cosine']:.4f} | {e['patch_cosine']:.4f} | {_layers(r)} "
+        f"| {100 * knn['teacher_top1']:.1f} → {100 * knn['student_top1']:.1f} % "
+        f"({100 * knn['retention']:.1f} %) "
+        f"| {big['cls_cosine']:.3f} / {big['patch_cosine']:.3f} | {time} |"
+    )
+  return "\n".join(lines)
+
+
+def _default_cost(load: Load) -> str:
+  """The cost of the README's conversion command, from seed 0's run (a whole fresh run)."""
+  seed, path, whole = DEFAULT_RUNS[0]
+  assert whole, f"seed {seed}'s run must be a whole one to time the command"
+  r = load(path)
+  t = r["timing_s"]
+  rest = t["total"] - t["distill_attention"] - t["align"]
+  return (
+      f"**What it costs.** The default budget is {r['images_seen']:,} training images (random "
+      f"crops of your photos, drawn again and again). On this project's 2-core CPU machine a "
+      f"ViT-S/14 at 224 px took **{_minutes(t['total'])} minutes** with the defaults "
+      f"({_minutes(t['distill_attention'])} of distillation, {_minutes(t['align'])} of `align`, "
+      f"{_minutes(rest)} of evaluation and export; [results.json]({path}))."
+  )
+
+
+# ViT-S/14 (DINOv2-small's shape): width 384, 6 heads, MLP 1536, 12 blocks, cls token, no registers.
+VITS14 = dict(width=384, heads=6, mlp=1536, patch=14)
+SPEED_SIZES = (224, 448, 896)
+
+
+def _block_flops(spec: attention_lib.AttentionSpec, tokens: int) -> float:
+  """Forward FLOPs of one encoder block's attention and MLP for one image (bench's count)."""
+  d = VITS14
+  mlp = 2 * 2.0 * tokens * d["width"] * d["mlp"]
+  return bench_common.attention_layer_flops(spec, tokens, d["width"], d["heads"]) + mlp
+
+
+def flop_ratio(image_size: int) -> float:
+  """softmax ÷ linear (hedgehog_exp: the same shapes as hedgehog) FLOPs of a ViT-S/14 block."""
+  tokens = bench_common.tokens_for(image_size, VITS14["patch"])
+  softmax = attention_lib.AttentionSpec(kind="softmax")
+  linear = attention_lib.AttentionSpec(kind="linear", feature_map="hedgehog")
+  return _block_flops(softmax, tokens) / _block_flops(linear, tokens)
+
+
+LEVERS_SPEED = "docs/levers_speed.json"
+
+
+def _speed(load: Load) -> str:
+  measured = {row["image_size"]: row for row in load(LEVERS_SPEED)}
+  lines = [
+      "| image size | tokens | measured on 2 CPU cores: student ÷ teacher images/s "
+      "| estimate for a GPU/TPU: softmax ÷ linear FLOPs of attention + MLP |",
+      "|---|---|---|---|",
+  ]
+  for size in SPEED_SIZES:
+    tokens = bench_common.tokens_for(size, VITS14["patch"])
+    lines.append(
+        f"| {size} px | {tokens:,} | {measured[size]['center_conv_speedup']:.2f}× "
+        f"| {flop_ratio(size):.2f}× |"
+    )
+  return "\n".join(lines)
+
+
+# How the default came to be: each row one change, every figure from the run's own results.json.
+HISTORY = (
+    ("`center_keys` + `conv_v`, distillation only", "center_conv_6k"),
+    ("1 + 4,000 images of `align` (every parameter, full rank)", "align_6k4k"),
+    ("2, handing on the midpoint of the distilled and the aligned weights", "default_mix"),
+    ("3, `align` on mixup views", "align_mixup"),
+    (
+        "**4, `align` within rank-8 updates, handing on its trained weights: the default**",
+        "lora8_w0",
+    ),
+    ("**5 with `--config.seed=1`** (stopped once and resumed)", "default_seed1"),
+    ("4, mixup in the distillation too (`distill_mixup=1`)", "distill_mixup"),
+    ("7, `align` within rank-8 updates (midpoint)", "dmix_lora8"),
+    ("2, `align` on colour-jittered views", "align_color_6k4k"),
+    ("3, the average of `align`'s last 250 steps", "align_tailavg"),
+    ("3, `align`'s final-feature loss ×4", "align_wfeat4"),
+    ("3, `align`'s top blocks weighted up (×1 → ×4)", "align_top4"),
+    ("1, a 32-wide feature map (`num_features=32`)", "nf32_6k"),
+    ("1 + `window=3`", "window3_3k"),
+    ("1 + `sinks=16`", "sinks16_3k"),
+    ("1 + `compose=0.5`", "compose_3k"),
+)
+
+
+def _history_path(key: str) -> str:
+  return f"docs/vits14_{key}_results.json"
+
+
+def _history(load: Load) -> str:
+  lines = [
+      "| # | run: the row it starts from, and the one change | images | final cls cos "
+      "| mean patch cos | per layer | k-NN retention | 448 px: cls / patch | results |",
+      "|---|---|---|---|---|---|---|---|---|",
+  ]
+  for number, (label, key) in enumerate(HISTORY, 1):
+    path = _history_path(key)
+    r = load(path)
+    e = r[f"end_to_end_after_{_final(r)}"]
+    big = _at(r, 448)
+    lines.append(
+        f"| {number} | {label} | {r['images_seen']:,} | {e['cls_cosine']:.3f} | {e['patch_cosine']:.3f} "
+        f"| {_layers(r)} | {_retention(r)} | {big['cls_cosine']:.3f} / {big['patch_cosine']:.3f} "
+        f"| [json]({pathlib.PurePosixPath(path).name}) |"
+    )
+  return "\n".join(lines)
+
+
+FIRST_RUNS = (
+    (
+        "`policy=copy_all` (attention starts from the teacher's q/k/v/out)",
+        "docs/vits14_results.json",
+    ),
+    (
+        "`policy=copy_same` (the seed paper's recipe: attention fresh)",
+        "docs/vits14_copy_same_results.json",
+    ),
+)
+
+
+def _first_runs(load: Load) -> str:
+  lines = [
+      "| 1,200 images of distillation, same photos and crops | final cls cos | mean patch cos "
+      "| per layer (teacher-forced) |",
+      "|---|---|---|---|",
+  ]
+  for label, path in FIRST_RUNS:
+    r = load(path)
+    e = r["end_to_end_after_distill_attention"]
+    cos = [row["cosine"] for row in r["fidelity_after_distill_attention"]]
+    lines.append(
+        f"| {label} | {e['cls_cosine']:.3f} | {e['patch_cosine']:.3f} "
+        f"| {min(cos):.3f}–{max(cos):.3f} |"
+    )
+  return "\n".join(lines)
+
+
+ABLATION_DOC = "docs/ablation.md"
+
+
+def _ablation(load: Load) -> str:
+  """The tables `linvit_jax.token_study` wrote into docs/ablation.md (its runs' workdirs are not
+  committed, so the doc is the committed source; tools/update_token_study_readme.py writes the
+  same tables from the workdirs)."""
+  text = load(ABLATION_DOC)
+  start = text.index("Top-1 after fine-tuning")
+  end = text.index("\n\n![", start)
+  return text[start:end].rstrip("\n")
+
+
+TABLES: dict[str, Table] = {
+    "default_seeds": Table(tuple(p for _, p, _ in DEFAULT_RUNS), _default_seeds),
+    "default_cost": Table((DEFAULT_RUNS[0][1],), _default_cost),
+    "speed": Table((LEVERS_SPEED, "bench/common.py"), _speed),
+    "default_history": Table(tuple(_history_path(k) for _, k in HISTORY), _history),
+    "first_runs": Table(tuple(p for _, p in FIRST_RUNS), _first_runs),
+    "ablation": Table((ABLATION_DOC,), _ablation),
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Finding, checking and rewriting the tables.
+
+
+def documents(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
+  out: list[pathlib.Path] = []
+  for pattern in DOCS:
+    out.extend(sorted(root.glob(pattern)))
+  return out
+
+
+def _loader(root: pathlib.Path) -> Load:
+  cache: dict[str, Any] = {}
+
+  def load(path: str) -> Any:
+    if path not in cache:
+      text = (root / path).read_text(encoding="utf-8")
+      cache[path] = json.loads(text) if path.endswith(".json") else text
+    return cache[path]
+
+  return load
+
+
+def render_document(text: str, load: Load, where: str = "") -> str:
+  """`text` with every table's body regenerated."""
+
+  def sub(m: re.Match[str]) -> str:
+    name = m.group("name") or m.group("alias")
+    if name not in TABLES:
+      raise KeyError(f"{where}: <!-- table:{name} --> is not in tools/docs_tables.py's TABLES")
+    return m.group("open") + TABLES[name].render(load) + "\n" + m.group("close")
+
+  return MARKER.sub(sub, text)
+
+
+def check(root: pathlib.Path = ROOT) -> list[str]:
+  """Problems found, first the first differing table; empty when every table is as generated."""
+  load, problems, seen = _loader(root), [], set()
+  for doc in documents(root):
+    rel = doc.relative_to(root).as_posix()
+    text = doc.read_text(encoding="utf-8")
+    for m in MARKER.finditer(text):
+      name = m.group("name") or m.group("alias")
+      seen.add(name)
+      if name not in TABLES:
+        problems.append(f"{rel}: table '{name}' is not registered in tools/docs_tables.py")
+        continue
+      want = TABLES[name].render(load) + "\n"
+      if m.group("body") != want:
+        diff = "\n".join(
+            difflib.unified_diff(
+                m.group("body").splitlines(),
+                want.splitlines(),
+                "in the doc",
+                "generated",
+                lineterm="",
+            )
+        )
+        problems.append(
+            f"{rel}: table '{name}' differs from {', '.join(TABLES[name].sources)} "
+            f"(python tools/docs_tables.py rewrites it):\n{diff}"
+        )
+  for name in sorted(set(TABLES) - seen):
+    problems.append(f"table '{name}' is registered but no document has <!-- table:{name} -->")
+  return problems
+
+
+def rewrite(root: pathlib.Path = ROOT) -> list[str]:
+  """Rewrites every table in place; returns the documents that changed."""
+  load, changed = _loader(root), []
+  for doc in documents(root):
+    rel = doc.relative_to(root).as_posix()
+    text = doc.read_text(encoding="utf-8")
+    new = render_document(text, load, rel)
+    if new != text:
+      doc.write_text(new, encoding="utf-8")
+      changed.append(rel)
+  return changed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table differs")
+  p.add_argument("--root", default=str(ROOT), help="repository root (default: this checkout)")
+  args = p.parse_args(argv)
+  root = pathlib.Path(args.root)
+  if args.check:
+    problems = check(root)
+    if problems:
+      print(problems[0], file=sys.stderr)
+      if len(problems) > 1:
+        print(f"(and {len(problems) - 1} more)", file=sys.stderr)
+      return 1
+    print("every table matches its results files")
+    return 0
+  for rel in rewrite(root):
+    print("rewrote", rel)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
