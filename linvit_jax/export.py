@@ -10,25 +10,37 @@ An export folder holds:
                         "fidelity"} (format 2; format 1 was the model fields alone, still read)
   README.md             a model card: what it is, how it was made, how close to its teacher
 
-`Student.preprocess` runs the run's own eval preprocessing (the pp string, TensorFlow imported
-only then); `encode` / `predict` / `tokens` take preprocessed arrays, or raw images and paths.
-Loading and applying a student imports no TensorFlow.
+  README.md             a model card the Hugging Face Hub accepts: front matter (licence, base
+                        model, library, tags), the attention in words, the measured numbers and
+                        their protocol, limitations, a load snippet that runs in the folder
+
+`load_student(folder, image_size=None, dtype=None)` -> `Student`: `encode` / `tokens` / `predict`
+take paths, encoded bytes, uint8 HWC arrays (preprocessed here by inference_pp.py: the run's own
+eval pp string in PIL + numpy) or preprocessed float batches, at the training size or any multiple
+of the patch (the position table resampled), in batches with one compile per shape bucket.
+Loading and applying a student imports no TensorFlow (`preprocess_tf` does, on request).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import io
 import json
 import os
+import re
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from linvit_jax import checkpoints
 from linvit_jax import gfile
+from linvit_jax import inference_pp
 from linvit_jax import tree as tree_lib
 from linvit_jax.data import pp_spec
 from linvit_jax.errors import ConfigError
@@ -36,6 +48,7 @@ from linvit_jax.errors import UserError
 from linvit_jax.models import attention as attn_lib
 from linvit_jax.models import from_config
 from linvit_jax.models import vit
+from linvit_jax.models import vit_checkpoint
 
 CONFIG_FILE = "student_config.json"
 FORMAT = 2
@@ -128,26 +141,36 @@ def student_config(
       "softmax_layers": results.get("softmax_layers", []),
       "seed": config.seed,
   }
+  size = config.data.image_size
+  size = list(size) if isinstance(size, (list, tuple)) else [size, size]
   fidelity = {
       "end_to_end": final,
       "teacher_top1": results.get("teacher_top1"),
       "student_top1": results.get("student_top1"),
+      # How the numbers were measured, for the card (no local paths: names only).
+      "protocol": {
+          "source": f"{public_name(config.data.dataset)}, split {config.data.eval_split}",
+          "images": config.eval.fidelity_images,
+          "view": "random views (eval.sample_pp)" if config.eval.sample_pp else "the eval view",
+          "image_size": size,
+      },
   }
   if results.get("knn"):
-    fidelity["knn"] = results["knn"]
+    fidelity["knn"] = {**results["knn"], "dataset": public_name(results["knn"].get("dataset"))}
+  if results.get("knn_skipped"):
+    fidelity["knn_skipped"] = str(results["knn_skipped"])
   if results.get("eval_view_fidelity"):
     fidelity["eval_view"] = results["eval_view_fidelity"]
-  size = config.data.image_size
   return {
       "format": FORMAT,
       "model": model,
       "preprocessing": {
-          "image_size": list(size) if isinstance(size, (list, tuple)) else [size, size],
+          "image_size": size,
           "pp": pp_spec.inference_pp(config.data.pp_eval),
           "gelu": "tanh" if model.get("gelu_approximate", True) else "exact",
           "patch_size": model.get("patch_size"),
       },
-      "teacher": {"init": config.teacher.init or None, "attention": "softmax"},
+      "teacher": {**teacher_info(config.teacher.init), "attention": "softmax"},
       "recipe": recipe,
       "fidelity": fidelity,
   }
@@ -164,79 +187,296 @@ def _final_fidelity(results: Mapping[str, Any]) -> dict[str, Any] | None:
   }
 
 
+# ------------------------------------------------------------------------------------------------
+# The teacher's name and licence, for the card (never a local path: the card is published).
+
+# Hugging Face Hub licence identifiers a teacher's licence text is matched against.
+HUB_LICENSES = (
+    "apache-2.0",
+    "mit",
+    "bsd-3-clause",
+    "bsd-2-clause",
+    "cc0-1.0",
+    "cc-by-4.0",
+    "cc-by-sa-4.0",
+    "cc-by-nc-4.0",
+    "cc-by-nc-sa-4.0",
+    "cc-by-nc-nd-4.0",
+    "gpl-3.0",
+    "lgpl-3.0",
+    "agpl-3.0",
+    "mpl-2.0",
+    "openrail",
+    "llama2",
+    "llama3",
+    "gemma",
+    "unlicense",
+)
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def public_name(name: str | None) -> str | None:
+  """A dataset or checkpoint name without its local directories ('image_folder:/a/b' ->
+  'image_folder:b', '/a/teacher.npz' -> 'teacher.npz'); a hub id ('org/model') as it is."""
+  if not name:
+    return name
+  prefix, sep, rest = name.rpartition(":") if ":" in name and "://" not in name else ("", "", name)
+  if "://" in rest or os.path.isabs(rest) or rest.startswith(("~", ".")) or os.sep in rest:
+    if not (_HUB_ID.fullmatch(rest) and not os.path.exists(rest)):
+      rest = os.path.basename(rest.rstrip("/" + os.sep)) or rest
+  return f"{prefix}{sep}{rest}"
+
+
+def hub_license(text: str | None) -> str | None:
+  """The Hub licence id a licence text starts with ('MIT (as declared ...)' -> 'mit'), or None."""
+  if not text:
+    return None
+  norm = re.sub(r"[\s_]+", "-", str(text).strip().lower())
+  for lic in sorted(HUB_LICENSES, key=len, reverse=True):
+    if norm == lic or (norm.startswith(lic) and not norm[len(lic)].isalnum()):
+      return lic
+  return None
+
+
+def _front_matter_license(readme: str | None) -> str | None:
+  if not readme or not readme.startswith("---"):
+    return None
+  for line in readme.split("\n---", 1)[0].splitlines()[1:]:
+    key, _, value = line.partition(":")
+    if key.strip() == "license" and value.strip():
+      return value.strip().strip("'\"")
+  return None
+
+
+def _read_json(path: str) -> dict[str, Any]:
+  try:
+    info = json.loads(gfile.read_text(path) or "{}")
+  except ValueError:
+    return {}
+  return info if isinstance(info, dict) else {}
+
+
+def teacher_info(init: str | None) -> dict[str, Any]:
+  """{"init", "name", "license", "license_note"} of a teacher checkpoint, read from what sits
+  beside it: an .npz's sidecar JSON (same stem; "hub_id", "license" or "licence"), or a Hugging
+  Face folder's config.json ("_name_or_path") and README.md front matter (`license:`). "name" is
+  a hub id when known, else the file or folder's base name; "license" a Hub id or None."""
+  if not init:
+    return {"init": None, "name": None, "license": None, "license_note": None}
+  path = init.rstrip("/" + os.sep)
+  name, text = public_name(path), None
+  if path.endswith(".npz"):
+    side = _read_json(os.path.splitext(path)[0] + ".json")
+    name = side.get("hub_id") or os.path.basename(path)[: -len(".npz")]
+    text = side.get("license") or side.get("licence")
+  elif gfile.exists(os.path.join(path, "config.json")):
+    conf = _read_json(os.path.join(path, "config.json"))
+    hub = conf.get("_name_or_path") or conf.get("hf_hub_id") or ""
+    if _HUB_ID.fullmatch(hub) and not os.path.isabs(hub) and not os.path.exists(hub):
+      name = hub
+    text = conf.get("license") or _front_matter_license(
+        gfile.read_text(os.path.join(path, "README.md"))
+    )
+  text = str(text) if text else None
+  return {"init": name, "name": name, "license": hub_license(text), "license_note": text}
+
+
+# ------------------------------------------------------------------------------------------------
+# The model card.
+
+
+def _describe_spec(spec: attn_lib.AttentionSpec) -> str:
+  if spec.kind == "softmax":
+    return "softmax attention"
+  if spec.kind == "chunked_softmax":
+    return "softmax attention (computed in chunks)"
+  levers = [
+      ("center_keys", "centred keys"),
+      ("conv_v", "a depthwise convolution on values"),
+      ("exact_prefix_rows", "exact softmax rows for the cls/register tokens"),
+  ]
+  parts = [text for field, text in levers if getattr(spec, field)]
+  if spec.window:
+    parts.append(f"exact softmax over a {spec.window}×{spec.window}-patch window")
+  if spec.sinks:
+    parts.append(f"{spec.sinks} exact sink keys")
+  if spec.num_features:
+    parts.append(f"{spec.num_features} features")
+  words = f"linear attention with the {spec.feature_map} feature map"
+  if not parts:
+    return words
+  return words + ", " + (", ".join(parts[:-1]) + " and " if len(parts) > 1 else "") + parts[-1]
+
+
+def describe_attention(attention: Any, depth: int) -> str:
+  """A student's attention in words: one operator, or per-layer runs ('layers 0–10: …; 11: …')."""
+  try:
+    specs = attn_lib.parse_layer_specs(attention, depth)
+  except (ValueError, TypeError, KeyError):
+    return str(attention)
+  if len(set(specs)) == 1:
+    return _describe_spec(specs[0])
+  runs: list[list[Any]] = []
+  for i, spec in enumerate(specs):
+    if runs and runs[-1][2] == spec:
+      runs[-1][1] = i
+    else:
+      runs.append([i, i, spec])
+  return "; ".join(
+      (f"layer {a}" if a == b else f"layers {a}–{b}") + f": {_describe_spec(s)}" for a, b, s in runs
+  )
+
+
+def _numbers(values: Mapping[str, Any], skip: tuple[str, ...]) -> str:
+  return ", ".join(
+      f"{k.replace('_', ' ')} {v:.4f}"
+      for k, v in values.items()
+      if k not in skip and isinstance(v, float)
+  )
+
+
 def model_card(cfg: Mapping[str, Any]) -> str:
-  """README.md of an export folder."""
-  m, pre, rec, fid = cfg["model"], cfg["preprocessing"], cfg["recipe"], cfg["fidelity"]
-  attention = m["attention"]
-  kinds = attention if isinstance(attention, str) else ", ".join(map(str, attention))
+  """README.md of an export folder: Hub front matter, what the student is, how it was made, the
+  measured numbers with their protocol, limitations and a load snippet that runs as written from
+  the folder itself. No local paths."""
+  m, pre = cfg["model"], cfg.get("preprocessing") or {}
+  rec, fid = cfg.get("recipe") or {}, cfg.get("fidelity") or {}
+  teacher = cfg.get("teacher") or {}
+  name = teacher.get("name") or public_name(teacher.get("init")) or "a softmax ViT"
+  words = describe_attention(m.get("attention", "softmax"), m.get("depth", 12))
+  stages = rec.get("stages") or []
+  surgery_only = not stages
+  license_id = teacher.get("license") or "other"
+  front = [
+      "---",
+      f"license: {license_id}",
+      f"base_model: {json.dumps(name)}",
+      "library_name: linvit_jax",
+      "tags:",
+      *(f"- {t}" for t in ("vision", "vit", "linear-attention", "feature-extraction")),
+      "pipeline_tag: "
+      + ("image-classification" if m.get("num_classes") else "image-feature-extraction"),
+      "---",
+      "",
+  ]
+  made = (
+      "surgery only: attention not distilled"
+      if surgery_only
+      else "attention distilled on its outputs"
+  )
+  size = pre.get("image_size") or ["?", "?"]
   lines = [
       "# linvit_jax student",
       "",
-      f"A linear-attention ViT ({kinds}) converted from the softmax teacher "
-      f"`{cfg['teacher']['init']}` by linvit_jax: weights that do not depend on the attention "
-      f"operator copied (surgery policy `{rec['surgery_policy']}`), attention distilled on its "
-      "outputs.",
+      f"A linear-attention ViT converted from the softmax teacher `{name}` by linvit_jax: {words}. "
+      "Weights that do not depend on the attention operator were copied (surgery policy "
+      f"`{rec.get('surgery_policy')}`); {made}.",
       "",
       f"- architecture: width {m.get('width')}, depth {m.get('depth')}, heads {m.get('num_heads')}, "
-      f"patch {pre['patch_size']}, pool `{m.get('pool_type')}`, registers {m.get('reg_tokens', 0)}",
-      f"- input: {pre['image_size'][0]}×{pre['image_size'][1]} px, preprocessing `{pre['pp']}`, "
-      f"{pre['gelu']} GELU",
+      f"patch {'×'.join(map(str, m.get('patch_size') or pre.get('patch_size') or ['?']))}, pool `{m.get('pool_type')}`, "
+      f"registers {m.get('reg_tokens', 0)}, {'a head of ' + str(m['num_classes']) + ' classes' if m.get('num_classes') else 'no head'}",
+      f"- input: trained at {size[0]}×{size[1]} px (runs at any multiple of the patch), "
+      f"preprocessing `{pre.get('pp')}`, {pre.get('gelu')} GELU",
       "- recipe: "
       + (
           ", ".join(
-              f"{s['name']} ({s['kind']}, {s['steps']} steps × {s['batch_size']})"
-              for s in rec["stages"]
+              f"{s['name']} ({s['kind']}, {s['steps']} steps × {s['batch_size']})" for s in stages
           )
-          or "surgery only"
+          or "surgery only: attention not distilled"
       )
-      + (f"; layers {rec['softmax_layers']} kept softmax" if rec["softmax_layers"] else ""),
+      + (f"; layers {rec['softmax_layers']} kept softmax" if rec.get("softmax_layers") else ""),
       "",
       "## How close to its teacher",
       "",
   ]
+  proto = fid.get("protocol")
+  if proto:
+    lines.append(
+        f"Student vs teacher on the same inputs (cosine 1: identical), measured at the end of the "
+        f"run on up to {proto['images']} held-out images of `{proto['source']}` "
+        f"({proto['view']}), at {proto['image_size'][0]}×{proto['image_size'][1]} px:"
+    )
+    lines.append("")
   e2e = fid.get("end_to_end")
   if e2e:
-    lines.append(
-        f"On held-out images ({e2e['measured']}): "
-        + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in e2e.items() if k != "measured")
-    )
+    lines.append(f"- held-out images ({e2e['measured']}): {_numbers(e2e, ('measured',))}")
   view = fid.get("eval_view")
   if view:
     lines.append(
-        f"On the held-out images as `encode` sees them ({view['images']}, `pp` above): "
-        + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in view.items() if k != "images")
+        f"- on the held-out images as `encode` sees them ({view['images']} images, `pp` above): "
+        + _numbers(view, ("images",))
     )
   if fid.get("teacher_top1") is not None:
     lines.append(
-        f"Top-1: teacher {100 * fid['teacher_top1']:.2f} %, "
-        f"student {100 * fid['student_top1']:.2f} %."
+        f"- top-1: teacher {100 * fid['teacher_top1']:.2f} %, "
+        f"student {100 * fid['student_top1']:.2f} %"
     )
-  if fid.get("knn"):
+  if fid.get("knn_skipped"):
+    lines.append(f"- k-NN: not measured ({fid['knn_skipped']})")
+  elif fid.get("knn"):
     k = fid["knn"]
+    count = (
+        f", {k['train_examples']} train / {k['eval_examples']} eval images"
+        if "train_examples" in k
+        else ""
+    )
     lines.append(
-        f"k-NN top-1 on `{k['dataset']}`: teacher {100 * k['teacher_top1']:.2f} %, "
-        f"student {100 * k['student_top1']:.2f} % (retention {100 * k['retention']:.1f} %)."
+        f"- k-NN top-1 on `{k['dataset']}` (k={k.get('k')}{count}): teacher "
+        f"{100 * k['teacher_top1']:.2f} %, student {100 * k['student_top1']:.2f} % "
+        f"(retention {100 * k['retention']:.1f} %)"
     )
     if "cls_cosine" in k:
       lines.append(
-          f"Pooled-feature cosine to the teacher on the same images: mean {k['cls_cosine']:.4f}, "
-          f"worst {k['cls_cosine_min']:.4f}."
+          f"- pooled-feature cosine to the teacher on the same images: mean {k['cls_cosine']:.4f}, "
+          f"worst {k['cls_cosine_min']:.4f}"
       )
+  if not (e2e or view or fid.get("knn") or fid.get("teacher_top1") is not None):
+    lines.append("Nothing was measured for this export.")
+  lines += ["", "## Limitations", ""]
+  if surgery_only:
+    lines.append(
+        "- Surgery only: attention not distilled. The teacher's weights run in a linear operator "
+        "they were not trained for; expect features far from the teacher's."
+    )
+  lines += [
+      "- Linear attention approximates the teacher's softmax attention: the features are close "
+      "to the teacher's, not equal. Re-check anything built on the teacher's features (heads, "
+      "thresholds, search indexes) on your own images.",
+      f"- The numbers above rest on the images named there only; other image domains are not "
+      f"measured. At sizes other than {size[0]}×{size[1]} px the position table is resized "
+      "bilinearly (big_vision's rule) and fidelity there is not measured here.",
+      "- Preprocessing without TensorFlow (`encode` on paths, bytes or uint8 arrays) matches the "
+      "run's TensorFlow preprocessing within one grey level on PNGs; JPEGs differ by the two "
+      "libraries' JPEG decoders (about one level on average).",
+  ]
+  if license_id == "other":
+    lines.append(
+        f"- Licence: the teacher's licence applies (`{name}`; it was not recorded with the "
+        "teacher's checkpoint)."
+    )
+  elif teacher.get("license_note") and hub_license(teacher["license_note"]) == license_id:
+    lines.append(f"- Licence: `{license_id}`, the teacher's: {teacher['license_note']}")
   lines += [
       "",
       "## Load it",
       "",
+      "From this folder (or pass its path):",
+      "",
       "```python",
+      "import numpy as np",
       "import linvit_jax",
-      "student = linvit_jax.load_student('THIS_FOLDER')",
-      "features = student.encode(['photo.jpg'])  # paths, uint8 HWC arrays, or preprocessed",
+      "",
+      'student = linvit_jax.load_student(".")',
+      "image = np.zeros((480, 640, 3), np.uint8)  # or paths, encoded bytes, a preprocessed batch",
+      "features = student.encode([image])  # float32 [1, D]; image_size=..., batch_size=...",
+      "print(student, features.shape)",
       "```",
       "",
       "Files: `student.npz` (big_vision layout), `student.safetensors` (same params, this config "
       "in its metadata), `student_config.json`.",
       "",
   ]
-  return "\n".join(lines)
+  return "\n".join(front + lines)
 
 
 def save(
@@ -268,116 +508,414 @@ def _save_safetensors(path: str, params: Any, cfg: Mapping[str, Any]) -> None:
     f.write(data)
 
 
-@dataclasses.dataclass
+# ------------------------------------------------------------------------------------------------
+# The student, at any resolution.
+
+
+_VERBS = {"encoded": "tokens", "pre_logits": "encode", "logits": "predict"}
+
+
+def _nearest_sizes(n: int, patch: int) -> str:
+  lo = max(patch, n // patch * patch)
+  return f"{lo} or {lo + patch}" if lo != n else str(n)
+
+
+def check_size(size: Any, patch: Sequence[int]) -> tuple[int, int]:
+  """(H, W) of an input size (an int or a pair) if both are multiples of the patch; else an
+  ExportError naming the size, the patch and the nearest valid sizes."""
+  h, w = (size, size) if np.ndim(size) == 0 else tuple(size)
+  bad = [(n, p) for n, p in ((h, patch[0]), (w, patch[1])) if n <= 0 or n % p]
+  if bad:
+    n, p = bad[0]
+    raise ExportError(
+        f"image size {h}×{w}: {n} is not a positive multiple of the patch {p} "
+        f"(nearest valid: {_nearest_sizes(n, p)})"
+    )
+  return int(h), int(w)
+
+
+def _progress(total: int, what: str):
+  """A tqdm bar when tqdm is installed, else one updating stderr line."""
+  try:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=what, unit="img", file=sys.stderr)
+  except ImportError:
+
+    class _Line:
+      n = 0
+
+      def update(self, k: int) -> None:
+        self.n += k
+        print(f"\r{what}: {self.n}/{total} images", end="", file=sys.stderr, flush=True)
+
+      def close(self) -> None:
+        print(file=sys.stderr)
+
+    return _Line()
+
+
+@dataclasses.dataclass(repr=False)
 class Student:
-  """An exported student, ready to use: `model` and `params` for custom code."""
+  """An exported student, ready to use: `model` and `params` for custom code.
+
+  `image_size` (H, W): the size `encode` / `tokens` / `predict` run raw images at unless a call
+  names another (default: the training size); any multiple of the patch, the learned position
+  table resized bilinearly from the training grid (big_vision's `resample_posemb`; cls and
+  register tokens are not in that table). `dtype` (e.g. jnp.bfloat16): params and compute in it,
+  outputs float32. Batches of `batch_size`, the last padded to a power-of-two bucket (≥ 8,
+  ≤ batch_size): one compile per (output, bucket, image size); `traces` counts them.
+  """
 
   model: Any
   params: Any
   config: dict[str, Any]
   folder: str = ""
+  image_size: Any = None
+  dtype: Any = None
+  batch_size: int = 32
 
   def __post_init__(self):
-    self._apply = jax.jit(lambda p, x: self.model.apply({"params": p}, x, train=False))
-    self._pp = None
+    self.patch = tuple(int(p) for p in self.model.patch_size)
+    pe = self.params.get("pos_embedding") if isinstance(self.params, Mapping) else None
+    self._grid = None
+    pre = self.config.get("preprocessing") or {}
+    if pre.get("image_size"):
+      self.training_size = tuple(int(n) for n in pre["image_size"])
+      self._grid = (self.training_size[0] // self.patch[0], self.training_size[1] // self.patch[1])
+    elif pe is not None:  # format 1: a square grid of the stored table
+      side = int(round(np.sqrt(np.shape(pe)[1])))
+      self._grid, self.training_size = (side, side), (side * self.patch[0], side * self.patch[1])
+    else:
+      self.training_size = None
+    if pe is not None and self._grid[0] * self._grid[1] != np.shape(pe)[1]:
+      side = int(round(np.sqrt(np.shape(pe)[1])))
+      self._grid = (side, side)
+    self.image_size = (
+        check_size(self.image_size, self.patch)
+        if self.image_size is not None
+        else self.training_size
+    )
+    if self.dtype is not None:
+      self.dtype = jnp.dtype(self.dtype)
+      self.model = self.model.clone(dtype_mm=self.dtype.name)
+      self.params = jax.tree.map(
+          lambda a: np.asarray(a).astype(self.dtype)
+          if np.issubdtype(np.asarray(a).dtype, np.floating)
+          else a,
+          self.params,
+      )
+    self.channels = int(np.shape(self.params["embedding"]["kernel"])[2])
+    self.traces = 0  # how many times the forward was traced (= compiled): one per bucket
+    self._forward = jax.jit(self._apply, static_argnums=0)
+    self._sized: dict[tuple[int, int], Any] = {}
+    self._pps: dict[tuple[int, int], Any] = {}
+    self._tf_pp = None
 
-  @property
-  def image_size(self) -> tuple[int, int]:
-    return tuple(self.config["preprocessing"]["image_size"])
+  def __repr__(self) -> str:
+    m = self.model
+    n = sum(int(np.size(a)) for a in jax.tree.leaves(self.params))
+    size = "×".join(map(str, self.training_size)) if self.training_size else "?"
+    return (
+        f"Student('{self.folder}': ViT width {m.width}, depth {m.depth}, heads {m.num_heads}, "
+        f"patch {self.patch[0]}, {describe_attention(m.attention, m.depth)}; trained at {size} "
+        f"px, runs at {'×'.join(map(str, self.image_size or ('?',)))}; {n / 1e6:.2f}M params"
+        + (f", {self.dtype.name}" if self.dtype is not None else "")
+        + ")"
+    )
 
-  def preprocess(self, images: Any) -> np.ndarray:
-    """Paths, encoded bytes or uint8 HWC arrays -> the model's input batch, through the run's own
-    eval pp string (resize, crop, normalisation: exactly what evaluation used)."""
-    if self._pp is None:
+  # -------------------------------------------------------------------------- preprocessing
+
+  def preprocess(self, images: Any, image_size: Any = None) -> np.ndarray:
+    """Paths, encoded bytes or uint8 HWC arrays -> the model's input batch [B, H, W, C] float32,
+    through the run's own eval pp string in PIL + numpy (inference_pp: resize, crop and
+    normalisation scaled to `image_size`; no TensorFlow)."""
+    size = self._size(image_size)
+    items = _as_list(images)
+    if not items:
+      return np.zeros((0, *size, self.channels), np.float32)
+    return np.stack([self._pp(size)(x) for x in items]).astype(np.float32)
+
+  def preprocess_tf(self, images: Any) -> np.ndarray:
+    """As `preprocess` at the training size, through TensorFlow and the run's own pp ops (what
+    evaluation ran); imports TensorFlow."""
+    if self._tf_pp is None:
       from linvit_jax import quiet_tf
 
-      quiet_tf.import_quietly("tensorflow")  # TensorFlow only when preprocessing is asked for
+      quiet_tf.import_quietly("tensorflow")
       from linvit_jax.data import preprocess as pp_lib
 
-      self._pp = pp_lib.get_preprocess_fn(self.config["preprocessing"]["pp"])
+      self._tf_pp = pp_lib.get_preprocess_fn(self._pp_string())
     import tensorflow as tf
 
     out = []
     for image in _as_list(images):
       data = {"image": tf.constant(_encoded(image))}
-      out.append(np.asarray(self._pp(data)["image"]))
+      out.append(np.asarray(self._tf_pp(data)["image"]))
     return np.stack(out).astype(np.float32)
 
-  def _input(self, images: Any) -> np.ndarray:
-    if isinstance(images, np.ndarray) and images.dtype.kind == "f" and images.ndim == 4:
-      return images  # already preprocessed
-    return self.preprocess(images)
+  def _pp_string(self) -> str:
+    pre = self.config.get("preprocessing") or {}
+    if not pre.get("pp"):
+      raise ExportError(
+          f"student '{self.folder}' records no preprocessing (an old export): pass preprocessed "
+          "float arrays [B, H, W, C]"
+      )
+    return pre["pp"]
 
-  def tokens(self, images: Any) -> np.ndarray:
-    """Final normalised tokens [B, N, D] (cls and registers first, as the teacher's)."""
-    return np.asarray(self._apply(self.params, self._input(images))[1]["encoded"])
+  def _pp(self, size: tuple[int, int]) -> inference_pp.Preprocess:
+    if size not in self._pps:
+      self._pps[size] = inference_pp.Preprocess(self._pp_string(), size, self.training_size)
+    return self._pps[size]
 
-  def encode(self, images: Any) -> np.ndarray:
-    """The pooled final feature [B, D] (cls token, MAP or mean pool, as the teacher's)."""
-    return np.asarray(self._apply(self.params, self._input(images))[1]["pre_logits"])
+  def _size(self, image_size: Any) -> tuple[int, int]:
+    if image_size is not None:
+      return check_size(image_size, self.patch)
+    if self.image_size is None:
+      raise ExportError(
+          f"student '{self.folder}' does not record its input size: pass image_size= or a "
+          "preprocessed batch"
+      )
+    return self.image_size
 
-  def predict(self, images: Any) -> np.ndarray:
-    """Logits [B, classes]; a headless student has none."""
+  # -------------------------------------------------------------------------- the forward
+
+  def _apply(self, what: str, params: Any, x: jax.Array) -> jax.Array:
+    self.traces += 1  # runs only when jax traces, i.e. compiles, this function
+    logits, out = self.model.apply({"params": params}, x, train=False)
+    return (logits if what == "logits" else out[what]).astype(jnp.float32)
+
+  def _params_at(self, size: tuple[int, int]) -> Any:
+    """The params with the position table resampled to `size`'s grid (cached, on device)."""
+    if size not in self._sized:
+      params = dict(self.params)
+      grid = (size[0] // self.patch[0], size[1] // self.patch[1])
+      if "pos_embedding" in params and grid != self._grid:
+        pe = np.asarray(params["pos_embedding"])
+        new = (1, grid[0] * grid[1], pe.shape[-1])
+        params["pos_embedding"] = vit_checkpoint.resample_posemb(
+            pe, new, old_hw=self._grid, new_hw=grid
+        )
+      self._sized[size] = jax.device_put(params)
+    return self._sized[size]
+
+  def _run(self, what: str, images: Any, image_size: Any, batch_size: int | None) -> np.ndarray:
+    batch_size = int(batch_size or self.batch_size)
+    if batch_size < 1:
+      raise ExportError(f"batch_size must be at least 1, got {batch_size}")
+    batch, items, size = self._inputs(images, image_size)
+    n = len(batch) if batch is not None else len(items)
+    params = self._params_at(size)
+    dtype = self.dtype or np.float32
+    if n == 0:
+      traces = self.traces  # a shape, not a compile
+      shape = jax.eval_shape(
+          functools.partial(self._apply, what),
+          params,
+          jax.ShapeDtypeStruct((1, *size, self.channels), dtype),
+      )
+      self.traces = traces
+      return np.zeros((0, *shape.shape[1:]), np.float32)
+    bar = _progress(n, _VERBS[what]) if n > batch_size else None
+    out = []
+    for start in range(0, n, batch_size):
+      if batch is not None:
+        x = np.asarray(batch[start : start + batch_size])
+      else:
+        x = self.preprocess(items[start : start + batch_size], size)
+      k = len(x)
+      bucket = min(batch_size, max(8, 1 << (k - 1).bit_length()))
+      if bucket > k:  # padding: one compile per bucket, not per batch size
+        x = np.concatenate([x, np.zeros((bucket - k, *x.shape[1:]), x.dtype)])
+      out.append(np.asarray(self._forward(what, params, x.astype(dtype)))[:k])
+      if bar is not None:
+        bar.update(k)
+    if bar is not None:
+      bar.close()
+    return np.concatenate(out).astype(np.float32)
+
+  def _inputs(self, images: Any, image_size: Any) -> tuple[Any, list, tuple[int, int]]:
+    """(a preprocessed batch or None, raw images, the input size)."""
+    if isinstance(images, (np.ndarray, jax.Array)) and jnp.issubdtype(images.dtype, jnp.floating):
+      if images.ndim != 4 or images.shape[-1] != self.channels:
+        raise ExportError(
+            f"a float array must be a preprocessed batch [B, H, W, {self.channels}]; got shape "
+            f"{tuple(images.shape)} (raw images: uint8 arrays, paths or bytes)"
+        )
+      size = check_size(images.shape[1:3], self.patch)
+      if image_size is not None and check_size(image_size, self.patch) != size:
+        raise ExportError(
+            f"image_size={image_size} but the preprocessed batch is {size[0]}×{size[1]}: a "
+            "batch's own size decides"
+        )
+      return images, [], size
+    if isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.ndim == 4:
+      return None, list(images), self._size(image_size)
+    return None, _as_list(images), self._size(image_size)
+
+  def tokens(self, images: Any, image_size: Any = None, batch_size: int | None = None):
+    """Final normalised tokens [B, N, D] float32 (cls and registers first, as the teacher's).
+
+    `images`: paths, encoded bytes, uint8 HWC arrays (raw images: preprocessed here, at
+    `image_size`), or a preprocessed float batch [B, H, W, C] (numpy or jax, any float dtype;
+    its H, W decide the size)."""
+    return self._run("encoded", images, image_size, batch_size)
+
+  def encode(self, images: Any, image_size: Any = None, batch_size: int | None = None):
+    """The pooled final feature [B, D] float32 (cls token, MAP or mean pool, as the teacher's);
+    `images` as for `tokens`. `encode([])` is an empty [0, D] array."""
+    return self._run("pre_logits", images, image_size, batch_size)
+
+  def predict(self, images: Any, image_size: Any = None, batch_size: int | None = None):
+    """Logits [B, classes] float32; a headless student has none. `images` as for `tokens`."""
     if not self.model.num_classes:
       raise ExportError(f"student '{self.folder}' has no head (num_classes is None): use encode()")
-    return np.asarray(self._apply(self.params, self._input(images))[0])
+    return self._run("logits", images, image_size, batch_size)
 
   def save(self, folder: str) -> None:
-    save(folder, self.params, self.config)
+    save(folder, jax.tree.map(lambda a: np.asarray(a, np.float32), self.params), self.config)
 
 
-def _as_list(images: Any) -> Sequence[Any]:
-  if isinstance(images, (str, bytes)) or (isinstance(images, np.ndarray) and images.ndim == 3):
+def _as_list(images: Any) -> list[Any]:
+  if isinstance(images, (str, bytes, os.PathLike)) or (
+      isinstance(images, np.ndarray) and images.ndim in (2, 3)
+  ):
     return [images]
   return list(images)
 
 
 def _encoded(image: Any) -> bytes:
+  """An image as encoded bytes for TensorFlow's decode (a uint8 array as a lossless PNG)."""
   if isinstance(image, bytes):
     return image
   if isinstance(image, (str, os.PathLike)):
-    with gfile.open(str(image), "rb") as f:
-      return f.read()
-  a = np.asarray(image)
-  if a.dtype != np.uint8 or a.ndim not in (2, 3):
-    raise ExportError(
-        f"an image must be a path, encoded bytes or a uint8 HxW[xC] array; got {a.dtype} {a.shape}"
-    )
+    try:
+      with gfile.open(os.fspath(image), "rb") as f:
+        return f.read()
+    except OSError as e:
+      raise ExportError(
+          f"'{os.fspath(image)}': cannot read the image ({e.strerror or e})"
+      ) from None
+  a = inference_pp.decode(image, 3 if np.ndim(image) == 2 or np.shape(image)[-1] != 1 else 1)
   from PIL import Image
 
   buf = io.BytesIO()  # PNG is lossless: the pp's decode sees exactly these pixels
-  Image.fromarray(a[..., 0] if a.ndim == 3 and a.shape[-1] == 1 else a).save(buf, format="PNG")
+  Image.fromarray(a[..., 0] if a.shape[-1] == 1 else a).save(buf, format="PNG")
   return buf.getvalue()
 
 
-def load_student(folder: str) -> Student:
-  """The student exported into `folder` (a run's workdir, or an export made by `save`)."""
-  text = gfile.read_text(os.path.join(folder, CONFIG_FILE))
+# ------------------------------------------------------------------------------------------------
+# Loading.
+
+
+def _read_config(folder: str) -> dict[str, Any]:
+  path = os.path.join(folder, CONFIG_FILE)
+  text = gfile.read_text(path)
   if text is None:
     raise ExportError(f"'{folder}': no {CONFIG_FILE} (not a linvit_jax export folder)")
-  cfg = json.loads(text)
-  fields = model_fields(cfg)
-  if "preprocessing" not in cfg:  # format 1: model fields only
-    cfg = {"format": 1, "model": fields, "preprocessing": None}
-  model = vit.Model(**fields)
+  try:
+    cfg = json.loads(text)
+  except ValueError as e:
+    raise ExportError(f"'{path}': not valid JSON ({e})") from None
+  if not isinstance(cfg, dict):
+    raise ExportError(
+        f"'{path}': expected a JSON object (the student's config), got a {type(cfg).__name__}"
+    )
+  return cfg
+
+
+def _model(path: str, fields: dict[str, Any]) -> Any:
+  """vit.Model(**fields), each problem one line naming the config file."""
+  known = {f.name for f in dataclasses.fields(vit._Model)} - {"parent", "name"} | {"variant"}
+  unknown = sorted(set(fields) - known)
+  if unknown:
+    close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(known))})"
+    raise ExportError(f"'{path}': unknown model field {unknown[0]!r}{hint}")
+  try:
+    attn_lib.parse_layer_specs(fields.get("attention", "softmax"), int(fields.get("depth", 12)))
+    return vit.Model(**fields)
+  except (ValueError, TypeError) as e:
+    what = "attention" if "attention" in str(e) or "feature map" in str(e) else "model"
+    raise ExportError(f"'{path}': {what}: {str(e).splitlines()[0]}") from None
+
+
+def _read_params(folder: str) -> tuple[dict[str, Any], str]:
   npz = os.path.join(folder, "student.npz")
   st = os.path.join(folder, "student.safetensors")
   if gfile.exists(npz):
-    flat = checkpoints.flatten(checkpoints.load_npz(npz))
-  elif gfile.exists(st):
+    try:
+      return checkpoints.flatten(checkpoints.load_npz(npz)), npz
+    except Exception as e:  # noqa: BLE001  (zip, pickle and numpy errors: all mean unreadable)
+      raise ExportError(f"'{npz}': cannot read it ({_first_line(e)})") from None
+  if gfile.exists(st):
     from safetensors import numpy as st_numpy
 
-    with gfile.open(st, "rb") as f:
-      flat = st_numpy.load(f.read())
-  else:
-    raise ExportError(f"'{folder}': neither student.npz nor student.safetensors")
+    try:
+      with gfile.open(st, "rb") as f:
+        return st_numpy.load(f.read()), st
+    except Exception as e:  # noqa: BLE001  (safetensors raises its own SafetensorError)
+      raise ExportError(
+          f"'{st}': cannot read it, corrupt or truncated ({_first_line(e)})"
+      ) from None
+  raise ExportError(f"'{folder}': neither student.npz nor student.safetensors")
+
+
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip().splitlines()
+  return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def load_student(folder: str, image_size: Any = None, dtype: Any = None) -> Student:
+  """The student exported into `folder` (a run's workdir, or an export made by `save`).
+
+  `image_size`: the size (an int or (H, W), a multiple of the patch) raw images run at by
+  default; None: the training size. `dtype` (e.g. jnp.bfloat16): params and compute in it."""
+  cfg = _read_config(folder)
+  path = os.path.join(folder, CONFIG_FILE)
+  fields = model_fields(cfg)
+  if "preprocessing" not in cfg:  # format 1: model fields only
+    cfg = {"format": 1, "model": fields, "preprocessing": None}
+  model = _model(path, fields)
+  flat, source = _read_params(folder)
   stored = checkpoints.unflatten(flat)
+  emb = np.shape(stored.get("embedding", {}).get("kernel", ()))
+  if len(emb) != 4:
+    raise ExportError(f"'{source}': no embedding/kernel [ph, pw, C, D] (not a ViT's params)")
+  if emb[3] != model.width or tuple(emb[:2]) != tuple(model.patch_size):
+    what, theirs, ours = (
+        ("width", emb[3], model.width)
+        if emb[3] != model.width
+        else ("patch", list(emb[:2]), list(model.patch_size))
+    )
+    raise ExportError(
+        f"'{source}' holds {what} {theirs}, {CONFIG_FILE} says {ours}: the two files are from "
+        "different students"
+    )
   # Checked against the model the config describes (names, shapes), at the stored grid.
-  emb = np.shape(stored["embedding"]["kernel"])
   side = (
       int(round(np.sqrt(np.shape(stored["pos_embedding"])[1]))) if "pos_embedding" in stored else 1
   )
   probe = np.zeros((1, side * emb[0], side * emb[1], emb[2]), np.float32)
+  grid = (cfg.get("preprocessing") or {}).get("image_size")
+  if grid and "pos_embedding" in stored:
+    gh, gw = grid[0] // emb[0], grid[1] // emb[1]
+    if gh * gw == np.shape(stored["pos_embedding"])[1]:
+      probe = np.zeros((1, gh * emb[0], gw * emb[1], emb[2]), np.float32)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), probe)["params"]
-  params = checkpoints.merge_params(stored, shapes, source=npz if gfile.exists(npz) else st)
-  return Student(model=model, params=jax.tree.map(np.asarray, params), config=cfg, folder=folder)
+  try:
+    params = checkpoints.merge_params(stored, shapes, source=source)
+  except UserError as e:
+    lines = str(e).strip().splitlines()
+    more = f" (+{len(lines) - 2} more)" if len(lines) > 2 else ""
+    raise ExportError(
+        f"'{source}' does not match {CONFIG_FILE}: {' '.join(lines[:2])[:300]}{more}"
+    ) from None
+  return Student(
+      model=model,
+      params=jax.tree.map(np.asarray, params),
+      config=cfg,
+      folder=folder,
+      image_size=image_size,
+      dtype=dtype,
+  )
