@@ -271,6 +271,140 @@ def _ablation(load: Load) -> str:
   return text[start:end].rstrip("\n")
 
 
+# The one-lever-at-a-time table at 112 px (docs/levers.md), rows of bench/lever_table.py's JSON.
+LEVERS_112 = "docs/levers_112/levers.json"
+LEVER_ARMS = (
+    ("baseline (`copy_all`, `hedgehog_exp`)", "baseline"),
+    ("`exact_prefix` (exact softmax for the cls query)", "exact_prefix"),
+    ("`center_keys` (keys centred per image and head)", "center_keys"),
+    ("`conv_v` (zero-init depthwise 3×3 conv on v)", "conv_v"),
+    ("`all` three", "all"),
+    ("**`center_keys` + `conv_v`**", "center_conv"),
+    (
+        "`align_all` (1,000 images distillation, then 1,000 of `align` with every parameter at "
+        "lr 2e-5)",
+        "align_all",
+    ),
+    (
+        "`center_keys` + `conv_v` + `window=3`, LoLCATs' form (exp(s − max) beside φ products, one "
+        "normaliser, gate g = 0.5)",
+        "center_conv_window3_lolcats_form",
+    ),
+    (
+        "**`center_keys` + `conv_v` + `window=3`** (the exact set's share = the linear kernel's "
+        "estimate, logit-shifted per head)",
+        "center_conv_window3",
+    ),
+    (
+        "`center_keys` + `conv_v` + `sinks=4` (cls key + the 4 patch keys of largest centred norm "
+        "exact for every query, same mix)",
+        "center_conv_sinks4",
+    ),
+    ("`center_keys` + `conv_v` + `sinks=16`", "center_conv_sinks16"),
+    (
+        "`center_keys` + `conv_v`, `distill_trainable=attention_routing` (v and out frozen at the "
+        "teacher's)",
+        "center_conv_routing",
+    ),
+    (
+        "`center_keys` + `conv_v`, `distill_trainable=attention_features` (q and k frozen, "
+        "LoLCATs' stage 1)",
+        "center_conv_features",
+    ),
+    (
+        "… the same + `exact_prefix` (the cls row exact with the teacher's own q/k)",
+        "center_conv_features_exact_prefix",
+    ),
+    ("`center_keys` + `conv_v`, distillation lr 5e-4 (default 1e-3)", "center_conv_lr5e-4"),
+    ("`center_keys` + `conv_v`, distillation lr 2e-3", "center_conv_lr2e-3"),
+    (
+        "`center_keys` + `conv_v` + `compose=0.5` (half of each batch 2×2 mosaics of four crops)",
+        "center_conv_compose",
+    ),
+)
+LEVER_ALIGN_ARMS = (
+    ("reference `center_keys` + `conv_v` (no align)", "center_conv"),
+    ("+ align, every parameter, lr 3e-6", "center_conv_align_abs3e-6"),
+    (
+        "**+ align, every parameter, lr 2e-4 relative (`param_rms`)**",
+        "center_conv_align_rms2e-4",
+    ),
+    (
+        "… + label-free mixup views, handing on the midpoint (`align_mixup=1,align_start_weight=0.5`; "
+        "the 224-px default before LoRA; session 17)",
+        "center_conv_align_mixup_mid",
+    ),
+    (
+        "… + mixup views, rank-8 LoRA, handing on the trained weights (`align_mixup=1,align_lora=8`, "
+        "w = 0; the 224-px default; session 17)",
+        "center_conv_align_mixup_lora8",
+    ),
+)
+
+
+def _lever_rows(load: Load, arms: Sequence[tuple[str, str]], digits: int, head: str) -> str:
+  rows = {row["arm"]: row for row in load(LEVERS_112)["rows"]}
+  lines = [
+      f"| {head} | cls cos | patch cos | worst layer | k-NN retention "
+      "| cls cos at 224 px (no retraining) |",
+      "|---|---|---|---|---|---|",
+  ]
+  for label, arm in arms:
+    r = rows[arm]
+    cos = " | ".join(
+        f"{r[k]:.{digits}f}" for k in ("cls_cosine", "patch_cosine", "worst_layer_cosine")
+    )
+    lines.append(f"| {label} | {cos} | {r['knn_retention']:.3f} | {r['cls_cosine_224px']:.3f} |")
+  return "\n".join(lines)
+
+
+def _levers_112(load: Load) -> str:
+  return _lever_rows(load, LEVER_ARMS, 4, "arm")
+
+
+def _levers_112_align(load: Load) -> str:
+  head = "arm (112 px, 2,000 images of distillation + 2,000 of align)"
+  return _lever_rows(load, LEVER_ALIGN_ARMS, 3, head)
+
+
+# docs/distill_stability.md: rows of tools/distill_seeds.py's JSON, one setting (and seeds) each.
+DISTILL_STABILITY = "docs/distill_stability.json"
+STABILITY_ROWS = (
+    (
+        "lr 3e-3 (old default), student init key = teacher's",
+        "before_fix_lr3e-3_teacher_init_key_shared",
+        (0,),
+    ),
+    ("same", "before_fix_lr3e-3_teacher_init_key_shared", (1, 2, 3, 4, 7)),
+    ("lr 3e-3, fixed init key, routing loss off", "no_routing_lr3e-3", None),
+    ("lr 1e-2, fixed init key", "lr1e-2", None),
+    ("**lr 3e-2, fixed init key (new default)**", "after_fix_lr3e-2", None),
+)
+
+
+def _range(values: Sequence[float], fmt: str) -> str:
+  lo, hi = min(values), max(values)
+  return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{lo:{fmt}}–{hi:{fmt}}"
+
+
+def _distill_stability(load: Load) -> str:
+  sets = load(DISTILL_STABILITY)
+  lines = [
+      "| setting | seeds | top-1 after distillation (%) | spread (points) | layer-0 cosine |",
+      "|---|---|---|---|---|",
+  ]
+  for label, key, seeds in STABILITY_ROWS:
+    rows = [r for r in sets[key]["rows"] if seeds is None or r["seed"] in seeds]
+    top1 = [100 * r["top1_after_distill"] for r in rows]
+    spread = f"{max(top1) - min(top1):.1f}" if len(rows) > 1 else "–"
+    lines.append(
+        f"| {label} | {', '.join(str(r['seed']) for r in rows)} "
+        f"| {', '.join(f'{t:.2f}' for t in top1)} | {spread} "
+        f"| {_range([r['layer_cosine'][0] for r in rows], '.3f')} |"
+    )
+  return "\n".join(lines)
+
+
 TABLES: dict[str, Table] = {
     "default_seeds": Table(tuple(p for _, p, _ in DEFAULT_RUNS), _default_seeds),
     "default_cost": Table((DEFAULT_RUNS[0][1],), _default_cost),
@@ -278,6 +412,9 @@ TABLES: dict[str, Table] = {
     "default_history": Table(tuple(_history_path(k) for _, k in HISTORY), _history),
     "first_runs": Table(tuple(p for _, p in FIRST_RUNS), _first_runs),
     "ablation": Table((ABLATION_DOC,), _ablation),
+    "levers_112": Table((LEVERS_112,), _levers_112),
+    "levers_112_align": Table((LEVERS_112,), _levers_112_align),
+    "distill_stability": Table((DISTILL_STABILITY,), _distill_stability),
 }
 
 
