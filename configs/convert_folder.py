@@ -1,101 +1,70 @@
 r"""Convert any ViT checkpoint to linear attention on a folder of images, label-free.
 
   python -m linvit_jax.main \
-    --config configs/convert_folder.py:init=/path/vit.npz,images=/path/photos,res=224,gelu=exact,norm=imagenet \
+    --config configs/convert_folder.py:init=/path/vit.npz,images=/path/photos,res=224 \
     --workdir workdirs/convert
-  python -m linvit_jax.main \
-    --config configs/convert_folder.py:init=/path/dinov2-small,images=/path/photos \
-    --workdir workdirs/convert_dinov2
 
-`init` is a big_vision .npz, or a Hugging Face / timm model folder or .safetensors file
-(DINOv2 with or without registers, ViT/DeiT, SigLIP vision towers, timm ViTs: see
-`linvit_jax.models.foreign`). `init` alone decides the architecture: width, depth, heads, MLP,
-patch, pool type, position embedding, registers, head or none are read from the checkpoint
-by the driver when the run starts (`teacher.architecture="init"`: this file reads no checkpoint, so
-printing or checking the config needs none); a 'gap' / '0' / 'none' pool stores nothing that tells
-them apart, so `pool=` can say which (default 'gap' when there is no cls token). Two things a big_vision
-npz cannot tell: `gelu=exact|tanh` (big_vision trains with tanh; DINOv2-style models with the exact
-erf) and `norm=imagenet|minus_one_one|source` (input normalisation: ImageNet mean/std, big_vision's
-[-1, 1], or the source's own mean/std). Left empty (the default), both come from the source's
-config (config.json / preprocessor_config.json, or the JSON import_weights writes beside an npz)
-and, where it says nothing, are exact and imagenet.
+The recipe: surgery (`policy`) → distill_attention (teacher-forced attention outputs, attention
+params only, `distill_fraction` of the `max_images` budget) → optional hybrid (`softmax_layers`)
+→ align (the student's own forward matched block by block, on the rest of the budget) → fidelity
+report on held-out photos, k-NN, speed, export. What each default measured: README, "Real
+pretrained ViTs", and docs/levers.md.
 
-`images` is a folder of jpg/png photos (recursive; sub-folders are not needed: no label is read).
-A stable hash of each file's path holds out `holdout` of them (default 20 %, at least one file);
-fidelity is only ever measured on crops of held-out photos. The recipe (see README, "Real
-pretrained ViTs"):
+The teacher and the photos:
+  init: a big_vision .npz, or a Hugging Face / timm model folder or .safetensors file; it alone
+    decides the architecture (read by the driver when the run starts, not here)
+  images: a folder of jpg/png photos, searched recursively; no label is read
+  res: the training and evaluation resolution, a multiple of the teacher's patch
+  gelu: exact | tanh; empty: the source's, else exact
+  norm: imagenet | minus_one_one | source; empty: the source's mean/std, else imagenet
+  pool: gap | 0 | none, the pool type of a teacher without a cls token (default gap)
+  holdout: the fraction of photos held out for fidelity, by a hash of each path, in (0, 1)
+  eval_images: how many held-out crops the fidelity report measures
 
-  1. surgery `policy` (default copy_all: the teacher's q/k/v/out start the linear attention; the
-     seed paper's copy_same keeps them fresh) → out-projection calibration when fresh;
-  2. distill_attention: teacher-forced attention-output matching + routing loss, attention params
-     only, on `distill_fraction` of the `max_images` budget (default 0.6);
-  3. optional hybrid: the `softmax_layers` layers that linearize worst (teacher-forced cosine on
-     held-out crops) go back to softmax with the teacher's weights;
-  4. align (when distill_fraction < 1, the default): the student's own forward matched to the
-     teacher's block by block and at the final tokens, plus the teacher-forced term, on the rest
-     of the budget, on label-free mixup views (`align_mixup=1`: each crop blended with its batch
-     neighbour, weight ~ Beta(1, 1), the teacher and the student seeing the same blend, as in
-     big_vision's function-matching distillation); every kernel moves within a rank-8 update
-     (`align_lora=8`, LoRA as in LoLCATs' stage 2, written as an optimizer transformation so the
-     params stay merged), biases, norms and embeddings as usual, Adam steps relative to each
-     output column's RMS (`align_update_scale=param_rms`, lr 2e-4), a quarter of the stage
-     warm-up; the stage hands on its trained weights (`align_start_weight=0`). On the shared
-     ViT-S/14 at 224 px (6,000 + 4,000 images, seeds 0 / 1): cls 0.950 / 0.953, patch 0.958 /
-     0.966, k-NN 100 / 102 %, 448 px 0.919 / 0.916 (seed 0 against 0.943 / 0.953 / 98.5 % /
-     0.910, one seed, for full-rank `align` handing on the midpoint of its trained weights and
-     the distilled ones: `align_lora=0,align_start_weight=0.5`, the default before; weight
-     interpolation as in WiSE-FT); full-rank `align` handing on its trained weights loses 224-px
-     fidelity (cls 0.917 → 0.912: it starts to fit the photos); at lr ≥ 2e-5 in parameter units
-     the stage is unstable (docs/levers.md);
-  5. fidelity report (per layer, end to end, curves vs images seen, cls attention maps), speed and
-     memory at res and 2·res, export (student.npz + student_config.json).
+The student's linear attention:
+  feature_map: hedgehog_exp | hedgehog | elu1 | relu | favor
+  num_features: the feature map's width (0: the map's default)
+  center_keys: keys centred per image and head before the feature map
+  conv_v: a zero-initialised depthwise 3x3 convolution of v over the patch grid
+  exact_prefix: the cls and register queries get exact softmax over all keys
+  window: w odd: exact softmax over each patch's w x w neighbourhood (0: off)
+  sinks: m > 0: the m patch keys of largest norm are exact for every query (0: off)
+  policy: the surgery policy (copy_all: the teacher's q/k/v/out start the student)
+  softmax_layers: how many worst-linearizing layers go back to softmax after distillation
 
-Downstream check (in every report unless `knn=`): weighted k-NN top-1 (DINO's protocol: k 20,
-cosine, votes exp(sim / 0.07)) on the final pooled feature, teacher vs student, and the retention
-ratio, on `knn=` a labelled set: the embedded Fashion-MNIST upsampled to `res` (default,
-`fashion_mnist_local`), a TFDS name (`knn_data_dir=`), or `image_folder:<DIR>` with one sub-folder
-per class (`knn_train` / `knn_eval` images of each split: its `train@H` / `holdout@H` path-hash
-split, H = `holdout`); `knn=none` turns it off. The same images give the teacher/student cosine of
-the pooled feature (mean, worst) beside it: a fidelity sample of every unseen image of that set.
+Training budget and the distillation stage:
+  max_images: the training images of both stages together, at least `batch`
+  distill_fraction: the share of max_images the distillation gets, in (0, 1] (1: no align)
+  batch: the batch size of both stages
+  compose: the fraction of each batch made 2x2 mosaics of four photos (0: off)
+  lr_distill: the distillation's learning rate
+  distill_trainable: distill_attention | attention_routing | attention_features | a path regex
+  distill_augment: "" | color (DINO's colour jitter and grayscale on the training views)
+  distill_mixup: p > 0: each view blended with its batch neighbour, weight ~ Beta(p, p) (0: off)
 
-Levers inside each linear layer (attention.AttentionSpec options): `center_keys` (on: keys
-centred per image and head before φ: softmax ignores a shift shared by all keys, a feature map
-does not), `conv_v` (on: a zero-initialised depthwise 3×3 convolution of v over the patch grid),
-`exact_prefix` (off: the cls and register queries get exact softmax over all keys, O(N)),
-`window` (0, off; w odd: exact softmax over each patch's w×w neighbourhood and the cls/register
-keys, linear attention over the rest, one normaliser, a learned per-head gate; O(N·w²)),
-`sinks` (0, off; m > 0: the cls/register keys and the m patch keys of largest norm per image and
-head are exact for every query, under the same gate; O(N·m)). The
-defaults are the best measured (docs/levers.md): on the shared ViT-S/14 at 224 px, 6,000 images,
-final cls / patch cosine 0.917 / 0.930 against 0.882 / 0.889 without them at 10,000.
+The align stage (ignored when distill_fraction=1):
+  lr_align: the align stage's learning rate (a relative step under param_rms)
+  align_trainable: attention | all | a path regex
+  align_update_scale: absolute | param_rms (steps relative to each output column's RMS)
+  align_warmup: the align stage's warm-up, a fraction of its steps
+  align_lora: r > 0: every trained kernel moves within a rank-r update (0: full rank)
+  align_start_weight: w in [0, 1): hand on (1 - w) * trained + w * distilled params
+  align_ema: a decay in [0, 1): hand on the moving average of its params (0: off)
+  align_average: f in [0, 1]: hand on the average over its last f of steps (0: off)
+  align_w_feature: the weight of the final tokens' loss
+  align_w_blocks: the weight of every block output's loss
+  align_top_weight: the last block's weight over the first
+  align_w_attn_tf: the weight of the teacher-forced attention outputs
+  align_augment: "" | color (DINO's colour jitter and grayscale on the align views)
+  align_mixup: p > 0: label-free mixup of the align views, Beta(p, p) (0: off; default 1)
 
-Args: init, images, res, gelu, norm, feature_map (hedgehog_exp | hedgehog | elu1 | relu | favor),
-num_features (0: the map's default; hedgehog maps: the per-head projection width, 2× features),
-exact_prefix, center_keys, conv_v, window, sinks, compose (a fraction of each training batch made
-2×2 mosaics of four of its photos' crops; 0: off),
-knn, knn_data_dir, knn_train, knn_eval, max_images,
-distill_fraction, policy, softmax_layers, pool (gap | 0 | none, only without a cls token), batch,
-lr_distill, distill_trainable (distill_attention | attention_routing: v/out frozen |
-attention_features: q/k frozen | a path regex), lr_align, align_trainable (attention | all | a
-path regex), align_update_scale (absolute | param_rms: lr_align is then a step relative to each
-output column's RMS), align_warmup (fraction of the align steps), align_ema (0: off; a decay:
-the stage hands on the moving average of its params), align_average (0: off; a fraction f: the
-stage hands on the uniform average of its params over its last f of steps), align_start_weight
-(w, default 0: the stage hands on (1 − w)·its trained params + w·the distilled ones it started
-from; 0.5 was the best measured for full-rank `align`),
-align_lora (r > 0, default 8: every trained kernel moves within a rank-r update, LoRA as in
-LoLCATs' stage 2, column-scaled under param_rms; biases, norms and embeddings step as usual; 0:
-full-rank steps; ignored, like every align_* field, when distill_fraction=1 leaves no align stage),
-align_w_feature (final tokens),
-align_w_blocks (every block's output), align_top_weight (the last block's weight over the
-first), align_w_attn_tf (teacher-forced attention outputs), distill_augment / align_augment
-("" | color: DINO's colour jitter and random grayscale on that stage's training views; fidelity
-is still measured on plain crops), distill_mixup / align_mixup (p > 0: each of that stage's
-training views blended with its batch neighbour, weight ~ Beta(p, p): label-free mixup, the
-teacher and the student seeing the same blend; 0: off; align's default 1, distillation's 0:
-on the shared ViT-S/14 mixup in the distillation lowered the final cls 0.943 → 0.928),
-holdout, eval_images,
-tiny (a few steps, for the tests).
+The k-NN check (weighted k-NN top-1 of the pooled feature, teacher vs student):
+  knn: auto (Fashion-MNIST when installed, else skipped and the results say so) | none |
+    fashion_mnist_local | image_folder:<DIR> (a sub-folder per class) | a TFDS name
+  knn_data_dir: the TFDS data_dir of the k-NN set
+  knn_train: how many reference images
+  knn_eval: how many classified images
+  tiny: a few steps and images, for the tests
 """
 
 import math
@@ -112,6 +81,52 @@ AUGMENTS = {"": "", "color": "|color_jitter|random_grayscale"}
 def train_pp(res: int, norm: str, augment: str) -> str:
   """The training views: Inception crops of the photos, flipped, with `augment`'s extra ops."""
   return f'decode|inception_crop({res})|flip_lr{AUGMENTS[augment]}|{norm}|keep("image")'
+
+
+# The numeric arguments' ranges: (test, the range in words). A value outside one is an error
+# naming the argument, before anything runs (a silent clamp would run another recipe).
+_BETA = (lambda v, arg: math.isfinite(v) and v >= 0, "a Beta concentration, expected >= 0 (0: off)")
+_RANGES = {
+    "max_images": (lambda v, arg: v >= arg.batch, "expected at least batch={batch} (one step)"),
+    "batch": (lambda v, arg: v >= 1, "expected >= 1"),
+    "distill_fraction": (lambda v, arg: 0 < v <= 1, "expected in (0, 1]"),
+    "holdout": (lambda v, arg: 0 < v < 1, "expected a fraction in (0, 1) of the photos"),
+    "align_start_weight": (lambda v, arg: 0 <= v < 1, "expected in [0, 1) (0: off)"),
+    "align_ema": (lambda v, arg: 0 <= v < 1, "expected in [0, 1) (0: off)"),
+    "align_average": (lambda v, arg: 0 <= v <= 1, "expected in [0, 1] (0: off)"),
+    "distill_mixup": _BETA,
+    "align_mixup": _BETA,
+    "eval_images": (lambda v, arg: v >= 1, "expected >= 1"),
+    "res": (lambda v, arg: v >= 1, "expected a positive multiple of the teacher's patch"),
+}
+
+
+def _check(arg) -> None:
+  """Every argument this file can check without reading `init` (preflight checks the rest, e.g.
+  res against the teacher's patch), each error naming the argument."""
+  if not arg.init:
+    raise ValueError("convert_folder needs init=<big_vision .npz, model folder or .safetensors>")
+  if not arg.images:
+    raise ValueError("convert_folder needs images=<folder of jpg/png photos>")
+  for field, (ok, expected) in _RANGES.items():
+    if not ok(arg[field], arg):
+      raise ValueError(f"{field}={arg[field]!r}: {expected.format(batch=arg.batch)}")
+  choices = dict(gelu=("", "exact", "tanh"), norm=("", "source", *NORMS))
+  choices.update(distill_augment=tuple(AUGMENTS), align_augment=tuple(AUGMENTS))
+  for field, allowed in choices.items():
+    if arg[field] not in allowed:
+      raise ValueError(f"{field}={arg[field]!r}: expected one of {list(allowed)} (empty: default)")
+  if isinstance(arg.align_lora, bool) or not isinstance(arg.align_lora, int) or arg.align_lora < 0:
+    raise ValueError(f"align_lora={arg.align_lora!r}: expected a rank >= 0 (0: off)")
+  if arg.align_average and arg.align_ema:
+    raise ValueError("align_average and align_ema are two averages: choose one (the other 0)")
+  for field in ("distill_mixup", "align_mixup"):
+    if arg[field] and arg.batch < 2:
+      raise ValueError(
+          f"{field}={arg[field]} blends images within a batch: batch={arg.batch} (set {field}=0)"
+      )
+  if "://" not in arg.images and not os.path.isdir(arg.images):
+    raise ValueError(f"images={arg.images!r} is not a folder")
 
 
 def get_config(arg=None):
@@ -156,43 +171,13 @@ def get_config(arg=None):
       window=0,
       sinks=0,
       compose=0.0,
-      knn="fashion_mnist_local",
+      knn="auto",
       knn_data_dir="",
       knn_train=1000,
       knn_eval=500,
       tiny=False,
   )
-  if not arg.init:
-    raise ValueError("convert_folder needs init=<big_vision .npz checkpoint>")
-  if not arg.images:
-    raise ValueError("convert_folder needs images=<folder of jpg/png photos>")
-  if arg.gelu not in ("", "exact", "tanh"):
-    raise ValueError(f"gelu={arg.gelu!r}: expected exact or tanh (or empty: from the source)")
-  if arg.norm not in ("", "source", *NORMS):
-    raise ValueError(f"norm={arg.norm!r}: expected one of {sorted(NORMS) + ['source']}")
-  if not 0 < arg.distill_fraction <= 1:
-    raise ValueError(f"distill_fraction={arg.distill_fraction}: expected in (0, 1]")
-  for field in ("align_start_weight", "align_ema"):
-    if not 0 <= arg[field] < 1:
-      raise ValueError(f"{field}={arg[field]}: expected in [0, 1) (0: off)")
-  if isinstance(arg.align_lora, bool) or not isinstance(arg.align_lora, int) or arg.align_lora < 0:
-    raise ValueError(f"align_lora={arg.align_lora!r}: expected a rank >= 0 (0: off)")
-  if not 0 <= arg.align_average <= 1:
-    raise ValueError(f"align_average={arg.align_average}: expected in [0, 1] (0: off)")
-  if arg.align_average and arg.align_ema:
-    raise ValueError("align_average and align_ema are two averages: choose one (the other 0)")
-  for field in ("distill_mixup", "align_mixup"):
-    if not (math.isfinite(arg[field]) and arg[field] >= 0):
-      raise ValueError(f"{field}={arg[field]}: a Beta concentration, expected >= 0 (0: off)")
-    if arg[field] and arg.batch < 2:
-      raise ValueError(
-          f"{field}={arg[field]} blends images within a batch: batch={arg.batch} (set {field}=0)"
-      )
-  for field in ("distill_augment", "align_augment"):
-    if arg[field] not in AUGMENTS:
-      raise ValueError(f"{field}={arg[field]!r}: expected one of {sorted(AUGMENTS)}")
-  if "://" not in arg.images and not os.path.isdir(arg.images):
-    raise ValueError(f"images={arg.images!r} is not a folder")
+  _check(arg)
   # The architecture, and the input normalisation a source declares, are read from `init` by the
   # driver (teacher.architecture="init", the pp op `init_norm`): this file reads no checkpoint.
   if arg.norm in NORMS:
@@ -309,7 +294,7 @@ def get_config(arg=None):
   c.eval.attention_map_images = 4
   c.eval.resolution_factors = (1, 2)
   c.eval.resolution_fidelity_images = min(16, arg.eval_images)
-  if arg.knn != "none":
+  if arg.knn not in ("", "none"):  # auto: resolved when the run starts (preflight.resolve_knn)
     folder = arg.knn.startswith("image_folder")
     c.eval.knn.update(
         dataset=arg.knn,

@@ -1,11 +1,14 @@
 """Everything a run can check before compute, each failure a ConfigError naming the field: the
-config's fields and stage blocks, the mesh and batch sizes, the k-NN set, the workdir (writable,
-and not holding a run of another config).
+config's fields and stage blocks, the resolution against the patch, the mesh and batch sizes, the
+image folder's splits, the k-NN set (and `knn="auto"`'s choice), the workdir (writable, and not
+holding a run of another config).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import logging
 import math
 import os
 from typing import Any
@@ -22,6 +25,8 @@ from linvit_jax import optim
 from linvit_jax import sharding
 from linvit_jax import surgery
 from linvit_jax import train
+from linvit_jax.data import fashion_mnist
+from linvit_jax.data import image_folder
 from linvit_jax.data import input_pipeline
 from linvit_jax.data import sources
 from linvit_jax.errors import ConfigError
@@ -32,8 +37,11 @@ from linvit_jax.models import vit
 
 def check(config: mlc.ConfigDict, workdir: str) -> jax.sharding.Mesh:
   """The checks of a run before any compute, in order; returns the device mesh it runs on."""
+  if config.eval.knn.dataset == KNN_AUTO:  # a caller that did not call resolve_knn first
+    config.eval.knn.dataset = resolve_knn(config)[0].eval.knn.dataset
   validate(config)
   mesh = check_mesh(config)
+  check_data(config)
   check_same_run(workdir, config)
   if jax.process_index() == 0:
     prepare_workdir(workdir)
@@ -137,6 +145,7 @@ def validate(config: mlc.ConfigDict) -> None:
   attention = check("student.attention", export.student_attention, config)  # reads student.init's
   specs = check("student.attention", attn_lib.parse_layer_specs, attention, depth or 1)
   teacher_model, student_model = check("model", from_config.build_models, config.model, attention)
+  check_resolution(config.data.image_size, student_model.patch_size)
   sinks = max(spec.sinks for spec in specs)
   if sinks and config.data.image_size:
     ph, pw = student_model.patch_size
@@ -155,6 +164,7 @@ def validate(config: mlc.ConfigDict) -> None:
       raise ConfigError(
           "config.eval.knn compares student and teacher: config.teacher.init is empty"
       )
+    check_knn_dataset(knn.dataset, knn.data_dir)
     if knn.k <= 0 or knn.temperature <= 0:
       raise ConfigError(f"config.eval.knn: k={knn.k} and temperature={knn.temperature} must be > 0")
     check("eval.knn.pp", input_pipeline.get_preprocess_fn, sources.knn_pp(config))
@@ -165,6 +175,115 @@ def validate(config: mlc.ConfigDict) -> None:
       check(f"{name}.pp_train", input_pipeline.get_preprocess_fn, config[name].pp_train)
   if config.data.pp_eval:
     check("data.pp_eval", input_pipeline.get_preprocess_fn, config.data.pp_eval)
+
+
+def check_resolution(image_size: int, patch_size: Any) -> None:
+  """The image is a whole number of patches: a ViT's patch embedding would silently crop the
+  rest (and an image smaller than one patch has no token at all)."""
+  ph, pw = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
+  step = math.lcm(ph, pw)
+  if not image_size or image_size % step == 0:
+    return
+  below = image_size // step * step
+  nearest = " or ".join(str(n) for n in (below, below + step) if n)
+  patch = f"{ph}-px" if ph == pw else f"{ph}x{pw}-px"
+  why = (
+      "smaller than one patch" if image_size < step else f"its last {image_size % step} px cropped"
+  )
+  raise ConfigError(
+      f"config.data.image_size={image_size} (convert_folder: res={image_size}) is not a multiple of "
+      f"the model's {patch} patch ({why}); the nearest valid: {nearest}"
+  )
+
+
+# eval.knn.dataset "auto" (convert_folder's default): the embedded Fashion-MNIST when it is
+# installed, else no k-NN, said in the results (`knn_skipped`), never a silent skip.
+KNN_AUTO = "auto"
+# The k-NN sets that are not TFDS names; said in the error for an unknown name.
+_KNN_FORMS = (
+    f"{fashion_mnist.NAME}, {image_folder.NAME}:<DIR> (a sub-folder per class), a TFDS name, "
+    f"{KNN_AUTO!r} (Fashion-MNIST when installed) or '' (no k-NN; convert_folder: knn=none)"
+)
+
+
+def resolve_knn(config: mlc.ConfigDict) -> tuple[mlc.ConfigDict, str]:
+  """(config with eval.knn.dataset="auto" resolved, why k-NN is not measured or "").
+
+  "auto" is Fashion-MNIST (`fashion_mnist_local`) where its files (or a prepared copy) are
+  present, else no k-NN: the reason, which also says how to turn it on, is for the run's results
+  (`knn_skipped`) and is logged. Any other dataset returns config itself and ""."""
+  if config.eval.knn.dataset != KNN_AUTO:
+    return config, ""
+  missing = fashion_mnist.unavailable(config.eval.knn.data_dir or None)
+  resolved = config.copy_and_resolve_references()
+  resolved.eval.knn.dataset = "" if missing else fashion_mnist.NAME
+  if not missing:
+    return resolved, ""
+  reason = (
+      f"k-NN not measured: knn=auto found no Fashion-MNIST at {fashion_mnist.source_dir()}; to "
+      "measure it, install the Debian package dataset-fashion-mnist (or set "
+      f"${fashion_mnist.ENV_DIR} to its IDX files), or pass knn={image_folder.NAME}:DIR (a "
+      "sub-folder per class) or a TFDS name"
+  )
+  logging.warning(reason)
+  return resolved, reason
+
+
+def check_knn_dataset(dataset: str, data_dir: str) -> None:
+  """The k-NN set exists by name: Fashion-MNIST installed, or a TFDS name TFDS knows (the
+  nearest names otherwise, not TFDS's list of all of them). Image folders are read later."""
+  if dataset == KNN_AUTO:
+    raise ConfigError(f"config.eval.knn.dataset={dataset!r}: call preflight.resolve_knn first")
+  if dataset == fashion_mnist.NAME:
+    missing = fashion_mnist.unavailable(data_dir or None)
+    if missing:
+      raise ConfigError(
+          f"config.eval.knn.dataset={dataset!r}: {missing}; or measure no k-NN (convert_folder: "
+          f"knn=none, or knn={KNN_AUTO}: Fashion-MNIST only when installed)"
+      )
+    return
+  if dataset.startswith((image_folder.NAME, "jft:")):
+    return
+  import tensorflow_datasets as tfds  # noqa: PLC0415 - only for a TFDS name
+
+  try:
+    tfds.builder(dataset, data_dir=data_dir or None)
+  except tfds.core.registered.DatasetNotFoundError:
+    names = tfds.list_builders(with_community_datasets=False)
+    near = difflib.get_close_matches(dataset.split("/")[0].split(":")[0], names, n=5, cutoff=0.5)
+    raise ConfigError(
+        f"config.eval.knn.dataset={dataset!r}: no such TFDS dataset (nearest: "
+        f"{', '.join(near) or 'none close'}); accepted: {_KNN_FORMS}"
+    ) from None
+
+
+def check_data(config: mlc.ConfigDict) -> None:
+  """An image folder's training and eval splits each hold a photo, before the workdir exists (a
+  folder too small would otherwise fail after the first stage's compute)."""
+  data = config.data
+  for dataset, split, field in (
+      (data.dataset, data.train_split, "train_split"),
+      (data.eval_dataset or data.dataset, data.eval_split, "eval_split"),
+  ):
+    if dataset != image_folder.NAME and not dataset.startswith(image_folder.NAME + ":"):
+      continue
+    folder = dataset[len(image_folder.NAME) + 1 :] or data.data_dir
+    if not folder or gfile.is_remote(folder):
+      continue
+    try:
+      image_folder.parse_split(split)
+      index = image_folder.scan(folder)
+    except (FileNotFoundError, ValueError) as e:
+      raise ConfigError(f"config.data.{field}={split!r} of {folder}: {e}") from e
+    try:
+      image_folder.split_positions(index, split)
+    except ValueError:
+      found = len(index.files)
+      raise ConfigError(
+          f"config.data.{field}={split!r}: {index.root} holds {found} readable photo"
+          f"{'' if found == 1 else 's'} and this split gets none; a training and a held-out "
+          "split need at least 2 photos (add photos)"
+      ) from None
 
 
 def check_stage_fields(name: str, block: mlc.ConfigDict) -> None:
@@ -290,6 +409,8 @@ def prepare_workdir(workdir: str) -> None:
   """Creates the workdir and proves it writable before any compute."""
   try:
     gfile.makedirs(workdir)
-    gfile.write_text(os.path.join(workdir, ".write_test"), "ok")
+    probe = os.path.join(workdir, ".write_test")
+    gfile.write_text(probe, "ok")
+    gfile.remove(probe)  # proven: a workdir holds only what the run writes
   except Exception as e:  # noqa: BLE001 - any failure here means the same thing to the user
     raise ConfigError(f"workdir {workdir!r} is not writable: {type(e).__name__}: {e}") from e

@@ -61,6 +61,16 @@ def _check_files(directory: str) -> None:
     )
 
 
+def unavailable(data_dir: str | None = None) -> str:
+  """Why the dataset cannot be read here, with how to install it; "" when it can: its IDX files
+  are present to prepare it from, or it is prepared in `data_dir` already."""
+  try:
+    _check_files(source_dir())
+    return ""
+  except FileNotFoundError as e:
+    return "" if FashionMnistLocal(data_dir=data_dir).is_prepared() else str(e)
+
+
 def read_idx(path: str) -> np.ndarray:
   """Reads a gzipped IDX file (big-endian header: magic, dims; then uint8 data)."""
   with gzip.open(path, "rb") as f:
