@@ -44,7 +44,10 @@ setup(
     # (`--config demo`). It has no __init__.py: the files are loaded by path, never imported.
     packages=find_packages(include=["linvit_jax", "linvit_jax.*"]) + ["linvit_jax.configs"],
     package_dir={"linvit_jax.configs": "configs"},
-    package_data={"linvit_jax": ["assets/*.npz", "assets/*.json", "assets/*.md"]},
+    # The notebook's headless example reads assets/tiny_dinov2_registers (a 108 KB HF folder).
+    package_data={
+        "linvit_jax": ["assets/*.npz", "assets/*.json", "assets/*.md", "assets/tiny_*/*"]
+    },
     license="Apache-2.0",
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,

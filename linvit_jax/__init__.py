@@ -5,8 +5,11 @@ attention sublayers are distilled on their outputs, then the whole student is fi
 
   import linvit_jax
   student = linvit_jax.convert("teacher.npz", images="photos/", workdir="w")  # or a HF folder
+  student = linvit_jax.convert("hf:facebook/dinov2-small", images="photos/", workdir="w2", res=224)
   student = linvit_jax.load_student("w")            # later, without TensorFlow
   features = student.encode(["photo.jpg"])
+
+`help(linvit_jax.convert)` lists its options; a wrong one raises `linvit_jax.UserError`.
 
 Importing the package imports neither JAX's training stack nor TensorFlow: the API loads lazily.
 """
@@ -14,7 +17,7 @@ Importing the package imports neither JAX's training stack nor TensorFlow: the A
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["convert", "load_student", "load_config", "Student"]
+__all__ = ["convert", "load_student", "load_config", "Student", "UserError", "OptionError"]
 
 
 def __getattr__(name: str) -> Any:

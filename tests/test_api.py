@@ -82,7 +82,7 @@ def test_unknown_option_names_the_nearest(photos):
 
 
 def test_a_value_the_config_rejects_is_a_user_error(photos, tmp_path):
-  with pytest.raises(UserError, match="convert_folder.py: gelu='fast'"):
+  with pytest.raises(UserError, match="gelu=.fast."):
     _convert_folder(photos, gelu="fast")
   with pytest.raises(UserError, match="is not a folder"):
     api.load_config("convert_folder", init="x.npz", images=str(tmp_path / "none"))
@@ -143,3 +143,9 @@ def test_option_meanings_from_a_docstring(tmp_path):
   help_text = api.options_help(str(config))
   assert "    res=224: the image side, in pixels" in help_text
   assert "    knn=''" in help_text  # no meaning given: its name and default
+
+
+def test_the_package_exports_the_errors_to_catch(photos):
+  assert linvit_jax.UserError is UserError and issubclass(linvit_jax.OptionError, UserError)
+  with pytest.raises(linvit_jax.UserError):
+    linvit_jax.load_config("convert_folder", init="x.npz", images=photos, norm="bgr")

@@ -1,5 +1,6 @@
 """The Colab notebook: stored with the outputs of its code, installs what each runtime needs, and
-runs top to bottom on CPU in its small setting (nbclient, this interpreter).
+runs top to bottom on CPU in its small setting (nbclient, this interpreter) against a non-editable
+install of the package in a folder of its own, as on Colab (no tests/ or checkout beside it).
 
 The executed run takes a couple of CPU minutes; the other checks are instant (the install cell's
 functions run with a recording stand-in for pip and git, on fake /dev trees and checkouts).
@@ -9,6 +10,8 @@ import importlib.util
 import json
 import os
 import re
+import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -377,7 +380,70 @@ def _images(cell):
   )
 
 
-def test_notebook_executes_in_small_mode(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+  """linvit_jax installed from a copy of the checkout as the notebook's install cell installs it
+  (`pip install --no-deps <checkout>`, not editable), into a folder of its own: the site a Colab
+  user gets, with no tests/ beside it. Returns that folder (put first on PYTHONPATH)."""
+  tmp = tmp_path_factory.mktemp("installed")
+  src, site = tmp / "linvit_jax_checkout", tmp / "site"
+  src.mkdir()
+  for name in ("setup.py", "README.md"):
+    shutil.copy(os.path.join(ROOT, name), src / name)
+  ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+  for name in ("linvit_jax", "configs"):
+    shutil.copytree(os.path.join(ROOT, name), src / name, ignore=ignore)
+  pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
+  result = subprocess.run(
+      pip + ["--no-index", "--target", str(site), str(src)],
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert not (site / "linvit_jax" / "__init__.py").is_symlink()
+  return site
+
+
+def _files_the_notebook_reads_from_the_package(nb):
+  """Every `os.path.join(os.path.dirname(linvit_jax.__file__), ...)` of the code cells, as the
+  path relative to the package."""
+  pattern = (
+      r"os\.path\.join\(\s*os\.path\.dirname\(linvit_jax\.__file__\),\s*((?:\"[^\"]+\",?\s*)+)\)"
+  )
+  found = []
+  for cell in nb.cells:
+    if cell.cell_type == "code":
+      for parts in re.findall(pattern, cell.source):
+        found.append(os.path.join(*re.findall(r'"([^"]+)"', parts)))
+  return found
+
+
+def test_notebook_reads_only_what_a_pip_install_ships(installed):
+  """Colab runs the notebook from a pip install: no path into the checkout (tests/, the repo
+  root), and every file it reads beside the package is package data."""
+  nb = _read()
+  for cell in nb.cells:
+    if cell.cell_type == "code":
+      assert '"tests"' not in cell.source and "dirname(os.path.dirname(linvit_jax" not in (
+          cell.source
+      ), cell.id
+  files = _files_the_notebook_reads_from_the_package(nb)
+  assert os.path.join("assets", "teacher_fmnist_vit.npz") in files
+  assert os.path.join("assets", "tiny_dinov2_registers") in files
+  for relative in files:
+    assert (installed / "linvit_jax" / relative).exists(), relative
+  for name in ("config.json", "model.safetensors", "preprocessor_config.json"):
+    assert (installed / "linvit_jax" / "assets" / "tiny_dinov2_registers" / name).is_file()
+  shipped = sum(f.stat().st_size for f in (installed / "linvit_jax" / "assets").rglob("*"))
+  assert shipped < 6 * 2**20, f"package data {shipped / 2**20:.1f} MiB: keep the wheel small"
+
+
+def test_notebook_executes_in_small_mode(tmp_path, monkeypatch, installed):
+  """Top to bottom against the installed package (not this checkout), as on Colab."""
+  paths = [str(installed)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+  monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))  # the kernel inherits it
   workdir = tmp_path / "workdir"
   monkeypatch.setenv("LINVIT_NOTEBOOK_SMALL", "1")
   monkeypatch.setenv("LINVIT_NOTEBOOK_WORKDIR", str(workdir))
@@ -404,6 +470,7 @@ def test_notebook_executes_in_small_mode(tmp_path, monkeypatch):
   assert "jax " in text and "on [" in text  # devices listed
   install = _text(_install_cell(nb))
   assert "linvit_jax at " in install and "$ " not in install  # installed nothing
+  assert f"linvit_jax at {installed / 'linvit_jax'}" in install  # the pip install, not the checkout
   assert "copied " in text and " leaves (" in text  # surgery report table
   assert "per-layer attention fidelity" in text
   for name in ("converted", "distill_attention"):  # before / after columns
