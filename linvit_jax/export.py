@@ -592,9 +592,7 @@ class Student:
       side = int(round(np.sqrt(np.shape(pe)[1])))
       self._grid = (side, side)
     self.image_size = (
-        check_size(self.image_size, self.patch)
-        if self.image_size is not None
-        else self.training_size
+        self._check(self.image_size) if self.image_size is not None else self.training_size
     )
     if self.dtype is not None:
       self.dtype = jnp.dtype(self.dtype)
@@ -668,9 +666,18 @@ class Student:
       self._pps[size] = inference_pp.Preprocess(self._pp_string(), size, self.training_size)
     return self._pps[size]
 
+  def _check(self, size: Any) -> tuple[int, int]:
+    size = check_size(size, self.patch)
+    if size[0] != size[1] and any(s.conv_v for s in vit.layer_specs(self.model)):
+      raise ExportError(
+          f"image size {size[0]}×{size[1]}: this student's convolution on values (conv_v) needs "
+          "a square patch grid; use a square size"
+      )
+    return size
+
   def _size(self, image_size: Any) -> tuple[int, int]:
     if image_size is not None:
-      return check_size(image_size, self.patch)
+      return self._check(image_size)
     if self.image_size is None:
       raise ExportError(
           f"student '{self.folder}' does not record its input size: pass image_size= or a "
@@ -742,8 +749,8 @@ class Student:
             f"a float array must be a preprocessed batch [B, H, W, {self.channels}]; got shape "
             f"{tuple(images.shape)} (raw images: uint8 arrays, paths or bytes)"
         )
-      size = check_size(images.shape[1:3], self.patch)
-      if image_size is not None and check_size(image_size, self.patch) != size:
+      size = self._check(images.shape[1:3])
+      if image_size is not None and self._check(image_size) != size:
         raise ExportError(
             f"image_size={image_size} but the preprocessed batch is {size[0]}×{size[1]}: a "
             "batch's own size decides"
