@@ -7,9 +7,9 @@
 A hub name is read through huggingface_hub's own download and cache (`snapshot_download`), so a
 model fetched once, by this library or by `hf download`, is found again offline
 (`HF_HUB_OFFLINE=1`, or no network). Only what `linvit_jax.models.foreign` reads is fetched:
-config.json, preprocessor_config.json and the safetensors weights. `@<revision>` after the name
-picks a branch, tag or commit. huggingface_hub is an optional dependency: `pip install
-'linvit_jax[hub]'`.
+config.json, preprocessor_config.json and the safetensors weights (and README.md, for the
+licence). `@<revision>` after the name picks a branch, tag or commit. huggingface_hub is an
+optional dependency: `pip install 'linvit_jax[hub]'`.
 
 No import beyond the standard library and errors.py at module level: the models layer asks
 `is_hub_name` of every checkpoint path.
@@ -25,8 +25,10 @@ from linvit_jax.errors import UserError
 
 # The hub repository of each prefix: `timm:<name>` is the repo `timm/<name>`.
 PREFIXES = {"hf": "", "timm": "timm/"}
-# What linvit_jax.models.foreign reads from a model folder (sharded weights included).
+# What linvit_jax.models.foreign reads from a model folder (sharded weights included), and the
+# model card whose front matter names the licence (export.teacher_info).
 FILES = (
+    "README.md",
     "config.json",
     "preprocessor_config.json",
     "model.safetensors",
