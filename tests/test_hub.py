@@ -158,3 +158,33 @@ def test_what_is_a_hub_name(tmp_path, monkeypatch):
   assert hub.repo_id("hf:org/name@v1.0") == ("org/name", "v1.0")
   with pytest.raises(hub.HubError, match="without '/'"):
     hub.repo_id("timm:timm/vit_small")
+
+
+def test_cli_names_a_model_not_cached_in_one_line(cache, tmp_path):
+  """`--config convert_folder:init=hf:...` offline, model not cached: one `error:` line, exit 2,
+  nothing written."""
+  import subprocess
+
+  (tmp_path / "photos").mkdir()
+  config = f"convert_folder:init=hf:facebook/dinov2-base,images={tmp_path / 'photos'}"
+  proc = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "linvit_jax.main",
+          "--config",
+          config,
+          "--workdir",
+          str(tmp_path / "w"),
+      ],
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"},
+  )
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "`hf download facebook/dinov2-base`" in errors[0], proc.stderr
+  assert "Traceback" not in proc.stderr
+  assert not (tmp_path / "w").exists()
