@@ -853,6 +853,8 @@ def _read_params(folder: str) -> tuple[dict[str, Any], str]:
   if gfile.exists(npz):
     try:
       return checkpoints.flatten(checkpoints.load_npz(npz)), npz
+    except UserError as e:  # load_npz's own message names the file and the problem
+      raise ExportError(str(e).strip().splitlines()[0]) from None
     except Exception as e:  # noqa: BLE001  (zip, pickle and numpy errors: all mean unreadable)
       raise ExportError(f"'{npz}': cannot read it ({_first_line(e)})") from None
   if gfile.exists(st):
@@ -912,12 +914,11 @@ def load_student(folder: str, image_size: Any = None, dtype: Any = None) -> Stud
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), probe)["params"]
   try:
     params = checkpoints.merge_params(stored, shapes, source=source)
-  except UserError as e:
-    lines = str(e).strip().splitlines()
+  except UserError as e:  # merge_params lists every problem on its own line: keep the first
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    first = lines[1] if len(lines) > 1 else re.sub(r"^checkpoint '[^']*': ", "", lines[0])
     more = f" (+{len(lines) - 2} more)" if len(lines) > 2 else ""
-    raise ExportError(
-        f"'{source}' does not match {CONFIG_FILE}: {' '.join(lines[:2])[:300]}{more}"
-    ) from None
+    raise ExportError(f"'{source}' does not match {CONFIG_FILE}: {first[:200]}{more}") from None
   return Student(
       model=model,
       params=jax.tree.map(np.asarray, params),
