@@ -12,6 +12,7 @@ option (an unknown name, a value of the wrong type or out of range) is a `UserEr
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import inspect
 import os
@@ -81,8 +82,6 @@ def option_meanings(config: str) -> dict[str, str]:
   with open(path) as f:
     source = f.read()
   try:
-    import ast
-
     doc = ast.get_docstring(ast.parse(source)) or ""
   except SyntaxError:
     return {}
