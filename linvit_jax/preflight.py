@@ -232,8 +232,8 @@ def resolve_knn(config: mlc.ConfigDict) -> tuple[mlc.ConfigDict, str]:
 def check_knn_dataset(dataset: str, data_dir: str) -> None:
   """The k-NN set exists by name: Fashion-MNIST installed, or a TFDS name TFDS knows (the
   nearest names otherwise, not TFDS's list of all of them). Image folders are read later."""
-  if dataset == KNN_AUTO:
-    raise ConfigError(f"config.eval.knn.dataset={dataset!r}: call preflight.resolve_knn first")
+  if dataset == KNN_AUTO:  # never an error: resolve_knn decides when the run starts
+    return
   if dataset == fashion_mnist.NAME:
     missing = fashion_mnist.unavailable(data_dir or None)
     if missing:

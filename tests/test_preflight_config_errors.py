@@ -170,3 +170,7 @@ def test_an_explicit_fashion_mnist_that_is_missing_names_the_fixes(
   assert message.startswith("config.eval.knn.dataset='fashion_mnist_local': Fashion-MNIST not")
   for fix in ("apt-get install -y dataset-fashion-mnist", "knn=none", "knn=auto"):
     assert fix in message, message
+
+
+def test_validate_accepts_knn_auto_unresolved():
+  preflight.check_knn_dataset(preflight.KNN_AUTO, "")  # resolve_knn decides when the run starts
