@@ -19,16 +19,21 @@ import argparse
 import json
 import os
 import sys
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from linvit_jax import checkpoints
 from linvit_jax import gfile
 from linvit_jax.errors import UserError
-from linvit_jax.models import foreign
+
+if TYPE_CHECKING:
+  from linvit_jax.models import foreign
 
 
 def import_weights(src: str, out: str, num_heads: int | None = None) -> foreign.Imported:
   """Converts `src` and writes `out` (.npz) with its sidecar JSON; returns what was imported."""
+  # Imported here, not at the top: they load ml_dtypes (~1 s), and --help should answer at once.
+  from linvit_jax import checkpoints
+  from linvit_jax.models import foreign
+
   _check_output(out)  # before the conversion, which can take a while for a big model
   if num_heads is not None and (isinstance(num_heads, bool) or int(num_heads) < 1):
     raise UserError(f"--num_heads {num_heads}: expected a positive integer")
