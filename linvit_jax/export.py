@@ -342,7 +342,8 @@ def model_card(cfg: Mapping[str, Any]) -> str:
   m, pre = cfg["model"], cfg.get("preprocessing") or {}
   rec, fid = cfg.get("recipe") or {}, cfg.get("fidelity") or {}
   teacher = cfg.get("teacher") or {}
-  name = teacher.get("name") or public_name(teacher.get("init")) or "a softmax ViT"
+  known = teacher.get("name") or public_name(teacher.get("init"))
+  name = known or "a softmax ViT (not recorded)"
   words = describe_attention(m.get("attention", "softmax"), m.get("depth", 12))
   stages = rec.get("stages") or []
   surgery_only = not stages
@@ -350,7 +351,7 @@ def model_card(cfg: Mapping[str, Any]) -> str:
   front = [
       "---",
       f"license: {license_id}",
-      f"base_model: {json.dumps(name)}",
+      *([f"base_model: {json.dumps(known)}"] if known else []),
       "library_name: linvit_jax",
       "tags:",
       *(f"- {t}" for t in ("vision", "vit", "linear-attention", "feature-extraction")),
@@ -430,7 +431,10 @@ def model_card(cfg: Mapping[str, Any]) -> str:
           f"- pooled-feature cosine to the teacher on the same images: mean {k['cls_cosine']:.4f}, "
           f"worst {k['cls_cosine_min']:.4f}"
       )
-  if not (e2e or view or fid.get("knn") or fid.get("teacher_top1") is not None):
+  if (
+      not (e2e or view or fid.get("knn") or fid.get("knn_skipped"))
+      and fid.get("teacher_top1") is None
+  ):
     lines.append("Nothing was measured for this export.")
   lines += ["", "## Limitations", ""]
   if surgery_only:

@@ -34,6 +34,8 @@ def test_export_folder_carries_what_a_user_needs(tiny_hf_conversion):
   assert e2e["measured"] == "after_align" and 0 < e2e["cls_cosine"] <= 1.0001
   card = (workdir / "README.md").read_text()
   assert f"cls cosine {e2e['cls_cosine']:.4f}" in card and "load_student" in card
+  assert _front_matter(card)["base_model"] == "hf_dinov2_registers"
+  assert ROOT not in card and str(workdir) not in card  # no local paths in a published card
 
 
 def test_safetensors_holds_the_same_params_and_the_config(tiny_hf_conversion):
@@ -105,3 +107,115 @@ def test_format_1_export_and_bad_folders(tiny_hf_conversion, tmp_path):
 def test_inference_pp_drops_augmentation_and_labels():
   pp = 'decode(1)|flip_lr|value_range(-1,1)|onehot(10,key="label",key_result="labels")|keep("image","labels")'
   assert pp_spec.inference_pp(pp) == 'decode(1)|value_range(-1,1)|keep("image")'
+
+
+# ------------------------------------------------------------------------------------------------
+# The model card (export.model_card), on tiny exports built in a second.
+
+
+def _front_matter(card):
+  import yaml
+
+  assert card.startswith("---\n"), card[:200]
+  return yaml.safe_load(card.split("\n---\n", 1)[0][4:])
+
+
+def test_card_front_matter_licence_and_no_local_paths(tmp_path):
+  from tests.test_student_any_size import make_export
+
+  teachers = tmp_path / "my_teachers"
+  teachers.mkdir()
+  (teachers / "vit_teacher.json").write_text(
+      json.dumps({"licence": "MIT (as declared by its package). Upstream weights: Apache-2.0."})
+  )
+  folder = make_export(tmp_path / "export", **{"teacher.init": str(teachers / "vit_teacher.npz")})
+  card = (tmp_path / "export" / "README.md").read_text()
+  meta = _front_matter(card)
+  assert meta == {
+      "license": "mit",
+      "base_model": "vit_teacher",
+      "library_name": "linvit_jax",
+      "tags": ["vision", "vit", "linear-attention", "feature-extraction"],
+      "pipeline_tag": "image-feature-extraction",
+  }
+  assert str(tmp_path) not in card and "my_teachers" not in card and "THIS_FOLDER" not in card
+  assert "/tmp" not in card and ROOT not in card
+  assert "MIT (as declared by its package)" in card  # the teacher's own words beside the id
+  assert (
+      "linear attention with the hedgehog feature map, centred keys and a depthwise convolution "
+      "on values" in card
+  )
+  assert "kind, feature_map" not in card
+  assert "## Limitations" in card and "attention distilled on its outputs" in card
+  # the protocol of the numbers: which images, how many, at which resolution
+  assert "held-out images of `fashion_mnist_local, split test`" in card and "16×16 px" in card
+  cfg = json.loads((tmp_path / "export" / "student_config.json").read_text())
+  assert cfg["teacher"]["init"] == "vit_teacher" and cfg["teacher"]["license"] == "mit"
+  assert str(tmp_path) not in json.dumps(cfg)
+  assert linvit_jax.load_student(folder).encode(np.zeros((1, 16, 16, 3), np.float32)).shape == (
+      1,
+      32,
+  )
+
+
+def test_card_licence_from_a_hugging_face_folder_or_other(tmp_path):
+  import shutil
+
+  hf = tmp_path / "dinov2"
+  shutil.copytree(os.path.join(ROOT, "tests", "data", "foreign", "hf_dinov2"), hf)
+  info = export.teacher_info(str(hf))
+  assert info["name"] == "dinov2" and info["license"] is None
+  conf = json.loads((hf / "config.json").read_text())
+  (hf / "config.json").write_text(json.dumps({**conf, "_name_or_path": "facebook/dinov2-small"}))
+  (hf / "README.md").write_text("---\nlicense: apache-2.0\ntags:\n- dino\n---\n# DINOv2\n")
+  info = export.teacher_info(str(hf))
+  assert info["name"] == "facebook/dinov2-small" and info["license"] == "apache-2.0"
+  # nothing recorded: license other, and the card says the teacher's licence applies
+  from tests.test_student_any_size import make_export
+
+  make_export(tmp_path / "export", **{"teacher.init": str(tmp_path / "plain.npz")})
+  card = (tmp_path / "export" / "README.md").read_text()
+  assert _front_matter(card)["license"] == "other" and _front_matter(card)["base_model"] == "plain"
+  assert "the teacher's licence applies" in card
+
+
+def test_card_snippet_runs_in_the_export_folder(tmp_path):
+  from tests.test_student_any_size import make_export
+
+  folder = make_export(tmp_path / "export")
+  card = (tmp_path / "export" / "README.md").read_text()
+  snippet = card.split("```python\n", 1)[1].split("```", 1)[0]
+  assert 'load_student(".")' in snippet
+  env = {**os.environ, "PYTHONPATH": ROOT}
+  r = subprocess.run(
+      [sys.executable, "-c", snippet], cwd=folder, capture_output=True, text=True, env=env
+  )
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "Student(" in r.stdout and "(1, 32)" in r.stdout
+
+
+def test_card_of_a_surgery_only_export_and_knn_skipped(tmp_path):
+  from tests.test_student_any_size import make_export
+
+  why = "no labelled set: set eval.knn.dataset to measure it"
+  make_export(tmp_path / "export", stages=(), results={"knn_skipped": why})
+  card = (tmp_path / "export" / "README.md").read_text()
+  assert "surgery only: attention not distilled" in card
+  assert "attention distilled on its outputs" not in card
+  assert f"k-NN: not measured ({why})" in card and "Nothing was measured" not in card
+  cfg = json.loads((tmp_path / "export" / "student_config.json").read_text())
+  assert cfg["fidelity"]["knn_skipped"] == why and cfg["recipe"]["stages"] == []
+
+
+def test_card_of_a_classifier_and_a_hybrid():
+  assert (
+      export.describe_attention(["softmax", "hedgehog", "hedgehog"], 3)
+      == "layer 0: softmax attention; layers 1–2: linear attention with the hedgehog feature map"
+  )
+  cfg = {
+      "model": {"num_classes": 10, "depth": 3, "attention": ["softmax", "elu1", "elu1"]},
+      "teacher": {"init": "/home/someone/teacher.npz"},
+  }
+  card = export.model_card(cfg)
+  assert _front_matter(card)["pipeline_tag"] == "image-classification"
+  assert "/home/someone" not in card and "`teacher.npz`" in card
