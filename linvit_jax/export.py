@@ -520,8 +520,8 @@ _VERBS = {"encoded": "tokens", "pre_logits": "encode", "logits": "predict"}
 
 
 def _nearest_sizes(n: int, patch: int) -> str:
-  lo = max(patch, n // patch * patch)
-  return f"{lo} or {lo + patch}" if lo != n else str(n)
+  lo = n // patch * patch
+  return str(patch) if lo < patch else f"{lo} or {lo + patch}"
 
 
 def check_size(size: Any, patch: Sequence[int]) -> tuple[int, int]:
@@ -764,7 +764,9 @@ class Student:
       return None, list(images), self._size(image_size)
     return None, _as_list(images), self._size(image_size)
 
-  def tokens(self, images: Any, image_size: Any = None, batch_size: int | None = None):
+  def tokens(
+      self, images: Any, image_size: Any = None, batch_size: int | None = None
+  ) -> np.ndarray:
     """Final normalised tokens [B, N, D] float32 (cls and registers first, as the teacher's).
 
     `images`: paths, encoded bytes, uint8 HWC arrays (raw images: preprocessed here, at
@@ -772,12 +774,16 @@ class Student:
     its H, W decide the size)."""
     return self._run("encoded", images, image_size, batch_size)
 
-  def encode(self, images: Any, image_size: Any = None, batch_size: int | None = None):
+  def encode(
+      self, images: Any, image_size: Any = None, batch_size: int | None = None
+  ) -> np.ndarray:
     """The pooled final feature [B, D] float32 (cls token, MAP or mean pool, as the teacher's);
     `images` as for `tokens`. `encode([])` is an empty [0, D] array."""
     return self._run("pre_logits", images, image_size, batch_size)
 
-  def predict(self, images: Any, image_size: Any = None, batch_size: int | None = None):
+  def predict(
+      self, images: Any, image_size: Any = None, batch_size: int | None = None
+  ) -> np.ndarray:
     """Logits [B, classes] float32; a headless student has none. `images` as for `tokens`."""
     if not self.model.num_classes:
       raise ExportError(f"student '{self.folder}' has no head (num_classes is None): use encode()")
