@@ -91,6 +91,7 @@ def test_demo_tiny_runs_end_to_end(demo_run):
       "student.npz",
       "student_config.json",
       "surgery_report.json",
+      "surgery_report.txt",
       "results.json",
       "config.json",
       "fidelity.png",
