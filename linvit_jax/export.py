@@ -161,6 +161,16 @@ def student_config(
     fidelity["knn_skipped"] = str(results["knn_skipped"])
   if results.get("eval_view_fidelity"):
     fidelity["eval_view"] = results["eval_view_fidelity"]
+  rows = [r for r in results.get("resolution") or [] if r.get("factor") != 1]
+  if rows:  # report.resolution_scaling: the first sample images, resized after preprocessing
+    fidelity["resolutions"] = [
+        {
+            "image_size": r["image_size"],
+            "images": config.eval.resolution_fidelity_images,
+            **{k: r[k] for k in ("cls_cosine", "patch_cosine") if isinstance(r.get(k), float)},
+        }
+        for r in rows
+    ]
   return {
       "format": FORMAT,
       "model": model,
@@ -407,6 +417,11 @@ def model_card(cfg: Mapping[str, Any]) -> str:
         f"- on the held-out images as `encode` sees them ({view['images']} images, `pp` above): "
         + _numbers(view, ("images",))
     )
+  for r in fid.get("resolutions") or []:
+    lines.append(
+        f"- at {r['image_size']}×{r['image_size']} px (up to {r['images']} of those images, "
+        f"resized after preprocessing, position table resampled): {_numbers(r, ('images',))}"
+    )
   if fid.get("teacher_top1") is not None:
     lines.append(
         f"- top-1: teacher {100 * fid['teacher_top1']:.2f} %, "
@@ -448,7 +463,7 @@ def model_card(cfg: Mapping[str, Any]) -> str:
       "thresholds, search indexes) on your own images.",
       f"- The numbers above rest on the images named there only; other image domains are not "
       f"measured. At sizes other than {size[0]}×{size[1]} px the position table is resized "
-      "bilinearly (big_vision's rule) and fidelity there is not measured here.",
+      "bilinearly (big_vision's rule); fidelity there is measured only where listed above.",
       "- Preprocessing without TensorFlow (`encode` on paths, bytes or uint8 arrays) matches the "
       "run's TensorFlow preprocessing within one grey level on PNGs; JPEGs differ by the two "
       "libraries' JPEG decoders (about one level on average).",

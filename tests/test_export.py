@@ -198,11 +198,15 @@ def test_card_of_a_surgery_only_export_and_knn_skipped(tmp_path):
   from tests.test_student_any_size import make_export
 
   why = "no labelled set: set eval.knn.dataset to measure it"
-  make_export(tmp_path / "export", stages=(), results={"knn_skipped": why})
+  resolution = [{"factor": 1, "image_size": 16}, {"factor": 2, "image_size": 32, "cls_cosine": 0.5}]
+  make_export(
+      tmp_path / "export", stages=(), results={"knn_skipped": why, "resolution": resolution}
+  )
   card = (tmp_path / "export" / "README.md").read_text()
   assert "surgery only: attention not distilled" in card
   assert "attention distilled on its outputs" not in card
   assert f"k-NN: not measured ({why})" in card and "Nothing was measured" not in card
+  assert "- at 32×32 px (up to 16 of those images" in card and "cls cosine 0.5000" in card
   cfg = json.loads((tmp_path / "export" / "student_config.json").read_text())
   assert cfg["fidelity"]["knn_skipped"] == why and cfg["recipe"]["stages"] == []
 
