@@ -241,10 +241,11 @@ def hub_license(text: str | None) -> str | None:
   """The Hub licence id a licence text starts with ('MIT (as declared ...)' -> 'mit'), or None."""
   if not text:
     return None
-  norm = re.sub(r"[\s_]+", "-", str(text).strip().lower())
+  norm = str(text).strip().lower()
   for lic in sorted(HUB_LICENSES, key=len, reverse=True):
-    if norm == lic or (norm.startswith(lic) and not norm[len(lic)].isalnum()):
-      return lic
+    for spelling in (lic, lic.replace("-", " ")):  # 'Apache-2.0' or 'Apache 2.0'
+      if norm == spelling or (norm.startswith(spelling) and norm[len(spelling)] in " (,;.:"):
+        return lic
   return None
 
 

@@ -223,3 +223,21 @@ def test_card_of_a_classifier_and_a_hybrid():
   card = export.model_card(cfg)
   assert _front_matter(card)["pipeline_tag"] == "image-classification"
   assert "/home/someone" not in card and "`teacher.npz`" in card
+
+
+def test_licence_ids_and_public_names():
+  for text, lic in (
+      ("MIT (as declared by its package)", "mit"),
+      ("Apache 2.0", "apache-2.0"),
+      ("CC-BY-NC-4.0", "cc-by-nc-4.0"),
+      ("mit-like terms", None),
+      ("proprietary", None),
+  ):
+    assert export.hub_license(text) == lic, text
+  for name, public in (
+      ("image_folder:/home/me/photos", "image_folder:photos"),
+      ("facebook/dinov2-small", "facebook/dinov2-small"),
+      ("gs://bucket/x/teacher.npz", "teacher.npz"),
+      ("/abs/hf_dinov2/", "hf_dinov2"),
+  ):
+    assert export.public_name(name) == public, name
