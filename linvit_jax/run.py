@@ -38,6 +38,7 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   sharding.maybe_initialize_distributed()
   compile_cache.enable(config.compile_cache or None)
   config = from_config.resolve_from_init(config)  # what the config asks to read from init
+  config, knn_skipped = preflight.resolve_knn(config)  # knn="auto": Fashion-MNIST if installed
   mesh = preflight.check(config, workdir)  # every check that needs no compute
   teacher_model, student_model = from_config.build_models(
       config.model, export.student_attention(config)
@@ -47,6 +48,8 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
     preflight.check_knn_set(config)
   labelled = sources.labelled(config)
   results: dict[str, Any] = {"config": config.to_dict(), "timing_s": {}, "labelled": labelled}
+  if knn_skipped:  # never a silent skip: the summary and the model card say why and the fix
+    results["knn_skipped"] = knn_skipped
   t_start = time.time()
 
   rng = jax.random.PRNGKey(config.seed)

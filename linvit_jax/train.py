@@ -298,7 +298,7 @@ def run_stage(
   else:
     params_shapes = sharding_lib.abstract_tree(init_params)
   mask = optim.trainable_mask(params_shapes, trainable_mask)
-  tx, schedule = optim.make_optimizer(opt, total, mask)
+  tx, schedule = optim.make_optimizer(opt, total, mask, seed=seed)
 
   create_state = functools.partial(init_train_state, tx=tx, rng=train_rng)
   abstract_state = jax.eval_shape(create_state, params_shapes)
