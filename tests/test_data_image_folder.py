@@ -135,6 +135,46 @@ def test_holdout_split_disjoint_covering_and_stable(tmp_path):
   assert set(eval_examples(tmp_path, split="holdout")) == held_again
 
 
+def test_val_and_test_halve_the_holdout_stably(tmp_path):
+  """val and test: disjoint, their union the holdout, each file placed by its own path alone
+  (a second hash), so more photos or a larger holdout never moves a file from one to the other."""
+  rels = make_flat(tmp_path, 80)
+  index = image_folder.scan(str(tmp_path))
+
+  def files(split):
+    return {index.files[i] for i in image_folder.split_positions(index, split)}
+
+  holdout, val, test = files("holdout@0.3"), files("val@0.3"), files("test@0.3")
+  assert not val & test and val | test == holdout
+  assert val == {r for r in holdout if image_folder.val_hash(r) < 0.5}
+  assert len(val) >= 3 and len(test) >= 3
+  assert val <= files("val@0.6") and test <= files("test@0.6")  # a larger holdout only adds
+  assert files("val") | files("test") == files("holdout")  # the default fraction too
+  for split, n in (("val@0.3", len(val)), ("test@0.3", len(test))):
+    assert input_pipeline.num_examples("image_folder", split, str(tmp_path)) == n
+  for i in range(40):
+    write(str(tmp_path / f"new{i}.png"), rgb(7))
+  again = image_folder.scan(str(tmp_path))
+  val_again = {again.files[i] for i in image_folder.split_positions(again, "val@0.3")}
+  assert val_again & set(rels) == val
+
+
+def test_val_test_tiny_holdout_fallbacks():
+  assert image_folder.val_mask(["only.png"]) == [True]  # one held-out file: val's, test empty
+  # one file per side at least when there are two or more
+  for n in range(2, 12):
+    mask = image_folder.val_mask([f"p{i}.png" for i in range(n)])
+    assert any(mask) and not all(mask), n
+  files = ["a.png", "b.png"]
+  assert image_folder.split_files(files, "val@0.999") != image_folder.split_files(
+      files, "test@0.999"
+  )
+  one = ["a.png", "b.png", "c.png"]
+  held_one = image_folder.split_files(one, "holdout@0.000001")
+  assert len(held_one) == 1 and image_folder.split_files(one, "val@0.000001") == held_one
+  assert image_folder.split_files(one, "test@0.000001") == []
+
+
 def test_tiny_folder_fallbacks(tmp_path):
   (tmp_path / "one").mkdir()
   write(str(tmp_path / "one" / "only.png"), rgb(1))
@@ -151,7 +191,8 @@ def test_tiny_folder_fallbacks(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "split", ["validation", "all@0.3", "train@1", "holdout@0", "train@x", "holdout@nan"]
+    "split",
+    ["validation", "all@0.3", "train@1", "holdout@0", "train@x", "holdout@nan", "val@1", "tests"],
 )
 def test_bad_split_names(split):
   with pytest.raises(ValueError, match="split must be"):

@@ -3,6 +3,7 @@
   index = scan("/data/photos")                    # FolderIndex; every file checked once (PIL)
   index.files, index.labels, index.class_names, index.skipped, index.converted, index.small
   positions = split_positions(index, "holdout@0.3")   # indices into index.files, sorted
+  positions = split_positions(index, "test@0.3")      # half of that holdout (val: the other)
   ds = read_examples(index, positions, key)       # {"image": bytes, "label": int32, "file": str}
 
 The input pipeline serves a folder as dataset `image_folder` (the folder is `data_dir`) or
@@ -25,6 +26,15 @@ int(sha1(relative path).hexdigest()[:8], 16) / 2**32 < F, with F = 0.2, or F fro
 moves a file between train and holdout. Tiny folders: when the rule holds out no file, the one with
 the smallest hash is held out; when it holds out every file (and there are >= 2), the one with the
 largest hash goes to train.
+
+"val" and "test" ("val@F", "test@F") are the two halves of "holdout@F": a held-out file is in val
+when int(sha1("val/test:" + relative path).hexdigest()[:8], 16) / 2**32 < 0.5, else in test (a
+second hash, independent of the first, so the halves do not depend on F either: raising F only
+adds files to each). val is where a run makes its choices (hybrid layers, curves, calibration);
+test is reported and never chosen on. Tiny holdouts: when the rule puts every held-out file in
+test, the one with the smallest second hash goes to val; when it puts them all in val (and there
+are >= 2), the one with the largest goes to test. A single held-out file is val's, and test is
+empty (`split_positions(..., "test")` raises; `split_files` returns the empty list).
 
 Validation. scan() opens and decodes every file with PIL (JPEGs at 1/8 scale via `draft`, cheap),
 in a thread pool. A file that fails (corrupt, truncated, not an image) is skipped: counted, and
@@ -68,7 +78,7 @@ CONVERTED_EXTENSIONS = (".bmp", ".gif", ".webp", ".tif", ".tiff")
 EXTENSIONS = NATIVE_EXTENSIONS + CONVERTED_EXTENSIONS
 DEFAULT_HOLDOUT_FRACTION = 0.2
 DEFAULT_MIN_SIZE = 224  # The usual ViT input side: smaller images get upsampled.
-SPLITS = ("all", "train", "holdout")
+SPLITS = ("all", "train", "holdout", "val", "test")
 
 _MAX_NAMED = 20  # Files named in one log line; the rest are counted.
 _JPEG_FORMATS = ("JPEG", "MPO")  # MPO: camera JPEGs with extra frames; TF reads the first.
@@ -294,12 +304,12 @@ def scan(
 
 
 def parse_split(split: str) -> tuple[str, float]:
-  """ "train@0.3" -> ("train", 0.3); "holdout" -> ("holdout", 0.2); "all" -> ("all", 0.2)."""
+  """ "train@0.3" -> ("train", 0.3); "test" -> ("test", 0.2); "all" -> ("all", 0.2)."""
   match = _SPLIT_RE.fullmatch(split.strip())
   name, fraction = match.groups() if match else (None, None)
   usage = (
-      f"image_folder: split must be 'all', 'train', 'holdout', 'train@F' or 'holdout@F' "
-      f"(F: the held-out fraction, 0 < F < 1), got {split!r}"
+      f"image_folder: split must be 'all', 'train', 'holdout', 'val' or 'test', the last four "
+      f"optionally with '@F' (F: the held-out fraction, 0 < F < 1), got {split!r}"
   )
   if name is None or (name == "all" and fraction is not None):
     raise ValueError(usage)
@@ -328,13 +338,39 @@ def holdout_mask(files: tuple[str, ...] | list[str], fraction: float) -> list[bo
   return mask
 
 
-def split_positions(index: FolderIndex, split: str) -> list[int]:
-  """Indices into index.files of a split, in file order; an empty split is an error."""
+def val_hash(rel: str) -> float:
+  """The held-out file's position in [0, 1) for the val / test rule (a second, salted hash)."""
+  return path_hash("val/test:" + rel)
+
+
+def val_mask(held_files: tuple[str, ...] | list[str]) -> list[bool]:
+  """Per held-out file, whether it is in val (else test): the rule and tiny-holdout fallbacks of
+  the module docstring."""
+  hashes = [val_hash(rel) for rel in held_files]
+  mask = [h < 0.5 for h in hashes]
+  if held_files and not any(mask):
+    mask[min(range(len(held_files)), key=lambda i: (hashes[i], held_files[i]))] = True
+  elif len(held_files) >= 2 and all(mask):
+    mask[max(range(len(held_files)), key=lambda i: (hashes[i], held_files[i]))] = False
+  return mask
+
+
+def split_files(files: tuple[str, ...] | list[str], split: str) -> list[int]:
+  """Indices into `files` (relative paths) of a split, in order; may be empty."""
   name, fraction = parse_split(split)
   if name == "all":
-    return list(range(len(index.files)))
-  held = holdout_mask(index.files, fraction)
-  positions = [i for i, h in enumerate(held) if h == (name == "holdout")]
+    return list(range(len(files)))
+  held = holdout_mask(files, fraction)
+  if name in ("train", "holdout"):
+    return [i for i, h in enumerate(held) if h == (name == "holdout")]
+  held_positions = [i for i, h in enumerate(held) if h]
+  in_val = val_mask([files[i] for i in held_positions])
+  return [i for i, v in zip(held_positions, in_val) if v == (name == "val")]
+
+
+def split_positions(index: FolderIndex, split: str) -> list[int]:
+  """Indices into index.files of a split, in file order; an empty split is an error."""
+  positions = split_files(index.files, split)
   if not positions:
     raise ValueError(
         f"image_folder {index.root}: split {split!r} is empty ({len(index.files)} "
