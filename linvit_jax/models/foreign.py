@@ -411,6 +411,7 @@ def _from_hf(folder: str, config: dict[str, Any]) -> Imported:
   )
   patch = config["patch_size"]
   t.check_shape(stem, (width, config.get("num_channels", 3), patch, patch), "config.json")
+  _check_heads(width, int(heads), folder, "config.json's num_attention_heads")
   gelu_approximate = _gelu(config.get("hidden_act", "gelu"), os.path.join(folder, "config.json"))
   eps = float(config.get("layer_norm_eps", 1e-12))
   if config.get("use_swiglu_ffn"):
@@ -575,16 +576,52 @@ def _hf_map_head(t: _Tensors, heads: int) -> dict[str, Any]:
 # timm.
 
 
+def _check_heads(width: int, heads: int, source: str, given_by: str | None) -> None:
+  """Raises one line when `heads` cannot split `width`, before a reshape says it less clearly.
+
+  given_by: where `heads` came from (a config field, a size name), or None when the caller passed
+  it (import_weights' --num_heads, the only shape a user chooses).
+  """
+  if heads >= 1 and width % heads == 0:
+    return
+  if given_by is None:
+    raise CheckpointError(
+        f"--num_heads {heads} does not fit '{source}': its width {width} is not a multiple of "
+        f"{heads} (heads that fit: {_divisors(width)})"
+    )
+  raise CheckpointError(
+      f"checkpoint '{source}': width {width} is not a multiple of {heads} heads ({given_by})"
+  )
+
+
+def _divisors(n: int) -> str:
+  # Up to 32, as a real ViT's heads are (1152 has 30 divisors, most of them absurd as heads).
+  small = ", ".join(str(d) for d in range(1, min(n, 32) + 1) if n % d == 0)
+  return small + (", …" if n > 32 else "")
+
+
 def _timm_heads(width: int, config: dict[str, Any], num_heads: int | None, source: str) -> int:
+  """timm's heads: --num_heads, else config.json's model_args, else the architecture's size name."""
   if num_heads:
+    _check_heads(width, int(num_heads), source, None)
     return int(num_heads)
   args = config.get("model_args") or {}
   if args.get("num_heads"):
-    return int(args["num_heads"])
+    heads = int(args["num_heads"])
+    _check_heads(width, heads, source, "config.json: model_args.num_heads")
+    return heads
   name = str(config.get("architecture", ""))
   m = re.match(r"vit_([a-z0-9]+)_", name)
   if m and m.group(1) in _TIMM_HEADS:
-    return _TIMM_HEADS[m.group(1)]
+    heads = _TIMM_HEADS[m.group(1)]
+    _check_heads(
+        width,
+        heads,
+        source,
+        f"timm's '{m.group(1)}' size, named by config.json's architecture {name!r}, has "
+        f"{heads}; no model_args.num_heads says otherwise: pass --num_heads N to import_weights",
+    )
+    return heads
   why = f"its architecture {name!r} names no known size" if name else "no config.json says"
   raise CheckpointError(
       f"checkpoint '{source}': a timm state dict does not store its number of heads and {why}; "
