@@ -355,3 +355,29 @@ def test_jft_split_rules(jft_glob):
     input_pipeline.num_examples(f"jft:{no_split}", "test")
   with pytest.raises(FileNotFoundError, match="no files match"):
     input_pipeline.num_examples(f"jft:{jft_glob}", "validation")
+
+
+def test_image_folder_summary_is_logged_once_per_folder_and_split(tmp_path, caplog):
+  """Each stage opens its data again (and a Python-API caller with INFO on sees every line): the
+  folder's summary is said once per (folder, split) in a process, and again if the folder changed.
+  """
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  for i in range(10):
+    Image.fromarray(np.full((8, 8, 3), 20 * i, np.uint8)).save(tmp_path / f"p{i}.png")
+
+  def splits_said():
+    messages = (r.getMessage() for r in caplog.records)
+    ours = (m for m in messages if m.startswith(f"image_folder {tmp_path}: ") and "; split " in m)
+    return [m.split("; ")[-1] for m in ours]
+
+  with caplog.at_level("INFO"):
+    for _ in range(3):  # three stages
+      assert input_pipeline.num_examples("image_folder", "all", str(tmp_path)) == 10
+    n = input_pipeline.num_examples("image_folder", "train@0.5", str(tmp_path))
+    input_pipeline.num_examples("image_folder", "all", str(tmp_path))
+    assert splits_said() == ["split 'all': 10 images", f"split 'train@0.5': {n} images"]
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "p10.png")
+    input_pipeline.num_examples("image_folder", "all", str(tmp_path))
+    input_pipeline.num_examples("image_folder", "all", str(tmp_path))
+  assert splits_said()[2:] == ["split 'all': 11 images"]

@@ -214,6 +214,10 @@ class _JftSource:
     return _Share(self.sizes(count)[index], read)
 
 
+# (root, describe(), split, size) of each image-folder summary this process has logged.
+_FOLDER_SUMMARIES_LOGGED: set[tuple[str, str, str, int]] = set()
+
+
 class _ImageFolderSource:
   """A split of a folder of images (see image_folder.py); process i reads files i, i + n, ..."""
 
@@ -226,13 +230,12 @@ class _ImageFolderSource:
       )
     self.index = image_folder.scan(folder)
     self.positions = image_folder.split_positions(self.index, split)
-    logging.info(
-        "image_folder %s: %s; split %r: %d images",
-        self.index.root,
-        self.index.describe(),
-        split,
-        len(self.positions),
-    )
+    summary = (self.index.root, self.index.describe(), split, len(self.positions))
+    if summary not in _FOLDER_SUMMARIES_LOGGED:
+      # Every stage (and every Python-API call) opens its data again; the summary is worth one
+      # line per folder and split in a process, and again only when the folder changed.
+      _FOLDER_SUMMARIES_LOGGED.add(summary)
+      logging.info("image_folder %s: %s; split %r: %d images", *summary)
 
   def sizes(self, count: int) -> list[int]:
     return [len(range(i, len(self.positions), count)) for i in range(count)]
