@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -17,7 +19,9 @@ import ml_collections as mlc
 import numpy as np
 
 from linvit_jax import evaluate
+from linvit_jax import feature_cache
 from linvit_jax import gfile
+from linvit_jax import tree
 from linvit_jax.data import pp_spec
 from linvit_jax.data import sources
 
@@ -71,35 +75,89 @@ class Scorer:
 
 
 def knn_retention(config, teacher_model, teacher_params, student_model, student_params) -> dict:
-  """Weighted k-NN top-1 of teacher and student on eval.knn's set, and their ratio."""
+  """Weighted k-NN top-1 of teacher and student on eval.knn's set, and their ratio.
+
+  The teacher's features come from the feature cache when an earlier run computed them for the
+  same params and the same batches (`teacher_features_cached`; `teacher_features_s` is what
+  getting them cost this run, `teacher_features_saved_s` what computing them cost then)."""
   knn = config.eval.knn
   out = {"dataset": knn.dataset, "k": knn.k}
-  features = {}
-  for who, model, params in (
-      ("teacher", teacher_model, teacher_params),
-      ("student", student_model, student_params),
-  ):
-    train = evaluate.pooled_features(
-        model,
-        params,
-        sources.knn_batches(config, knn.train_split, knn.train_examples),
-        knn.label_key,
+  cache = feature_cache.FeatureCache.from_env()
+  splits = {
+      "train": (knn.train_split, knn.train_examples),
+      "eval": (knn.eval_split, knn.eval_examples),
+  }
+  # The student goes first: the digest of the batches it saw is part of the teacher's key.
+  student, digests = {}, {}
+  for part, (split, limit) in splits.items():
+    batches = sources.knn_batches(config, split, limit)
+    if cache is not None:
+      batches = digests[part] = feature_cache.BatchDigest(batches)
+    student[part] = evaluate.pooled_features(student_model, student_params, batches, knn.label_key)
+  t0 = time.perf_counter()
+  teacher, hits, saved_s = {}, 0, 0.0
+  params_digest = feature_cache.params_digest(teacher_params) if cache is not None else None
+  for part, (split, limit) in splits.items():
+    parts = None
+    if params_digest is not None:
+      parts = _knn_key_parts(config, params_digest, split, limit, digests[part].hexdigest())
+      entry = cache.get(parts)
+      if entry is not None:
+        teacher[part] = (entry["features"], entry["labels"])
+        hits, saved_s = hits + 1, saved_s + float(entry["seconds"])
+        continue
+    t_part = time.perf_counter()
+    batches = sources.knn_batches(config, split, limit)
+    if parts is not None:
+      batches = feature_cache.BatchDigest(batches)
+    teacher[part] = evaluate.pooled_features(teacher_model, teacher_params, batches, knn.label_key)
+    if parts is None:
+      continue
+    if batches.hexdigest() != parts["inputs"]:  # a pipeline that is not deterministic: no key
+      logging.warning(
+          "k-NN %s batches differ between two reads: teacher features not cached", split
+      )
+      continue
+    features, labels = teacher[part]
+    cache.put(parts, {"features": features, "labels": labels,
+                      "seconds": np.float64(time.perf_counter() - t_part)})  # fmt: skip
+  out["teacher_features_cached"] = hits == len(splits)
+  out["teacher_features_s"] = time.perf_counter() - t0
+  if hits:
+    out["teacher_features_saved_s"] = saved_s
+  for who, feats in (("teacher", teacher), ("student", student)):
+    out[f"{who}_top1"] = evaluate.knn_top1(
+        *feats["train"], *feats["eval"], k=knn.k, temperature=knn.temperature
     )
-    test = evaluate.pooled_features(
-        model, params, sources.knn_batches(config, knn.eval_split, knn.eval_examples), knn.label_key
-    )
-    out[f"{who}_top1"] = evaluate.knn_top1(*train, *test, k=knn.k, temperature=knn.temperature)
-    out["train_examples"], out["eval_examples"] = len(train[0]), len(test[0])
-    features[who] = (np.concatenate([train[0], test[0]]), np.concatenate([train[1], test[1]]))
+  out["train_examples"], out["eval_examples"] = len(teacher["train"][0]), len(teacher["eval"][0])
   out["retention"] = out["student_top1"] / max(out["teacher_top1"], 1e-12)
   # The same images reach both models in the same order (the batches are deterministic), so the
   # set doubles as a fidelity sample far larger than the held-out photos: unseen, though from
   # another domain than the user's photos.
-  (t_feats, t_labels), (s_feats, s_labels) = features["teacher"], features["student"]
+  t_feats, t_labels = (np.concatenate([teacher[p][i] for p in splits]) for i in (0, 1))
+  s_feats, s_labels = (np.concatenate([student[p][i] for p in splits]) for i in (0, 1))
   if len(t_feats) == len(s_feats) and np.array_equal(t_labels, s_labels):
     cosine = evaluate.row_cosine(t_feats, s_feats)
     out["cls_cosine"], out["cls_cosine_min"] = float(cosine.mean()), float(cosine.min())
   return out
+
+
+def _knn_key_parts(config, params_digest: str, split: str, limit: int, inputs: str) -> dict:
+  """What the teacher's pooled features on one k-NN split depend on (feature_cache's key)."""
+  knn = config.eval.knn
+  return {
+      "what": "pooled_features(head_input)",
+      "params": params_digest,
+      "model": tree.as_dict(config.model),
+      "dataset": knn.dataset,
+      "split": split,
+      "examples": limit,
+      "pp": sources.knn_pp(config),
+      "image_size": config.data.image_size,
+      "inputs": inputs,  # sha256 of the batches themselves: a changed photo folder misses
+      "backend": jax.default_backend(),
+      "jax": jax.__version__,
+  }
 
 
 def eval_view_fidelity(

@@ -8,6 +8,7 @@ import pytest
 from PIL import Image
 
 from linvit_jax import evaluate
+from linvit_jax import feature_cache
 from linvit_jax import report
 from linvit_jax import run as run_lib
 from linvit_jax.errors import ConfigError
@@ -65,11 +66,14 @@ def _config(tmp_path, knn_folder, **knn):
   return c
 
 
-def test_knn_on_a_labelled_folder_in_the_report(tmp_path):
+def test_knn_on_a_labelled_folder_in_the_report(tmp_path, monkeypatch):
+  monkeypatch.setenv(feature_cache.ENV_VAR, str(tmp_path / "cache"))
   _labelled_folder(str(tmp_path / "labelled"))
   config = _config(tmp_path, tmp_path / "labelled")
   results = run_lib.run(config, str(tmp_path / "work"))
   knn = results["knn"]
+  assert knn["teacher_features_cached"] is False
+  assert len(os.listdir(tmp_path / "cache")) == 2  # the teacher's features, one entry per split
   assert knn["dataset"].endswith("labelled") and knn["k"] == 5
   assert knn["train_examples"] + knn["eval_examples"] == 24
   assert knn["teacher_top1"] == 1.0  # two colours: trivially separable for any feature
@@ -81,6 +85,12 @@ def test_knn_on_a_labelled_folder_in_the_report(tmp_path):
   card = json.loads((tmp_path / "work" / "student_config.json").read_text())
   assert card["fidelity"]["knn"]["teacher_top1"] == 1.0
   assert card["fidelity"]["knn"]["cls_cosine"] == pytest.approx(knn["cls_cosine"])
+  # A second run of the same teacher on the same photos reads the teacher's features back (the
+  # real pipeline gives the same batches twice, and the real params hash the same).
+  again = run_lib.run(config, str(tmp_path / "work2"))["knn"]
+  assert again["teacher_features_cached"] is True and "teacher_features_saved_s" in again
+  for key in ("teacher_top1", "student_top1", "cls_cosine", "cls_cosine_min"):
+    assert again[key] == pytest.approx(knn[key], abs=1e-6), key
 
 
 def test_knn_set_doubles_as_a_fidelity_sample(monkeypatch):
@@ -108,6 +118,7 @@ def test_knn_set_doubles_as_a_fidelity_sample(monkeypatch):
     y = labels[split][::-1] if swap_labels["on"] else labels[split]
     return rotated(teacher[split], angles[split]), y
 
+  monkeypatch.setenv(feature_cache.ENV_VAR, "")  # batches here are split names, not arrays
   monkeypatch.setattr(report.evaluate, "pooled_features", fake_features)
   monkeypatch.setattr(report.sources, "knn_batches", lambda config, split, n: split)
   monkeypatch.setattr(report.evaluate, "knn_top1", lambda *a, **k: 0.5)
