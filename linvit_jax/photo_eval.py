@@ -1,0 +1,597 @@
+r"""A student against its teacher on test photos: native resolution, intervals, a dense measure.
+
+    out = evaluate_photos(teacher, t_params, student, s_params, test_paths, val_paths,
+                          pp=pp_eval, res=224)                # a plain dict (schema below)
+    print(format_table(out))
+
+    python -m linvit_jax.photo_eval --student WORKDIR --teacher INIT --photos DIR \
+        [--val_photos DIR] [--res 224] [--factors 1,2,4] [--out results.json]
+
+Views. For each size s = factor × res and each photo, two views, each made from the ORIGINAL
+photo (never by upsampling a smaller view): "whole", the photo resized to s×s (its aspect ratio
+not kept), and "crop", its shorter side resized to s and the central s×s kept. Resizing is PIL's
+antialiased bilinear filter (inference_pp's `resize(..., method="bilinear", antialias=True)`:
+box-like when shrinking, bilinear when enlarging); then the pp string's own decode and value ops
+(its normalisation). A photo smaller than s is enlarged from its original, and counted
+("upsampled" in each row). The position table of both models is resampled from the training grid
+to the size's grid by big_vision's rule (vit_checkpoint.resample_posemb), as `load_student` does.
+
+Fidelity per photo, as evaluate.end_to_end_fidelity defines it: `cls_cosine`, the cosine of the
+final cls token (after the encoder norm; only with a cls token), and `patch_cosine`, the mean over
+patch tokens (cls and registers excluded) of the cosine of the final tokens.
+
+The dense measure (does the student keep the teacher's parts of a photo?). At each size and view:
+  parts: k-means (k = `dense_k`, k-means++ seeded, 30 Lloyd steps, numpy) on the teacher's patch
+    tokens of the VALIDATION photos, each token scaled to unit length (at most `fit_patches`
+    tokens, a seeded sample); a patch's teacher label is its nearest centroid;
+  drop-in: the same centroids applied to the student's tokens of a TEST photo; the value is the
+    share of its patches given the teacher's label (the teacher's own value is 1 by construction);
+  probe: a linear probe (ridge regression onto one-hot teacher labels, closed form, a bias, λ =
+    0.01 × the mean diagonal of XᵀX) fitted on the validation photos' tokens, once on the
+    teacher's and once on the student's own tokens; the value is the share of a test photo's
+    patches whose probe label is the teacher's label. `probe_teacher` is the reference,
+    `probe_ratio` = probe_student / probe_teacher (means over photos).
+Nothing is chosen on the test photos: the parts and probes are fitted on validation photos only.
+
+Intervals: every number is a mean over test photos with a percentile bootstrap 95 % interval
+(`bootstrap` resamples of the photos, seed `seed`), the worst photo and its name, and n. Fewer
+than `min_photos` test or validation photos: the evaluation still runs, logs a warning and says so
+in "too_few".
+
+Results (plain JSON types):
+  {"res", "factors", "views", "n_test", "n_val", "bootstrap", "dense_k", "too_few" (only when),
+   "rows": [{"size", "view", "n", "upsampled" (photos enlarged to make the view),
+             "size_seconds" (the whole size: both models, validation and test photos, compiles),
+             "cls_cosine" (cls-token models), "patch_cosine": STAT,
+             "dense": {"drop_in": STAT, "probe_teacher": STAT, "probe_student": STAT,
+                       "probe_ratio": float} (when there are validation photos)}]}
+  STAT = {"mean", "lo", "hi", "worst", "worst_photo", "n"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import numpy as np
+
+from linvit_jax import inference_pp
+from linvit_jax.errors import UserError
+
+DEFAULT_FACTORS = (1, 2, 4)
+VIEWS = ("whole", "crop")
+DEFAULT_BOOTSTRAP = 1000
+DEFAULT_DENSE_K = 8
+DEFAULT_MIN_PHOTOS = 8
+# Tokens per forward batch: a 4·res softmax teacher holds an N×N attention per head and image.
+_TOKENS_PER_BATCH = 8192
+_MAX_BATCH = 8
+_FIT_PATCHES = 20_000
+_KMEANS_STEPS = 30
+_RIDGE = 0.01
+_EPS = 1e-6  # probe.EPS: the cosine's guard on the norm product
+# The pp ops that fix the geometry: replaced by the views here; everything else is kept.
+_GEOMETRIC = ("resize", "resize_small", "central_crop", "keep")
+
+
+class PhotoEvalError(UserError, ValueError):
+  """Inputs this evaluation cannot use (no photos, a bad size or factor); one line."""
+
+
+# ------------------------------------------------------------------------------------------ views
+
+
+def value_ops(pp: str) -> str:
+  """The pp string without its geometric ops: decode, the normalisation and any colour op."""
+  kept = []
+  for spec in (s.strip() for s in pp.split("|")):
+    if spec and inference_pp.parse(spec)[0][0] not in _GEOMETRIC:
+      kept.append(spec)
+  if not kept or inference_pp.parse(kept[0])[0][0] != "decode":
+    kept.insert(0, "decode")
+  return "|".join(kept)
+
+
+def view_pp(view: str, size: int, values: str) -> str:
+  """The pp string of one view at `size` px (module doc), with `values` (`value_ops`)."""
+  decode, _, rest = values.partition("|")
+  resize = 'method="bilinear", antialias=True'
+  if view == "whole":
+    geometry = f"resize({size}, {resize})"
+  elif view == "crop":
+    geometry = f"resize_small({size}, {resize})|central_crop({size})"
+  else:
+    raise PhotoEvalError(f"view {view!r}: expected one of {', '.join(VIEWS)}")
+  return "|".join(p for p in (decode, geometry, rest) if p)
+
+
+def _enlarged(shape: tuple[int, ...], size: int) -> bool:
+  """Whether a view at `size` enlarges the photo (both views scale its shorter side to >= size)."""
+  return min(shape[:2]) < size
+
+
+# ------------------------------------------------------------------------------------ statistics
+
+
+def bootstrap_interval(
+    values: Sequence[float], resamples: int = DEFAULT_BOOTSTRAP, seed: int = 0
+) -> tuple[float, float]:
+  """The percentile bootstrap 95 % interval of the mean of `values` (resampled with replacement)."""
+  v = np.asarray(values, np.float64)
+  if len(v) == 0:
+    return float("nan"), float("nan")
+  idx = np.random.default_rng(seed).integers(0, len(v), size=(resamples, len(v)))
+  lo, hi = np.percentile(v[idx].mean(axis=1), [2.5, 97.5])
+  return float(lo), float(hi)
+
+
+def stat(
+    values: Sequence[float], names: Sequence[str], resamples: int = DEFAULT_BOOTSTRAP, seed: int = 0
+) -> dict[str, Any]:
+  """{"mean", "lo", "hi", "worst", "worst_photo", "n"} of per-photo values (worst: the lowest)."""
+  v = np.asarray(values, np.float64)
+  lo, hi = bootstrap_interval(v, resamples, seed)
+  worst = int(np.argmin(v))
+  return {
+      "mean": float(v.mean()),
+      "lo": lo,
+      "hi": hi,
+      "worst": float(v[worst]),
+      "worst_photo": names[worst],
+      "n": len(v),
+  }
+
+
+# ---------------------------------------------------------------------------------- dense measure
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+  x = np.asarray(x, np.float32)
+  return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), _EPS)
+
+
+def kmeans(x: np.ndarray, k: int, seed: int = 0, steps: int = _KMEANS_STEPS) -> np.ndarray:
+  """k centroids of the rows of x: k-means++ seeding, then Lloyd steps (an empty cluster keeps
+  its centroid)."""
+  x = np.asarray(x, np.float64)
+  rng = np.random.default_rng(seed)
+  centroids = [x[rng.integers(len(x))]]
+  dist = np.sum((x - centroids[0]) ** 2, axis=1)
+  for _ in range(1, k):
+    total = dist.sum()
+    pick = rng.choice(len(x), p=dist / total) if total > 0 else rng.integers(len(x))
+    centroids.append(x[pick])
+    dist = np.minimum(dist, np.sum((x - x[pick]) ** 2, axis=1))
+  c = np.stack(centroids)
+  for _ in range(steps):
+    labels = assign(x, c)
+    for j in range(k):
+      members = x[labels == j]
+      if len(members):
+        c[j] = members.mean(axis=0)
+  return c
+
+
+def assign(x: np.ndarray, centroids: np.ndarray) -> np.ndarray:
+  """The nearest centroid of each row (squared Euclidean distance)."""
+  x, c = np.asarray(x, np.float64), np.asarray(centroids, np.float64)
+  d = np.sum(x * x, 1)[:, None] - 2 * x @ c.T + np.sum(c * c, 1)[None]
+  return np.argmin(d, axis=1)
+
+
+def _with_bias(x: np.ndarray) -> np.ndarray:
+  x = np.asarray(x, np.float64)
+  return np.concatenate([x, np.ones((len(x), 1))], axis=1)
+
+
+def ridge_fit(x: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
+  """Ridge regression of one-hot `labels` on the rows of x (and a bias), closed form."""
+  xb = _with_bias(x)
+  gram = xb.T @ xb
+  lam = _RIDGE * np.trace(gram) / len(gram)
+  onehot = np.eye(k)[np.asarray(labels)]
+  return np.linalg.solve(gram + lam * np.eye(len(gram)), xb.T @ onehot)
+
+
+def ridge_predict(x: np.ndarray, weights: np.ndarray) -> np.ndarray:
+  return np.argmax(_with_bias(x) @ weights, axis=1)
+
+
+# --------------------------------------------------------------------------------------- forward
+
+
+def params_at(params: Any, train_grid: tuple[int, int], grid: tuple[int, int]) -> Any:
+  """params with the learned position table resampled from the training grid to `grid`."""
+  from linvit_jax.models import vit_checkpoint
+
+  if "pos_embedding" not in params or grid == train_grid:
+    return params
+  params = dict(params)
+  pe = np.asarray(params["pos_embedding"])
+  new = (1, grid[0] * grid[1], pe.shape[-1])
+  params["pos_embedding"] = vit_checkpoint.resample_posemb(pe, new, train_grid, grid)
+  return params
+
+
+def _train_grid(params: Any, res: int, patch: tuple[int, int]) -> tuple[int, int]:
+  grid = (res // patch[0], res // patch[1])
+  pe = params.get("pos_embedding") if hasattr(params, "get") else None
+  if pe is not None and np.shape(pe)[1] != grid[0] * grid[1]:
+    side = int(round(np.sqrt(np.shape(pe)[1])))
+    grid = (side, side)
+  return grid
+
+
+class _Tokens:
+  """A model's final normalised tokens [B, N, D] (float32) at fixed-size batches: one compile per
+  size."""
+
+  def __init__(self, model: Any, params: Any, res: int):
+    import jax
+
+    self.model, self.params = model, params
+    self.patch = tuple(int(p) for p in model.patch_size)
+    self.train_grid = _train_grid(params, res, self.patch)
+    self._fn = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False)[1]["encoded"])
+    self._sized: dict[int, Any] = {}
+
+  def __call__(self, images: np.ndarray, batch: int) -> np.ndarray:
+    import jax
+
+    size = images.shape[1]
+    if size not in self._sized:  # one size on the device at a time: a 4·res table is large
+      grid = (size // self.patch[0], size // self.patch[1])
+      self._sized = {size: jax.device_put(params_at(self.params, self.train_grid, grid))}
+    k = len(images)
+    if k < batch:  # padded: one compile per size, not per chunk
+      images = np.concatenate([images, np.zeros((batch - k, *images.shape[1:]), images.dtype)])
+    return np.asarray(self._fn(self._sized[size], images), np.float32)[:k]
+
+
+def _batch_size(model: Any, size: int) -> int:
+  tokens = (size // model.patch_size[0]) * (size // model.patch_size[1])
+  return max(1, min(_MAX_BATCH, _TOKENS_PER_BATCH // max(tokens, 1)))
+
+
+def _views(paths: Sequence[str], pps: dict[str, inference_pp.Preprocess], size: int):
+  """Per view: the batch [B, s, s, C] and how many photos were enlarged; each photo decoded once."""
+  out = {v: [] for v in pps}
+  up = dict.fromkeys(pps, 0)
+  for path in paths:
+    channels = next(iter(pps.values())).channels
+    original = inference_pp.decode(path, channels)
+    for view, pp in pps.items():
+      out[view].append(pp(original))
+      up[view] += _enlarged(original.shape, size)
+  return {v: np.stack(x).astype(np.float32) for v, x in out.items()}, up
+
+
+def _forward_all(teacher, student, paths, pps, size):
+  """Per view: (teacher tokens, student tokens) of every photo, and the enlarged counts."""
+  batch = _batch_size(teacher.model, size)
+  tokens = {v: ([], []) for v in pps}
+  up = dict.fromkeys(pps, 0)
+  for start in range(0, len(paths), batch):
+    views, enlarged = _views(paths[start : start + batch], pps, size)
+    for view, images in views.items():
+      tokens[view][0].append(teacher(images, batch))
+      tokens[view][1].append(student(images, batch))
+      up[view] += enlarged[view]
+  return {v: (np.concatenate(t), np.concatenate(s)) for v, (t, s) in tokens.items()}, up
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """probe.cosine in numpy: along the last axis, the norm product guarded by eps."""
+  num = np.sum(a * b, -1)
+  return num / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), _EPS)
+
+
+# ----------------------------------------------------------------------------------- evaluation
+
+
+def too_few_message(n_test: int, n_val: int, min_photos: int) -> str | None:
+  """The line a run prints when its test or validation set is smaller than min_photos."""
+  parts = []
+  if n_test < min_photos:
+    parts.append(
+        f"test set: {n_test} photo{'s' * (n_test != 1)} (< {min_photos}): intervals are wide"
+    )
+  if n_val < min_photos:
+    parts.append(
+        f"validation set: {n_val} photo{'s' * (n_val != 1)} (< {min_photos}): the dense "
+        "measure's parts and probes rest on them"
+    )
+  return "; ".join(parts) or None
+
+
+def evaluate_photos(
+    teacher: Any,
+    teacher_params: Any,
+    student: Any,
+    student_params: Any,
+    test_photos: Sequence[str],
+    val_photos: Sequence[str],
+    *,
+    pp: str,
+    res: int,
+    factors: Sequence[float] = DEFAULT_FACTORS,
+    views: Sequence[str] = VIEWS,
+    bootstrap: int = DEFAULT_BOOTSTRAP,
+    dense_k: int = DEFAULT_DENSE_K,
+    min_photos: int = DEFAULT_MIN_PHOTOS,
+    seed: int = 0,
+    test_names: Sequence[str] | None = None,
+    fit_patches: int = _FIT_PATCHES,
+) -> dict[str, Any]:
+  """The student vs its teacher on `test_photos` (paths) at each factor × res and view; the dense
+  measure's parts and probes fitted on `val_photos` (module doc). `pp`: a pp string whose decode
+  and value ops (the normalisation) are kept; `test_names`: how photos are named (default: the
+  file names). Returns the module doc's dict."""
+  test_photos, val_photos = list(test_photos), list(val_photos)
+  if not test_photos:
+    raise PhotoEvalError("no test photos to evaluate on")
+  for view in views:
+    view_pp(view, res, "decode")  # a bad view name fails before any compute
+  patch = tuple(int(p) for p in teacher.patch_size)
+  sizes = []
+  for f in factors:
+    size = int(round(f * res))
+    if f <= 0 or size != f * res or size % patch[0] or size % patch[1]:
+      raise PhotoEvalError(
+          f"factor {f}: {f} × {res} px = {f * res:g} px is not a positive multiple of the patch "
+          f"{patch[0]}"
+      )
+    sizes.append(size)
+  names = list(test_names or [os.path.basename(p) for p in test_photos])
+  values = value_ops(pp)
+  out: dict[str, Any] = {
+      "res": int(res),
+      "factors": [float(f) if float(f) != int(f) else int(f) for f in factors],
+      "views": list(views),
+      "n_test": len(test_photos),
+      "n_val": len(val_photos),
+      "bootstrap": int(bootstrap),
+      "dense_k": int(dense_k),
+  }
+  message = too_few_message(len(test_photos), len(val_photos), min_photos)
+  if message:
+    logging.warning("photo evaluation: %s", message)
+    out["too_few"] = message
+  t_tok, s_tok = _Tokens(teacher, teacher_params, res), _Tokens(student, student_params, res)
+  prefix, has_cls = teacher.num_prefix_tokens, teacher.pool_type == "tok"
+  rows = []
+  for size in sizes:
+    pps = {v: inference_pp.Preprocess(view_pp(v, size, values)) for v in views}
+    t0 = time.time()
+    fits = {}
+    if val_photos and dense_k:
+      val, _ = _forward_all(t_tok, s_tok, val_photos, pps, size)
+      fits = {
+          v: _fit_dense(t[:, prefix:], s[:, prefix:], dense_k, seed, fit_patches)
+          for v, (t, s) in val.items()
+      }
+    test, up = _forward_all(t_tok, s_tok, test_photos, pps, size)
+    seconds = time.time() - t0
+    for view in views:
+      t, s = test[view]
+      row: dict[str, Any] = {"size": size, "view": view, "n": len(t), "upsampled": up[view]}
+      if has_cls:
+        row["cls_cosine"] = stat(_cosine(s[:, 0], t[:, 0]), names, bootstrap, seed)
+      per_photo = _cosine(s[:, prefix:], t[:, prefix:]).mean(axis=1)
+      row["patch_cosine"] = stat(per_photo, names, bootstrap, seed)
+      if fits.get(view) is not None:
+        row["dense"] = _score_dense(
+            fits[view], t[:, prefix:], s[:, prefix:], names, bootstrap, seed
+        )
+      row["size_seconds"] = seconds
+      rows.append(row)
+  out["rows"] = rows
+  return out
+
+
+def _fit_dense(t, s, k, seed, fit_patches):
+  """(centroids, teacher probe, student probe) from the validation photos' patch tokens."""
+  t, s = _unit(t.reshape(-1, t.shape[-1])), _unit(s.reshape(-1, s.shape[-1]))
+  if len(t) < k:
+    return None
+  if len(t) > fit_patches:  # the same seeded sample of patches for both models
+    keep = np.sort(np.random.default_rng(seed).choice(len(t), fit_patches, replace=False))
+    t, s = t[keep], s[keep]
+  centroids = kmeans(t, k, seed)
+  labels = assign(t, centroids)
+  return centroids, ridge_fit(t, labels, k), ridge_fit(s, labels, k)
+
+
+def _score_dense(fit, t, s, names, resamples, seed):
+  centroids, w_teacher, w_student = fit
+  drop_in, probe_t, probe_s = [], [], []
+  for tp, sp in zip(t, s):  # one photo's patches at a time
+    tp, sp = _unit(tp), _unit(sp)
+    truth = assign(tp, centroids)
+    drop_in.append(np.mean(assign(sp, centroids) == truth))
+    probe_t.append(np.mean(ridge_predict(tp, w_teacher) == truth))
+    probe_s.append(np.mean(ridge_predict(sp, w_student) == truth))
+  out = {
+      "drop_in": stat(drop_in, names, resamples, seed),
+      "probe_teacher": stat(probe_t, names, resamples, seed),
+      "probe_student": stat(probe_s, names, resamples, seed),
+  }
+  out["probe_ratio"] = out["probe_student"]["mean"] / max(out["probe_teacher"]["mean"], 1e-12)
+  return out
+
+
+# ----------------------------------------------------------------------------------------- table
+
+
+def _ci(s: dict[str, Any]) -> str:
+  return f"{s['mean']:.4f} [{s['lo']:.4f}, {s['hi']:.4f}]"
+
+
+def format_table(results: dict[str, Any]) -> str:
+  """The results as a small text table: size × view, fidelity with 95 % intervals and the worst
+  photo, and the dense measure (drop-in; probe on the student's / the teacher's tokens)."""
+  lines = [
+      f"on {results['n_test']} test photos (parts and probes fitted on {results['n_val']} "
+      f"validation photos; 95 % bootstrap intervals over photos):"
+  ]
+  if results.get("too_few"):
+    lines.append(f"  note: {results['too_few']}")
+  head = f"  {'size':>5} {'view':<5} {'cls cosine [95% CI]':<27} {'patch cosine [95% CI]':<27} worst photo (patch)"
+  lines.append(head)
+  for r in results["rows"]:
+    cls = _ci(r["cls_cosine"]) if "cls_cosine" in r else "-"
+    p = r["patch_cosine"]
+    worst = f"{p['worst']:.4f} {p['worst_photo']}"
+    up = f"  ({r['upsampled']} enlarged)" if r.get("upsampled") else ""
+    lines.append(f"  {r['size']:>5} {r['view']:<5} {cls:<27} {_ci(p):<27} {worst}{up}")
+  dense = [r for r in results["rows"] if "dense" in r]
+  if dense:
+    k = results.get("dense_k")
+    lines.append(
+        f"  dense (teacher's {k} parts): drop-in [95% CI] | probe student / teacher (ratio)"
+    )
+    for r in dense:
+      d = r["dense"]
+      lines.append(
+          f"  {r['size']:>5} {r['view']:<5} {_ci(d['drop_in'])} | {d['probe_student']['mean']:.4f}"
+          f" / {d['probe_teacher']['mean']:.4f} ({d['probe_ratio']:.3f})"
+      )
+  return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+
+def split_folder(folder: str) -> tuple[list[str], list[str], list[str]]:
+  """(test paths, validation paths, test names) of a folder by image_folder's val / test rule,
+  the whole folder taken as held out."""
+  from linvit_jax.data import image_folder
+
+  index = _scan(folder)
+  in_val = image_folder.val_mask(index.files)
+  test = [i for i, v in enumerate(in_val) if not v]
+  val = [i for i, v in enumerate(in_val) if v]
+  return [index.path(i) for i in test], [index.path(i) for i in val], [index.files[i] for i in test]
+
+
+def _scan(folder: str) -> Any:
+  from linvit_jax.data import image_folder
+
+  try:
+    return image_folder.scan(folder, min_size=0)
+  except (FileNotFoundError, ValueError) as e:
+    raise PhotoEvalError(str(e)) from None
+
+
+def load_teacher(init: str, student: Any, res: int) -> tuple[Any, Any]:
+  """The student's own architecture with softmax attention, its params read from `init` (any
+  source `vit.load` reads) at the student's training size (else res)."""
+  import jax
+
+  from linvit_jax import export
+  from linvit_jax.models import vit
+
+  fields = {**export.model_fields(student.config), "attention": "softmax"}
+  model = vit.Model(**fields)
+  h, w = student.training_size or (res, res)
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), np.zeros((1, h, w, student.channels)))
+  return model, vit.load(shapes["params"], init, fields)
+
+
+class _Parser(argparse.ArgumentParser):
+
+  def error(self, message: str) -> NoReturn:
+    self.exit(2, f"error: {message} (--help lists the arguments)\n")
+
+
+def _factors(text: str) -> tuple[float, ...]:
+  try:
+    out = tuple(float(f) for f in text.split(",") if f.strip())
+  except ValueError:
+    raise PhotoEvalError(f"--factors {text!r}: expected numbers separated by commas") from None
+  if not out or any(not f > 0 for f in out):
+    raise PhotoEvalError(f"--factors {text!r}: expected positive numbers, e.g. 1,2,4")
+  return tuple(int(f) if f == int(f) else f for f in out)
+
+
+def _run_cli(args: argparse.Namespace) -> dict[str, Any]:
+  import linvit_jax
+  from linvit_jax import export
+
+  if not os.path.isdir(args.photos):
+    raise PhotoEvalError(f"--photos {args.photos!r} is not a folder")
+  if args.val_photos:
+    if not os.path.isdir(args.val_photos):
+      raise PhotoEvalError(f"--val_photos {args.val_photos!r} is not a folder")
+    index, val_index = _scan(args.photos), _scan(args.val_photos)
+    test = [index.path(i) for i in range(len(index.files))]
+    names, val = list(index.files), [val_index.path(i) for i in range(len(val_index.files))]
+  else:
+    _scan(args.photos)
+    test, val, names = split_folder(args.photos)
+  factors = _factors(args.factors)
+  student = linvit_jax.load_student(args.student)
+  res = args.res or (student.training_size[0] if student.training_size else 0)
+  if not res:
+    raise PhotoEvalError(f"student '{args.student}' records no input size: pass --res")
+  teacher, teacher_params = load_teacher(args.teacher, student, res)
+  try:
+    pp = student._pp_string()
+  except export.ExportError:
+    pp = "decode|vgg_value_range"  # an old export: ImageNet's mean/std, the run's default
+  return evaluate_photos(
+      teacher,
+      teacher_params,
+      student.model,
+      student.params,
+      test,
+      val,
+      pp=pp,
+      res=res,
+      factors=factors,
+      test_names=names,
+      min_photos=args.min_photos,
+  )
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = _Parser(
+      prog="python -m linvit_jax.photo_eval",
+      description="An exported student against its teacher on photos never used in training.",
+  )
+  parser.add_argument("--student", required=True, help="the export folder (a run's workdir)")
+  parser.add_argument("--teacher", required=True, help="the teacher: npz, model folder, hub name")
+  parser.add_argument("--photos", required=True, help="the test photos (a folder)")
+  parser.add_argument(
+      "--val_photos", default="", help="validation photos; default: half of --photos by a hash"
+  )
+  parser.add_argument("--res", type=int, default=0, help="base size (default: the training size)")
+  parser.add_argument("--factors", default="1,2,4", help="sizes as multiples of --res")
+  parser.add_argument("--min_photos", type=int, default=DEFAULT_MIN_PHOTOS)
+  parser.add_argument("--out", default="", help="write the results as JSON here")
+  args = parser.parse_args(argv)
+  try:
+    results = _run_cli(args)
+    if args.out:
+      try:
+        with open(args.out, "w") as f:
+          json.dump(results, f, indent=1)
+      except OSError as e:
+        raise PhotoEvalError(f"--out {args.out!r}: cannot write it ({e.strerror or e})") from None
+  except UserError as e:
+    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    return 2
+  print(format_table(results))
+  if args.out:
+    print(f"wrote {args.out}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,210 @@
+"""photo_eval: views from the original photo, bootstrap intervals, the dense measure, the too-few
+line and the CLI, on tiny models (a 16-px ViT; the tiny Hugging Face DINOv2 for the CLI)."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from PIL import Image
+
+from linvit_jax import config_lib
+from linvit_jax import export
+from linvit_jax import inference_pp
+from linvit_jax import photo_eval
+from linvit_jax.models import from_config
+from linvit_jax.models import vit
+from linvit_jax.models import vit_checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HF = os.path.join(ROOT, "tests", "data", "foreign", "hf_dinov2_registers")
+FIELDS = dict(
+    num_classes=None,
+    patch_size=(4, 4),
+    width=32,
+    depth=2,
+    num_heads=2,
+    mlp_dim=64,
+    pool_type="tok",
+    reg_tokens=1,
+)
+PP = 'decode|resize_small(18)|central_crop(16)|vgg_value_range|keep("image")'
+
+
+def write_photos(folder, n, seed=0):
+  """n photos of 40-90 px: smooth colour fields with a pattern, some PNG, some JPEG."""
+  rs = np.random.RandomState(seed)
+  os.makedirs(folder, exist_ok=True)
+  paths = []
+  for i in range(n):
+    h, w = rs.randint(40, 90, size=2)
+    smooth = rs.rand(h // 8 + 2, w // 8 + 2, 3)
+    img = np.asarray(Image.fromarray((smooth * 255).astype(np.uint8)).resize((w, h)), np.float32)
+    img[::6] *= 0.5  # stripes: something small for the higher sizes to see
+    paths.append(os.path.join(folder, f"photo_{i}.{'png' if i % 2 else 'jpg'}"))
+    Image.fromarray(img.astype(np.uint8)).save(paths[-1])
+  return paths
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+  return write_photos(str(tmp_path_factory.mktemp("photos")), 10)
+
+
+@pytest.fixture(scope="module")
+def teacher():
+  model = vit.Model(**FIELDS, attention="softmax")
+  params = model.init(jax.random.PRNGKey(0), np.zeros((1, 16, 16, 3), np.float32))["params"]
+  return model, jax.tree.map(np.asarray, params)
+
+
+def _perturbed(params, scale):
+  leaves, tree = jax.tree.flatten(params)
+  rs = np.random.RandomState(1)
+  return jax.tree.unflatten(tree, [x + scale * np.std(x) * rs.randn(*x.shape) for x in leaves])
+
+
+def _evaluate(teacher, student_params, photos, **kw):
+  model, params = teacher
+  kw = {"factors": (1, 2), "bootstrap": 200, "dense_k": 4, "min_photos": 4, **kw}
+  return photo_eval.evaluate_photos(
+      model, params, model, student_params, photos[:6], photos[6:], pp=PP, res=16, **kw
+  )
+
+
+def test_views_come_from_the_original_not_an_upsampled_crop(tmp_path):
+  # A fine checkerboard (8-px squares) in a 128-px photo: at 32 px its squares are 2 px and
+  # visible; a 16-px view (1-px squares, blurred) upsampled to 32 px has lost them.
+  i, j = np.indices((128, 128))
+  board = ((i // 8 + j // 8) % 2 * 255).astype(np.uint8)
+  path = str(tmp_path / "board.png")
+  Image.fromarray(np.stack([board] * 3, -1)).save(path)
+  values = photo_eval.value_ops(PP)
+  assert values == "decode|vgg_value_range"  # the geometry is the views', the rest the run's
+  native = inference_pp.Preprocess(photo_eval.view_pp("whole", 32, values))(path)
+  small = inference_pp.Preprocess(photo_eval.view_pp("whole", 16, values))(path)
+  up = np.asarray(jax.image.resize(small, (32, 32, 3), "bilinear"))
+  assert native.shape == up.shape == (32, 32, 3)
+  assert native.std() > 3 * up.std()  # the pattern's contrast survives only at native size
+  assert np.abs(native - up).mean() > 0.8
+  # The crop view: the shorter side to s, then the centre (a wide photo keeps its middle).
+  wide = np.zeros((40, 80, 3), np.uint8)
+  wide[:, 20:60] = 255
+  crop = inference_pp.Preprocess(photo_eval.view_pp("crop", 16, "decode"))(wide)
+  whole = inference_pp.Preprocess(photo_eval.view_pp("whole", 16, "decode"))(wide)
+  assert crop.shape == whole.shape == (16, 16, 3)
+  assert crop.min() > 200 and whole[:, 0].max() < 50  # the crop is all middle, whole is not
+
+
+def test_bootstrap_contains_the_mean_and_shrinks_with_more_photos():
+  rs = np.random.RandomState(0)
+  many = rs.rand(400)
+  few = many[:10]  # the same photos' values, fewer of them: width ~ 1/sqrt(n)
+  for values in (few, many):
+    lo, hi = photo_eval.bootstrap_interval(values, 1000, seed=0)
+    assert lo <= values.mean() <= hi
+  assert np.ptp(photo_eval.bootstrap_interval(many)) < 0.5 * np.ptp(
+      photo_eval.bootstrap_interval(few)
+  )
+  assert photo_eval.bootstrap_interval(few, seed=3) == photo_eval.bootstrap_interval(few, seed=3)
+  s = photo_eval.stat([0.9, 0.5, 0.8], ["a", "b", "c"])
+  assert (s["worst"], s["worst_photo"], s["n"]) == (0.5, "b", 3)
+
+
+def test_the_teacher_as_its_own_student_keeps_every_part(teacher, photos):
+  out = _evaluate(teacher, teacher[1], photos)
+  assert (out["n_test"], out["n_val"]) == (6, 4) and "too_few" not in out
+  assert [(r["size"], r["view"]) for r in out["rows"]] == [
+      (16, "whole"),
+      (16, "crop"),
+      (32, "whole"),
+      (32, "crop"),
+  ]
+  for r in out["rows"]:
+    assert r["n"] == 6 and r["upsampled"] == 0
+    assert r["cls_cosine"]["mean"] == pytest.approx(1, abs=1e-5)
+    assert r["patch_cosine"]["lo"] == pytest.approx(1, abs=1e-5)
+    d = r["dense"]
+    assert d["drop_in"]["mean"] == 1.0 and d["drop_in"]["worst"] == 1.0
+    assert d["probe_student"] == d["probe_teacher"] and d["probe_ratio"] == 1.0
+  json.dumps(out)  # plain JSON types
+  table = photo_eval.format_table(out)
+  assert "drop-in" in table and "photo_" in table and "   32 crop" in table
+
+
+def test_a_perturbed_student_loses_parts_and_fidelity(teacher, photos):
+  out = _evaluate(teacher, _perturbed(teacher[1], 0.5), photos)
+  for r in out["rows"]:
+    assert r["patch_cosine"]["mean"] < 0.99
+    assert r["patch_cosine"]["lo"] <= r["patch_cosine"]["mean"] <= r["patch_cosine"]["hi"]
+    assert r["patch_cosine"]["worst"] <= r["patch_cosine"]["mean"]
+    assert r["dense"]["drop_in"]["mean"] < 1.0
+    assert 0 <= r["dense"]["probe_student"]["mean"] <= 1
+
+
+def test_too_few_photos_are_said_not_hidden(teacher, photos, caplog):
+  out = _evaluate(teacher, teacher[1], photos[:8], factors=(1,), min_photos=8)
+  assert out["too_few"] == (
+      "test set: 6 photos (< 8): intervals are wide; validation set: 2 photos (< 8): the dense "
+      "measure's parts and probes rest on them"
+  )
+  assert "test set: 6 photos" in caplog.text
+  assert "note: test set: 6 photos" in photo_eval.format_table(out)
+  none = photo_eval.evaluate_photos(
+      *teacher, *teacher, photos[:2], [], pp=PP, res=16, factors=(1,), min_photos=8
+  )
+  assert "dense" not in none["rows"][0] and "validation set: 0 photos" in none["too_few"]
+  with pytest.raises(photo_eval.PhotoEvalError, match="no test photos"):
+    photo_eval.evaluate_photos(*teacher, *teacher, [], photos, pp=PP, res=16)
+  with pytest.raises(photo_eval.PhotoEvalError, match="factor 1.1: 1.1 × 16 px = 17.6 px"):
+    photo_eval.evaluate_photos(*teacher, *teacher, photos, [], pp=PP, res=16, factors=(1.1,))
+
+
+def _hf_export(folder):
+  """A linear student of the tiny HF DINOv2 (its teacher's weights, elu1 attention), 28 px."""
+  model_cfg = vit_checkpoint.model_config_from_init(config_lib.base_config().model.to_dict(), HF)
+  kw = from_config.model_kwargs(model_cfg)
+  teacher = vit.Model(**kw, attention="softmax")
+  shapes = jax.eval_shape(teacher.init, jax.random.PRNGKey(0), np.zeros((1, 28, 28, 3)))
+  params = vit.load(shapes["params"], HF, kw)
+  c = config_lib.base_config()
+  with c.unlocked():
+    c.data.image_size = 28
+    c.data.pp_eval = 'decode|resize_small(32)|central_crop(28)|vgg_value_range|keep("image")'
+    c.teacher.init, c.stages = HF, ()
+  cfg = export.student_config(kw, "elu1", c, {})
+  export.save(str(folder), params, cfg)
+  return str(folder)
+
+
+def test_cli_writes_json_and_bad_photos_is_one_line(tmp_path, capsys):
+  student = _hf_export(tmp_path / "student")
+  folder = str(tmp_path / "photos")
+  write_photos(folder, 6, seed=2)
+  out = str(tmp_path / "r.json")
+  args = ["--student", student, "--teacher", HF, "--photos", folder, "--factors", "1,2"]
+  assert photo_eval.main([*args, "--out", out]) == 0
+  printed = capsys.readouterr().out
+  with open(out) as f:
+    results = json.load(f)
+  assert results["n_test"] + results["n_val"] == 6 and results["res"] == 28
+  assert [r["size"] for r in results["rows"]] == [28, 28, 56, 56]
+  assert 0 < results["rows"][0]["patch_cosine"]["mean"] < 1
+  assert "too_few" in results and "cls cosine" in printed and "wrote" in printed
+  test, val, names = photo_eval.split_folder(folder)
+  assert sorted(names) == sorted(os.path.basename(p) for p in test) and not set(test) & set(val)
+
+  bad = str(tmp_path / "nowhere")
+  assert photo_eval.main(["--student", student, "--teacher", HF, "--photos", bad]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: --photos") and err.count("\n") == 1
+  (tmp_path / "empty").mkdir()
+  assert (
+      photo_eval.main(["--student", student, "--teacher", HF, "--photos", str(tmp_path / "empty")])
+      == 2
+  )
+  err = capsys.readouterr().err
+  assert err.startswith("error: ") and "no image files" in err and err.count("\n") == 1
+  assert photo_eval.main([*args[:6], "--factors", "1,x"]) == 2
+  assert "--factors" in capsys.readouterr().err
