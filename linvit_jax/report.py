@@ -289,6 +289,11 @@ def format_summary(results: Mapping[str, Any]) -> str:
         f"{k['eval_examples']} classified): teacher {pct(k['teacher_top1'])}, student "
         f"{pct(k['student_top1'])}, retention {100 * k['retention']:.1f} %"
     )
+    if k.get("teacher_features_cached"):  # feature_cache: an earlier run computed them
+      lines.append(
+          f"  the teacher's k-NN features came from the feature cache (computing them took "
+          f"{k.get('teacher_features_saved_s', 0.0):.0f} s)"
+      )
     if "cls_cosine" in k:
       lines.append(
           f"pooled-feature cosine to the teacher on those {k['train_examples'] + k['eval_examples']}"
@@ -313,6 +318,8 @@ def format_summary(results: Mapping[str, Any]) -> str:
           ("{:10.3f} / {:<9.3f}".format(v[i]["cosine"], v[i]["nmse"])).rjust(width) for _, v in fids
       )
       lines.append(f"{i:>5d}  {cells}".rstrip())
+  # results["test"], the evaluation on test photos, is printed here by its own formatter
+  # (photo_eval.format_table, being written: import it here once it exists).
   if "teacher_images_per_s" in results:
     lines.append("")
     lines.append(
@@ -334,8 +341,102 @@ def format_summary(results: Mapping[str, Any]) -> str:
         f"{row['teacher_peak_bytes'] / 2**20:.0f}, student "
         f"{row['student_peak_bytes'] / 2**20:.0f}"
     )
-  lines.append(f"total time {results['timing_s']['total']:.0f} s")
+  lines.extend(format_timing(results))
   return "\n".join(lines)
+
+
+# What run.py's timing_s keys measure, in words (a stage's key is its name).
+_TIMING_LABELS = {
+    "convert_and_evaluate": "surgery and first scoring",
+    "speed_resolution_plots": "speed, resolutions and plots",
+}
+
+
+def _logged_steps_per_s(history: Sequence[Mapping[str, Any]]) -> float | None:
+  """The median of a stage's logged training rates, the first row left out: it holds the
+  compilation (and, after a resume, the restart), which the teacher's timed forward excludes."""
+  rates = [
+      float(r["steps_per_sec"])
+      for r in history[1:]
+      if isinstance(r.get("steps_per_sec"), (int, float)) and r["steps_per_sec"] > 0
+  ]
+  return float(np.median(rates)) if rates else None
+
+
+def format_timing(results: Mapping[str, Any]) -> list[str]:
+  """Where a run's time went (results["timing_s"]): minutes and share of the total per part,
+  and each training stage's step cost beside the teacher's forward. Missing keys (an older
+  results.json, a run without teacher or histories) leave their rows or columns out."""
+  timing = {k: v for k, v in (results.get("timing_s") or {}).items() if isinstance(v, (int, float))}
+  if not timing:
+    return ["", "where the time went: not recorded"]
+  config = results.get("config") or {}
+  stage_names = [n for n in config.get("stages") or () if n in timing]
+  named = (
+      [k for k in ("convert_and_evaluate",) if k in timing]
+      + stage_names
+      + [k for k in timing if k not in stage_names and k not in ("convert_and_evaluate", "total")]
+  )
+  total = float(timing.get("total", sum(timing[k] for k in named)))
+  rest = total - sum(timing[k] for k in named)
+  # run.py times these parts; the rest of the total is loading the teacher and the student,
+  # scoring after each stage, k-NN and the held-out view (the export comes after the total).
+  rest_what = ["loading", "scoring after each stage"]
+  if results.get("knn") and "knn" not in timing:
+    rest_what.append("k-NN")
+  rows = [
+      (f"stage {k}" if k in stage_names else _TIMING_LABELS.get(k, k), timing[k]) for k in named
+  ]
+  rows.append((f"the rest: {', '.join(rest_what)}", rest))
+  width = max(34, max(len(label) for label, _ in rows) + 2)
+  share = lambda s: f"{100 * s / total:6.1f} %" if total > 0 else "     -"  # noqa: E731
+  lines = ["", f"{'where the time went':<{width}s}{'minutes':>9s}{'share':>9s}"]
+  lines += [f"  {label:<{width - 2}s}{s / 60:9.1f}{share(s):>9s}" for label, s in rows]
+  lines.append(f"  {'total':<{width - 2}s}{total / 60:9.1f}{share(total):>9s}   ({total:.0f} s)")
+  return lines + _step_cost(results, stage_names, timing)
+
+
+def _step_cost(
+    results: Mapping[str, Any], stage_names: Sequence[str], timing: Mapping[str, float]
+) -> list[str]:
+  """Each training stage's step cost beside the teacher's forward, per image: how many of the
+  teacher's forward passes one image of training costs (the `align` step runs the teacher, the
+  student and the student's backward)."""
+  config = results.get("config") or {}
+  histories = results.get("histories") or {}
+  teacher = results.get("teacher_images_per_s")
+  width = max([5] + [len(n) for n in stage_names]) + 4
+  rows = []
+  for name in stage_names:
+    stage = config.get(name) or {}
+    steps, batch = stage.get("steps"), stage.get("batch_size")
+    if not steps or not batch:
+      continue
+    logged = _logged_steps_per_s(histories.get(name) or [])
+    images_per_s = batch * (logged or steps / max(timing[name], 1e-9))
+    ratio = f"{teacher / images_per_s:.1f}×" if teacher else "-"
+    rows.append(
+        f"  {name:<{width - 2}s}{steps:>7d}{batch:>7d}{timing[name] / steps:>9.2f}"
+        f"{images_per_s:>10.2f}{ratio:>11s}"
+    )
+  if not rows:
+    return []
+  title = "training step cost"
+  if teacher:
+    at = (config.get("eval") or {}).get("throughput_batch")
+    title += (
+        f" beside the teacher's forward ({teacher:.2f} images/s{f' at batch {at}' if at else ''})"
+    )
+  return [
+      "",
+      title,
+      f"{'stage':<{width}s}{'steps':>7s}{'batch':>7s}{'s/step':>9s}{'images/s':>10s}"
+      f"{'÷ teacher':>11s}",
+      *rows,
+      "  s/step: the stage's wall time / steps (compiling, curves and checkpoints included);",
+      "  images/s: the median logged rate (compiling excluded); ÷ teacher: the teacher's forward",
+      "  passes one training image costs",
+  ]
 
 
 # ----------------------------------------------------------------------------- pictures
