@@ -39,19 +39,19 @@ from linvit_jax.models import layout
 
 Params = Any  # a pytree of arrays (or ShapeDtypeStructs)
 
-# Named trainable masks (re.fullmatch on '/'-joined paths; per-block or scanned trees).
-_ATTN_MODULE = r"Transformer/encoderblock(_\d+)?/MultiHeadDotProductAttention_0"
-_ATTENTION = _ATTN_MODULE + "/.*"
+# Named trainable masks (re.fullmatch on '/'-joined paths; per-block or scanned trees). The names
+# come from models/layout.py, so a lever module listed there is in every attention mask.
+_ATTENTION = layout.attention_re()
 STAGE_TRAINABLE = {
     "distill_attention": _ATTENTION,  # q/k/v/out and the feature maps of every encoder block
     "attention": _ATTENTION,
     # Only what routes (q/k, the feature maps, the lever params): v and out keep the teacher's
     # values, so Adam's scale-free steps cannot move the out projection's LayerScale-sized columns.
-    "attention_routing": _ATTN_MODULE + r"/(query|key|feature_map_[qk]|conv_v|window|sinks)/.*",
+    "attention_routing": layout.attention_re(("query", "key") + layout.LINEAR_ONLY),
     # Everything but q/k (LoLCATs' stage 1 trains φ with q/k/v/o frozen): the linear branch
     # adapts through the feature maps' own per-head maps, and what reads q/k exactly (the exact
     # prefix rows, a window, sinks) keeps the teacher's softmax scores.
-    "attention_features": _ATTN_MODULE + r"/(value|out|feature_map_[qk]|conv_v|window|sinks)/.*",
+    "attention_features": layout.attention_re(("value", "out") + layout.LINEAR_ONLY),
     "finetune": r".*",
     "all": r".*",
 }

@@ -5,11 +5,9 @@ value) or 'keep' (keep the student's init). The first rule whose regex *fully* m
 path decides (re.fullmatch, as big_vision's `dont_load`); every student leaf must be matched, so a
 policy ends with a catch-all.
 
-Paths are '/'-joined in per-block form, whatever the layout of either tree:
-
-    Transformer/encoderblock_3/MultiHeadDotProductAttention_0/query/kernel
-
-A scanned tree (`Transformer/encoderblock/...` with a leading depth axis) is viewed as blocks
+Paths are '/'-joined in per-block form, whatever the layout of either tree: block 3's query kernel
+is `f"{layout.block_path(3)}/{layout.ATTN}/query/kernel"` (names and regexes: models/layout.py).
+A scanned tree (`layout.SCANNED_PREFIX` paths with a leading depth axis) is viewed as blocks
 0..L-1, so the same rules serve both layouts, and teacher and student may differ in layout. The
 output always has the STUDENT's layout (and dtypes: a copied leaf is cast to the student leaf's
 dtype if they differ, and the report says so).
@@ -23,8 +21,8 @@ Named policies, one per ablation arm (`POLICIES`, `get_policy`):
     copy_attention_only  only q/k/v/out copied; everything else keeps the student's init.
     copy_none            nothing copied (the random-init arm).
 
-Feature-map parameters (`.../MultiHeadDotProductAttention_0/feature_map_q|feature_map_k/...`) are
-'keep' in every named policy: the teacher has none. A custom policy that copies a leaf the teacher
+Feature-map and lever parameters (`layout.LINEAR_ONLY` under the attention module) are 'keep' in
+every named policy: the teacher has none. A custom policy that copies a leaf the teacher
 lacks, or copies across a shape mismatch, is a `SurgeryError` naming the path (and both shapes).
 
     params, report = transplant(teacher_params, student_init, "copy_same")
@@ -60,12 +58,12 @@ Rule = tuple[str, str]
 Policy = list[Rule]
 ACTIONS = ("copy", "keep")
 
-_BLOCK = r"Transformer/encoderblock_\d+"
-_ATTN = _BLOCK + "/" + layout.ATTN
-# What only a linear student has (feature maps, the conv_v lever, the window or sinks gate): never in a softmax
-# teacher.
-FEATURE_MAP_RULE: Rule = (_ATTN + r"/(feature_map_[qk]|conv_v|window|sinks)/.*", "keep")
-ATTENTION_PROJECTIONS = _ATTN + r"/(query|key|value|out)/.*"
+# Rules match per-block paths (a scanned tree is viewed per block first); names from models/layout.
+_BLOCK = layout.PER_BLOCK_RE
+# What only a linear student has (feature maps, the conv_v lever, the window or sinks gate): never
+# in a softmax teacher.
+FEATURE_MAP_RULE: Rule = (layout.attention_re(layout.LINEAR_ONLY, per_block=True), "keep")
+ATTENTION_PROJECTIONS = layout.attention_re(layout.PROJECTIONS, per_block=True)
 
 # Operator-agnostic parts of a big_vision ViT: identical function in the softmax and linear model.
 _OPERATOR_AGNOSTIC: Policy = [
@@ -169,7 +167,7 @@ class SurgeryReport:
     are grouped as attention (projections, feature maps, levers), by module in the encoder
     (LayerNorm, MlpBlock, encoder_norm) or by top-level name (embedding, head, ...)."""
     fresh: dict[str, int] = {}
-    attention = re.compile(_ATTN + "/.*")
+    attention = re.compile(layout.attention_re(per_block=True))
     for r in self.rows:
       if r.action != "keep":
         continue
@@ -177,7 +175,8 @@ class SurgeryReport:
       if attention.fullmatch(r.path):
         group = "attention"
       elif parts[0] == "Transformer" and len(parts) > 2:
-        group = re.sub(r"_\d+$", "", parts[2] if parts[1].startswith("encoderblock") else parts[1])
+        in_block = parts[1].startswith(layout.SCANNED_BLOCK)
+        group = re.sub(r"_\d+$", "", parts[2] if in_block else parts[1])
       else:
         group = parts[0]
       fresh[group] = fresh.get(group, 0) + 1
@@ -257,9 +256,6 @@ class _Ref:
     return s if self.index is None else s[1:]
 
 
-_SCANNED = "Transformer/encoderblock/"
-
-
 def _per_block_view(tree: Mapping[str, Any], what: str) -> dict[str, _Ref]:
   if not isinstance(tree, Mapping):
     raise SurgeryError(f"{what} params must be a nested dict, got {type(tree).__name__}")
@@ -267,14 +263,15 @@ def _per_block_view(tree: Mapping[str, Any], what: str) -> dict[str, _Ref]:
     raise SurgeryError(f"{what} params have a single 'params' key: pass variables['params']")
   view: dict[str, _Ref] = {}
   for path, leaf in tree_lib.flatten(tree, error=SurgeryError).items():
-    if path.startswith(_SCANNED):
+    if path.startswith(layout.SCANNED_PREFIX):
       if not np.ndim(leaf):
         raise SurgeryError(
-            f"{what} '{path}' is under the scanned 'encoderblock' but has no " "leading depth axis"
+            f"{what} '{path}' is under the scanned '{layout.SCANNED_BLOCK}' but has no leading "
+            "depth axis"
         )
-      rest = path[len(_SCANNED) :]
+      rest = path[len(layout.SCANNED_PREFIX) :]
       for i in range(np.shape(leaf)[0]):
-        view[f"Transformer/{layout.block_name(i)}/{rest}"] = _Ref(leaf, i, path)
+        view[f"{layout.block_path(i)}/{rest}"] = _Ref(leaf, i, path)
     else:
       view[path] = _Ref(leaf)
   return view
@@ -410,7 +407,7 @@ def transplant(
 
 
 def _natural_key(path: str) -> list[Any]:
-  """Sorts encoderblock_10 after encoderblock_9."""
+  """Sorts block 10 after block 9 (digit runs compare as numbers)."""
   return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path)]
 
 
