@@ -14,8 +14,10 @@ the matrix [prod(shape[:k]), prod(shape[k:])] with the split k that makes it mos
 [d, h, hd] → [d, h·hd], the out projection [h, hd, d] → [h·hd, d], a patch embedding
 [p, p, c, d] → [p·p·c, d]. Every other trained leaf (biases, norms, embeddings, per-head vectors)
 is stepped as usual. A per-head kernel such as hedgehog's [h, hd, w] reads as [h·hd, w]: one rank-r
-update whose output directions the heads share. In a scanned tree (`Transformer/encoderblock/...`, a leading depth axis) each
-layer gets its own factors: the depth axis is a batch axis of A and B, not part of the matrix.
+update whose output directions the heads share. In a scanned tree (paths under
+`layout.SCANNED_PREFIX`, a leading depth axis) each layer gets its own factors: the depth axis is
+a batch axis of A and B, not part of the matrix. A pattern that names encoder modules is best built
+from models/layout.py (e.g. `layout.attention_re(layout.PROJECTIONS)`).
 
 `column_scale=True` (the optimizer's update_scale="param_rms") makes ΔW = (A·B) ⊙ s with s the
 RMS of each output column of W₀ (floored), fixed when the stage starts: the same relative-step

@@ -14,8 +14,10 @@ devices and 2 processes × 4 devices on localhost; GPU and TPU are untested here
 * Each process feeds only its own rows of the global batch; `make_global_batch` stitches them
   into one global `jax.Array` with `jax.make_array_from_process_local_data`.
 
-Paths are big_vision-style '/'-joined names ("Transformer/encoderblock_0/MlpBlock_0/Dense_0/
-kernel"); `train.py` jits under `jax.set_mesh(mesh)` with these `NamedSharding`s at the jit boundary.
+Paths are big_vision-style '/'-joined names (`f"{layout.block_path(0)}/MlpBlock_0/Dense_0/kernel"`);
+a rule that names encoder modules is best built from models/layout.py (`layout.BLOCK_RE`,
+`layout.attention_re(...)`), which knows both layouts. `train.py` jits under `jax.set_mesh(mesh)`
+with these `NamedSharding`s at the jit boundary.
 """
 
 from __future__ import annotations
