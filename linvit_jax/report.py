@@ -349,6 +349,7 @@ def format_summary(results: Mapping[str, Any]) -> str:
 _TIMING_LABELS = {
     "convert_and_evaluate": "surgery and first scoring",
     "speed_resolution_plots": "speed, resolutions and plots",
+    "knn": "k-NN check",
 }
 
 

@@ -28,6 +28,17 @@ def test_params_digest_is_by_content():
   assert feature_cache.params_digest(renamed) != d
 
 
+def test_digest_of_object_and_bfloat16_arrays():
+  import ml_dtypes
+
+  names = {"a": np.array(["x", None], object)}
+  assert feature_cache.params_digest(names) == feature_cache.params_digest(
+      {"a": np.array(["x", None], object)}
+  )
+  w = np.ones((2, 3), ml_dtypes.bfloat16)
+  assert feature_cache.params_digest({"w": w}) != feature_cache.params_digest({"w": w * 2})
+
+
 def test_batch_digest_passes_batches_through():
   batches = [{"image": np.ones((2, 3)), "label": np.array([0, 1])} for _ in range(3)]
   tap = feature_cache.BatchDigest(iter(batches))

@@ -98,6 +98,12 @@ def test_an_unknown_timing_key_is_its_own_row():
   lines = report.format_summary(results).splitlines()
   assert _row(lines, "test_photos") == [3.0, 7.5]
   assert _row(lines, "the rest: loading, scoring after each stage") == [4.0, 10.0]
+  results["timing_s"]["knn"] = 60.0  # timed on its own: no longer part of the rest
+  lines = report.format_summary(results | {"knn": {"k": 1, "dataset": "d", "train_examples": 2,
+      "eval_examples": 1, "teacher_top1": 1.0, "student_top1": 1.0, "retention": 1.0}}).splitlines()  # fmt: skip
+  assert _row(lines, "k-NN check") == [1.0, 2.5]
+  assert _row(lines, "the rest: loading, scoring after each stage") == [3.0, 7.5]
+  assert not any(line.strip().startswith("the rest") and "k-NN" in line for line in lines)
 
 
 def test_knn_line_says_when_the_teachers_features_were_cached():
