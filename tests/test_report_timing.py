@@ -5,6 +5,7 @@ import json
 import os
 import re
 
+import numpy as np
 import pytest
 
 from linvit_jax import report
@@ -133,3 +134,27 @@ def test_the_committed_default_run_formats():
   parts = [_row(lines, line.strip().split("  ")[0])[0] for line in lines[start + 1 : start + 6]]
   assert sum(parts) == pytest.approx(total / 60, abs=0.3)  # rounding: 0.05 per row
   assert any(line.split()[:3] == ["align", "500", "8"] for line in lines)
+
+
+def test_resolution_rows_reuse_the_runs_throughput_at_factor_one(monkeypatch):
+  """The factor-1 row is the run's own images/s (same batch, same resolution): not timed twice."""
+  from linvit_jax import config_lib
+
+  config = config_lib.base_config()
+  config.data.image_size, config.model.patch_size = 8, (4, 4)
+  config.eval.resolution_factors, config.eval.throughput_batch = (1, 2), 2
+  timed = []
+  ev = report.evaluate
+  monkeypatch.setattr(ev, "resample_for_resolution", lambda p, grid: p)
+  monkeypatch.setattr(ev, "images_per_second", lambda m, p, x: timed.append(m) or 1.0)
+  monkeypatch.setattr(ev, "forward_peak_bytes", lambda m, p, x: 0.0)
+  monkeypatch.setattr(ev, "end_to_end_fidelity", lambda *a: {"patch_cosine": 1.0})
+  sample = np.zeros((2, 8, 8, 3), np.float32)
+  known = {"teacher_images_per_s": 5.0, "student_images_per_s": 7.0}
+  args = (config, None, "teacher", {}, "student", {}, False, sample)
+  rows = report.resolution_scaling(*args, known=known)
+  assert [r["teacher_images_per_s"] for r in rows] == [5.0, 1.0]
+  assert [r["student_images_per_s"] for r in rows] == [7.0, 1.0]
+  assert timed == ["teacher", "student"]  # the factor-2 row only
+  timed.clear()
+  assert len(report.resolution_scaling(*args)) == 2 and len(timed) == 4  # nothing known
