@@ -78,8 +78,8 @@ def knn_retention(config, teacher_model, teacher_params, student_model, student_
   """Weighted k-NN top-1 of teacher and student on eval.knn's set, and their ratio.
 
   The teacher's features come from the feature cache when an earlier run computed them for the
-  same params and the same batches (`teacher_features_cached`; `teacher_features_s` is what
-  getting them cost this run, `teacher_features_saved_s` what computing them cost then)."""
+  same params and the same batches (`teacher_features_cached`; `teacher_features_seconds` is what
+  getting them cost this run, `teacher_features_saved_seconds` what computing them cost then)."""
   knn = config.eval.knn
   out = {"dataset": knn.dataset, "k": knn.k}
   cache = feature_cache.FeatureCache.from_env()
@@ -122,9 +122,9 @@ def knn_retention(config, teacher_model, teacher_params, student_model, student_
     cache.put(parts, {"features": features, "labels": labels,
                       "seconds": np.float64(time.perf_counter() - t_part)})  # fmt: skip
   out["teacher_features_cached"] = hits == len(splits)
-  out["teacher_features_s"] = time.perf_counter() - t0
+  out["teacher_features_seconds"] = time.perf_counter() - t0
   if hits:
-    out["teacher_features_saved_s"] = saved_s
+    out["teacher_features_saved_seconds"] = saved_s
   for who, feats in (("teacher", teacher), ("student", student)):
     out[f"{who}_top1"] = evaluate.knn_top1(
         *feats["train"], *feats["eval"], k=knn.k, temperature=knn.temperature
@@ -298,7 +298,7 @@ def format_summary(results: Mapping[str, Any]) -> str:
     if k.get("teacher_features_cached"):  # feature_cache: an earlier run computed them
       lines.append(
           f"  the teacher's k-NN features came from the feature cache (computing them took "
-          f"{k.get('teacher_features_saved_s', 0.0):.0f} s)"
+          f"{k.get('teacher_features_saved_seconds', 0.0):.0f} s)"
       )
     if "cls_cosine" in k:
       lines.append(

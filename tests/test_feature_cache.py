@@ -102,11 +102,11 @@ def test_second_run_reads_the_teachers_features(tmp_path, monkeypatch):
   fake = _Fake(tmp_path, monkeypatch)
   first = fake.run()
   assert fake.calls == {"teacher": 2, "student": 2}  # one pass per split each
-  assert first["teacher_features_cached"] is False and "teacher_features_saved_s" not in first
+  assert first["teacher_features_cached"] is False and "teacher_features_saved_seconds" not in first
   assert len(os.listdir(tmp_path / "cache")) == 2  # one entry per split
   second = fake.run()
   assert fake.calls == {"teacher": 2, "student": 4}  # the student always runs, the teacher not
-  assert second["teacher_features_cached"] is True and second["teacher_features_saved_s"] >= 0
+  assert second["teacher_features_cached"] is True and second["teacher_features_saved_seconds"] >= 0
   for key in ("teacher_top1", "student_top1", "retention", "cls_cosine", "cls_cosine_min"):
     assert second[key] == first[key], key
   assert (second["train_examples"], second["eval_examples"]) == (12, 6)
@@ -122,7 +122,7 @@ def test_changed_param_count_or_images_miss(tmp_path, monkeypatch):
   fake.knn.train_examples = 8  # the train split misses, the eval split still hits
   out = fake.run()
   assert fake.calls["teacher"] == 5 and out["teacher_features_cached"] is False
-  assert out["teacher_features_saved_s"] >= 0  # what the hit on the eval split saved
+  assert out["teacher_features_saved_seconds"] >= 0  # what the hit on the eval split saved
   fake.seed["test"] = 2  # same dataset name, split and count; other photos
   assert fake.run()["teacher_features_cached"] is False
   assert fake.calls["teacher"] == 6

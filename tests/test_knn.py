@@ -88,7 +88,7 @@ def test_knn_on_a_labelled_folder_in_the_report(tmp_path, monkeypatch):
   # A second run of the same teacher on the same photos reads the teacher's features back (the
   # real pipeline gives the same batches twice, and the real params hash the same).
   again = run_lib.run(config, str(tmp_path / "work2"))["knn"]
-  assert again["teacher_features_cached"] is True and "teacher_features_saved_s" in again
+  assert again["teacher_features_cached"] is True and "teacher_features_saved_seconds" in again
   for key in ("teacher_top1", "student_top1", "cls_cosine", "cls_cosine_min"):
     assert again[key] == pytest.approx(knn[key], abs=1e-6), key
 

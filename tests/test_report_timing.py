@@ -110,7 +110,7 @@ def test_an_unknown_timing_key_is_its_own_row():
 def test_knn_line_says_when_the_teachers_features_were_cached():
   knn = {"k": 5, "dataset": "d", "train_examples": 10, "eval_examples": 4, "teacher_top1": 1.0,
          "student_top1": 0.5, "retention": 0.5, "teacher_features_cached": True,
-         "teacher_features_saved_s": 241.0}  # fmt: skip
+         "teacher_features_saved_seconds": 241.0}  # fmt: skip
   text = report.format_summary(_results(knn=knn))
   assert "came from the feature cache (computing them took 241 s)" in text
   assert "k-NN" in text.split("the rest: ")[1].splitlines()[0]
