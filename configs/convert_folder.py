@@ -7,8 +7,8 @@ r"""Convert any ViT checkpoint to linear attention on a folder of images, label-
 The recipe: surgery (`policy`) → distill_attention (teacher-forced attention outputs, attention
 params only, `distill_fraction` of the `max_images` budget) → optional hybrid (`softmax_layers`)
 → align (the student's own forward matched block by block, on the rest of the budget) → fidelity
-report on held-out photos, k-NN, speed, export. What each default measured: README, "Real
-pretrained ViTs", and docs/levers.md.
+report on the validation photos, the test photos' evaluation (photo_eval.py), k-NN, speed,
+export. What each default measured: README, "Real pretrained ViTs", and docs/levers.md.
 
 The teacher and the photos:
   init: a big_vision .npz, or a Hugging Face / timm model folder or .safetensors file; it alone
@@ -18,7 +18,9 @@ The teacher and the photos:
   gelu: exact | tanh; empty: the source's, else exact
   norm: imagenet | minus_one_one | source; empty: the source's mean/std, else imagenet
   pool: gap | 0 | none, the pool type of a teacher without a cls token (default gap)
-  holdout: the fraction of photos held out for fidelity, by a hash of each path, in (0, 1)
+  holdout: the fraction of photos held out, by a hash of each path, in (0, 1): half of them
+    (by a second hash) validate the run's choices, the other half are the test photos it reports
+    at res, 2·res and 4·res (eval.test; fewer than 8 of either: the run says so)
   eval_images: how many held-out crops the fidelity report measures
 
 The student's linear attention:
@@ -192,7 +194,9 @@ def get_config(arg=None):
       dataset="image_folder",
       data_dir=arg.images,
       train_split="train" + split,
-      eval_split="holdout" + split,
+      # The run's choices (hybrid layers, curves, calibration) and its fidelity sample: the
+      # validation half of the held-out photos; the test half is only reported (eval.test).
+      eval_split="val" + split,
       eval_dataset="",
       image_size=res,
       num_classes=0,
@@ -294,6 +298,9 @@ def get_config(arg=None):
   c.eval.attention_map_images = 4
   c.eval.resolution_factors = (1, 2)
   c.eval.resolution_fidelity_images = min(16, arg.eval_images)
+  # The test photos: every size from the original photo, intervals over photos, the dense
+  # measure (photo_eval.py); never chosen on.
+  c.eval.test.split = "test" + split
   if arg.knn not in ("", "none"):  # auto: resolved when the run starts (preflight.resolve_knn)
     folder = arg.knn.startswith("image_folder")
     c.eval.knn.update(
@@ -309,4 +316,5 @@ def get_config(arg=None):
     c.eval.fidelity_images = c.eval.curve_images = c.eval.resolution_fidelity_images = 4
     c.eval.throughput_batch = 2
     c.eval.attention_map_images = 2
+    c.eval.test.factors = (1, 2)
   return c

@@ -351,6 +351,20 @@ def knn() -> dict:
   )
 
 
+def photo_test() -> dict:
+  """The `eval.test` block: the student vs its teacher on the test photos of an image folder at
+  native resolution, with bootstrap intervals and the dense measure (photo_eval.py); the dense
+  measure's parts and probes are fitted on the data block's eval split (the validation photos)."""
+  return dict(
+      split="",  # "" = off; an image-folder split of data.dataset, e.g. "test@0.2"
+      factors=(1, 2, 4),  # sizes, multiples of data.image_size, each made from the original photo
+      views=("whole", "crop"),  # whole: resized to s×s; crop: shorter side to s, centre s×s
+      min_photos=8,  # fewer test or validation photos: the run goes on and says so
+      bootstrap=1000,  # resamples of the photos for each 95 % interval
+      dense_k=8,  # the teacher's parts (k-means on its patch tokens); 0: no dense measure
+  )
+
+
 def base_config() -> mlc.ConfigDict:
   """Every field a run understands, with defaults; config files override what they need."""
   c = mlc.ConfigDict()
@@ -454,6 +468,7 @@ def base_config() -> mlc.ConfigDict:
       plots=True,
       sample_pp="",
       knn=knn(),
+      test=photo_test(),
   )
   # npz: write student.npz (big_vision layout). safetensors: write student.safetensors (config in
   # its metadata). student_config.json and the model card README.md are always written.

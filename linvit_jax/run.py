@@ -19,6 +19,7 @@ from linvit_jax import compile_cache
 from linvit_jax import evaluate
 from linvit_jax import export
 from linvit_jax import gfile
+from linvit_jax import photo_eval
 from linvit_jax import preflight
 from linvit_jax import report
 from linvit_jax import sharding
@@ -44,6 +45,8 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
       config.model, export.student_attention(config)
   )
   sample = sources.sample_images(config)
+  if _test_block(config):  # a bad test split fails now, not after the training
+    sources.photo_paths(config, config.eval.test.split)
   if config.eval.knn.dataset:
     preflight.check_knn_set(config)
   labelled = sources.labelled(config)
@@ -232,6 +235,12 @@ def _report(config, workdir, scorer, student_model, student_params, results) -> 
     )
     if view is not None:
       results["eval_view_fidelity"] = view
+  if _test_block(config) and teacher_params is not None:
+    t0 = time.time()
+    results["test"] = _test_photos(
+        config, teacher_model, teacher_params, student_model, student_params
+    )
+    results["timing_s"]["test_photos"] = time.time() - t0
   if any(spec.window or spec.sinks for spec in vit.layer_specs(student_model)):
     images = sample[: config.eval.fidelity_images]
     results["exact_share"] = evaluate.exact_shares(student_model, student_params, images)
@@ -264,3 +273,37 @@ def _report(config, workdir, scorer, student_model, student_params, results) -> 
           sample,
       )
   results["timing_s"]["speed_resolution_plots"] = time.time() - t0
+
+
+def _test_block(config) -> Any:
+  """config.eval.test when it is on (a config recorded before the block existed has none)."""
+  test = config.eval.get("test")
+  return test if test is not None and test.split else None
+
+
+def _test_photos(config, teacher_model, teacher_params, student_model, student_params) -> dict:
+  """The student vs its teacher on the test photos (eval.test.split), reported and never chosen
+  on: native sizes, intervals, the dense measure, whose parts and probes are fitted on the
+  validation photos (data.eval_split, where the run made its choices). photo_eval.py."""
+  test = config.eval.test
+  test_paths, names = sources.photo_paths(config, test.split)
+  val_paths, _ = sources.photo_paths(config, config.data.eval_split, "data.eval_split")
+  size = config.data.image_size
+  out = photo_eval.evaluate_photos(
+      teacher_model,
+      teacher_params,
+      student_model,
+      student_params,
+      test_paths,
+      val_paths,
+      pp=config.data.pp_eval,
+      res=int(size[0] if isinstance(size, (tuple, list)) else size),
+      factors=tuple(test.factors),
+      views=tuple(test.views),
+      bootstrap=test.bootstrap,
+      dense_k=test.dense_k,
+      min_photos=test.min_photos,
+      seed=config.seed,
+      test_names=names,
+  )
+  return {"split": test.split, "val_split": config.data.eval_split, **out}

@@ -211,7 +211,8 @@ def test_convert_folder_headless_end_to_end(folder_run):
   # in results, the export's config and its card
   from linvit_jax.data import image_folder
 
-  held = sum(image_folder.holdout_mask(sorted(os.listdir(config.data.data_dir)), 0.2))
+  files = sorted(os.listdir(config.data.data_dir))
+  held = len(image_folder.split_files(files, "val@0.2"))  # the validation half of the holdout
   view = results["eval_view_fidelity"]
   assert (
       view["images"] == min(held, config.eval.fidelity_images) and 0 < view["cls_cosine"] <= 1.0001
@@ -220,7 +221,33 @@ def test_convert_folder_headless_end_to_end(folder_run):
   with open(os.path.join(workdir, "student_config.json")) as f:
     assert json.load(f)["fidelity"]["eval_view"] == view
   with open(os.path.join(workdir, "README.md")) as f:
-    assert "as `encode` sees them" in f.read()
+    card = f.read()
+  assert "as `encode` sees them" in card
+  # the test photos (the other half of the holdout): reported at 1x and 2x from the original
+  # photos, with intervals and the dense measure; too few of them is said, not hidden
+  test = results["test"]
+  assert (
+      (test["split"], test["val_split"])
+      == ("test@0.2", "val@0.2")
+      == (
+          config.eval.test.split,
+          config.data.eval_split,
+      )
+  )
+  n_test = len(image_folder.split_files(files, "test@0.2"))
+  assert (test["n_test"], test["n_val"]) == (n_test, held) and n_test >= 1
+  assert test["too_few"].startswith(f"test set: {n_test} photo")
+  assert [(r["size"], r["view"]) for r in test["rows"]] == [
+      (32, "whole"),
+      (32, "crop"),
+      (64, "whole"),
+      (64, "crop"),
+  ]
+  for r in test["rows"]:
+    c = r["patch_cosine"]
+    assert 0 < c["lo"] <= c["mean"] <= c["hi"] <= 1.0001 and c["n"] == n_test
+    assert 0 <= r["dense"]["drop_in"]["mean"] <= 1
+  assert "## On test photos" in card and "| 64 px | crop |" in card
 
 
 def test_convert_folder_hybrid_export_round_trips(folder_run):

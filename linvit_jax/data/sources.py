@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Iterator
 import ml_collections as mlc
 import numpy as np
 
+from linvit_jax.data import image_folder
 from linvit_jax.data import input_pipeline
 from linvit_jax.data import pp_spec
 from linvit_jax.errors import ConfigError
@@ -122,6 +123,27 @@ def sample_images(config: mlc.ConfigDict) -> np.ndarray:
         f" split {config.data.eval_split!r} (data_dir "
         f"{config.data.data_dir or 'default'!r}): {reason[:600]}"
     ) from e
+
+
+def photo_paths(
+    config: mlc.ConfigDict, split: str, field: str = "eval.test.split"
+) -> tuple[list[str], list[str]]:
+  """(paths, names relative to the folder) of an image-folder split of the eval dataset (the data
+  block's folder), in file order; an empty split gives two empty lists. Not an image folder, or a
+  bad split: a ConfigError naming `field`."""
+  dataset = config.data.eval_dataset or config.data.dataset
+  if dataset != image_folder.NAME and not dataset.startswith(image_folder.NAME + ":"):
+    raise ConfigError(
+        f"config.{field}={split!r}: the test photos come from an image folder, the eval "
+        f"dataset is {dataset!r} (set eval.test.split='' for no test evaluation)"
+    )
+  folder = dataset[len(image_folder.NAME) + 1 :] or config.data.data_dir
+  try:
+    index = image_folder.scan(folder)
+    positions = image_folder.split_files(index.files, split)
+  except (FileNotFoundError, ValueError) as e:
+    raise ConfigError(f"config.{field}={split!r} of {folder}: {e}") from e
+  return [index.path(i) for i in positions], [index.files[i] for i in positions]
 
 
 def knn_pp(config: mlc.ConfigDict) -> str:
