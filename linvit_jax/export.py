@@ -161,6 +161,8 @@ def student_config(
     fidelity["knn_skipped"] = str(results["knn_skipped"])
   if results.get("eval_view_fidelity"):
     fidelity["eval_view"] = results["eval_view_fidelity"]
+  if results.get("test"):
+    fidelity["test"] = test_summary(results["test"])
   rows = [r for r in results.get("resolution") or [] if r.get("factor") != 1]
   if rows:  # report.resolution_scaling: the first sample images, resized after preprocessing
     fidelity["resolutions"] = [
@@ -184,6 +186,63 @@ def student_config(
       "recipe": recipe,
       "fidelity": fidelity,
   }
+
+
+def test_summary(test: Mapping[str, Any]) -> dict[str, Any]:
+  """results["test"] (photo_eval) for the export: means and intervals, no photo names."""
+  rows = []
+  for r in test.get("rows") or []:
+    row = {"size": r["size"], "view": r["view"], "n": r["n"]}
+    for key in ("cls_cosine", "patch_cosine"):
+      if key in r:
+        row[key] = [r[key][k] for k in ("mean", "lo", "hi", "worst")]
+    if "dense" in r:
+      d = r["dense"]
+      row["drop_in"] = [d["drop_in"][k] for k in ("mean", "lo", "hi")]
+      row["probe"] = [d["probe_student"]["mean"], d["probe_teacher"]["mean"]]
+    rows.append(row)
+  keys = ("n_test", "n_val", "too_few", "dense_k", "bootstrap")
+  return {**{k: test[k] for k in keys if k in test}, "rows": rows}
+
+
+def _test_card(test: Mapping[str, Any]) -> list[str]:
+  """The card's "On test photos" section: photo_eval's rows as a table."""
+  lines = [
+      "## On test photos",
+      "",
+      f"Held-out photos never chosen on ({test.get('n_test')} test photos; the run's choices and "
+      f"the dense measure's parts used {test.get('n_val')} others), each size made from the "
+      "original photo (whole: resized to the size; crop: shorter side to the size, centre "
+      "square), position table resampled. Cosine to the teacher's final tokens, mean [95 % "
+      "bootstrap interval over photos] (worst photo); dense: the share of patches given the "
+      f"teacher's part ({test.get('dense_k')} k-means parts of the teacher's patch tokens) "
+      "with the teacher's centroids (drop-in), and a linear probe's accuracy on the student's "
+      "own tokens / on the teacher's.",
+      "",
+  ]
+  if test.get("too_few"):
+    lines += [f"Note: {test['too_few']}.", ""]
+  rows = test.get("rows") or []
+  if not rows:
+    return lines + ["No test photo was measured.", ""]
+
+  def ci(v):
+    return "–" if v is None else f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"
+
+  lines += [
+      "| size | view | photos | cls cosine | patch cosine (worst) | dense drop-in | probe student / teacher |",
+      "|---|---|---|---|---|---|---|",
+  ]
+  for r in rows:
+    patch = r.get("patch_cosine")
+    probe = r.get("probe")
+    lines.append(
+        f"| {r['size']} px | {r['view']} | {r['n']} | {ci(r.get('cls_cosine'))} | "
+        f"{ci(patch)} ({patch[3]:.3f}) | {ci(r.get('drop_in'))} | "
+        + (f"{probe[0]:.3f} / {probe[1]:.3f}" if probe else "–")
+        + " |"
+    )
+  return lines + [""]
 
 
 def _final_fidelity(results: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -452,6 +511,8 @@ def model_card(cfg: Mapping[str, Any]) -> str:
       and fid.get("teacher_top1") is None
   ):
     lines.append("Nothing was measured for this export.")
+  if fid.get("test"):
+    lines += [""] + _test_card(fid["test"])[:-1]
   lines += ["", "## Limitations", ""]
   if surgery_only:
     lines.append(
