@@ -241,3 +241,38 @@ def test_licence_ids_and_public_names():
       ("/abs/hf_dinov2/", "hf_dinov2"),
   ):
     assert export.public_name(name) == public, name
+
+
+def test_card_on_test_photos(tmp_path):
+  from tests.test_student_any_size import make_export
+
+  ci = {"mean": 0.9, "lo": 0.85, "hi": 0.95, "worst": 0.8, "worst_photo": "private/a.jpg", "n": 3}
+  dense = {
+      "drop_in": {**ci, "mean": 0.7},
+      "probe_student": {**ci, "mean": 0.6},
+      "probe_teacher": {**ci, "mean": 0.8},
+      "probe_ratio": 0.75,
+  }
+  rows = [
+      {"size": 16, "view": "whole", "n": 3, "cls_cosine": ci, "patch_cosine": ci, "dense": dense},
+      {"size": 64, "view": "crop", "n": 3, "patch_cosine": ci},
+  ]
+  test = {
+      "n_test": 3,
+      "n_val": 2,
+      "dense_k": 8,
+      "too_few": "test set: 3 photos (< 8)",
+      "rows": rows,
+  }
+  make_export(tmp_path / "export", results={"test": test})
+  card = (tmp_path / "export" / "README.md").read_text()
+  assert "## On test photos" in card and "(3 test photos;" in card
+  assert "Note: test set: 3 photos (< 8)." in card
+  assert "| 16 px | whole | 3 | 0.900 [0.850, 0.950] | 0.900 [0.850, 0.950] (0.800) | 0.700" in card
+  assert "| 0.600 / 0.800 |" in card and "| 64 px | crop | 3 | – |" in card
+  assert "private" not in card  # photo names stay in results.json
+  cfg = json.loads((tmp_path / "export" / "student_config.json").read_text())
+  assert cfg["fidelity"]["test"]["rows"][0]["drop_in"] == [0.7, 0.85, 0.95]
+  assert "private" not in json.dumps(cfg)
+  empty = export.model_card({"model": {}, "fidelity": {"test": {"n_test": 0, "rows": []}}})
+  assert "No test photo was measured." in empty
