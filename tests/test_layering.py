@@ -54,6 +54,8 @@ def _uses(importer: str, imported: str) -> bool:
         ("train", "run"),
         ("feature_cache", "evaluate"),  # the cache keys arrays; it knows no model and no reader
         ("feature_cache", "report"),
+        ("photo_eval", "report"),  # the test-photo evaluation: a report reads it, not back
+        ("photo_eval", "train"),
     ],
 )
 def test_siblings_do_not_import_each_other(importer, imported):
