@@ -299,9 +299,8 @@ def too_few_message(n_test: int, n_val: int, min_photos: int) -> str | None:
   """The line a run prints when its test or validation set is smaller than min_photos."""
   parts = []
   if n_test < min_photos:
-    parts.append(
-        f"test set: {n_test} photo{'s' * (n_test != 1)} (< {min_photos}): intervals are wide"
-    )
+    why = "intervals are wide" if n_test else "nothing measured (add photos or raise holdout)"
+    parts.append(f"test set: {n_test} photo{'s' * (n_test != 1)} (< {min_photos}): {why}")
   if n_val < min_photos:
     parts.append(
         f"validation set: {n_val} photo{'s' * (n_val != 1)} (< {min_photos}): the dense "

@@ -26,6 +26,7 @@ from linvit_jax import sharding
 from linvit_jax import stages
 from linvit_jax import surgery
 from linvit_jax import train
+from linvit_jax.data import pp_spec
 from linvit_jax.data import sources
 from linvit_jax.models import from_config
 from linvit_jax.models import vit
@@ -296,7 +297,7 @@ def _test_photos(config, teacher_model, teacher_params, student_model, student_p
       student_params,
       test_paths,
       val_paths,
-      pp=config.data.pp_eval,
+      pp=pp_spec.inference_pp(config.data.pp_eval),  # its decode and normalisation
       res=int(size[0] if isinstance(size, (tuple, list)) else size),
       factors=tuple(test.factors),
       views=tuple(test.views),
