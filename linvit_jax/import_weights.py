@@ -37,16 +37,7 @@ def import_weights(src: str, out: str, num_heads: int | None = None) -> foreign.
   _check_output(out)  # before the conversion, which can take a while for a big model
   if num_heads is not None and (isinstance(num_heads, bool) or int(num_heads) < 1):
     raise UserError(f"--num_heads {num_heads}: expected a positive integer")
-  try:
-    imported = foreign.read(src, num_heads=num_heads)
-  except ValueError as e:
-    if num_heads is None or isinstance(e, UserError):
-      raise
-    # The only shape the user chose: the attention kernels are split into num_heads parts.
-    raise UserError(
-        f"--num_heads {num_heads} does not fit '{src}': its width is not a multiple of "
-        f"{num_heads} ({e})"
-    ) from e
+  imported = foreign.read(src, num_heads=num_heads)  # checks the heads against the width
   try:
     checkpoints.save_npz(out, imported.params)
     gfile.write_text(

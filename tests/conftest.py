@@ -6,6 +6,21 @@ import pytest
 from tests.helpers import bv_checkpoint
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _feature_cache_in_a_temp_folder(tmp_path_factory):
+  """The teacher-feature cache (feature_cache.py) of every test run goes to a temp folder, not the
+  user's ~/.cache: a test must not read an entry an earlier run left behind."""
+  import os
+
+  previous = os.environ.get("LINVIT_CACHE_DIR")
+  os.environ["LINVIT_CACHE_DIR"] = str(tmp_path_factory.mktemp("feature_cache"))
+  yield
+  if previous is None:
+    os.environ.pop("LINVIT_CACHE_DIR", None)
+  else:
+    os.environ["LINVIT_CACHE_DIR"] = previous
+
+
 @pytest.fixture(scope="session")
 def bv_fixture():
   """(model_config, flat params, reference outputs) of the big_vision-made checkpoint."""

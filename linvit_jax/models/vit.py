@@ -152,7 +152,7 @@ class Encoder(nn.Module):
           split_rngs={"params": True, "dropout": True, "favor": True},
           in_axes=nn.broadcast,
           length=self.depth,
-      )(name="encoderblock", attention=specs[0], **common)(x, deterministic)
+      )(name=layout.SCANNED_BLOCK, attention=specs[0], **common)(x, deterministic)
       for lyr in range(self.depth):
         out[f"block{lyr:02d}"] = jax.tree.map(lambda o, l=lyr: o[l], scan_out)
     else:

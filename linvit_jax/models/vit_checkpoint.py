@@ -129,7 +129,7 @@ def fix_old_checkpoints(
 
 
 def _block_index(name: str) -> int | None:
-  m = re.fullmatch(r"encoderblock_(\d+)", name)
+  m = re.fullmatch(rf"{layout.SCANNED_BLOCK}_(\d+)", name)
   return int(m.group(1)) if m else None
 
 
@@ -145,31 +145,32 @@ def pyloop_to_scan(params: Mapping[str, Any]) -> Params:
     return params
   if layout.SCANNED_BLOCK in enc:
     raise CheckpointError(
-        "'Transformer' has both 'encoderblock' (scan) and 'encoderblock_N' " "(python loop) blocks"
+        f"'Transformer' has both '{layout.SCANNED_BLOCK}' (scan) and "
+        f"'{layout.block_name('N')}' (python loop) blocks"
     )
   if indices != list(range(len(indices))):
     raise CheckpointError(
         f"'Transformer' blocks must be numbered 0..{len(indices) - 1} to be "
-        f"stacked, found encoderblock_{indices}"
+        f"stacked, found {layout.SCANNED_BLOCK}_{indices}"
     )
   blocks = [flatten(enc.pop(layout.block_name(i))) for i in indices]
   for i, block in enumerate(blocks[1:], 1):
     if block.keys() != blocks[0].keys():
       diff = sorted(block.keys() ^ blocks[0].keys())
       raise CheckpointError(
-          f"cannot stack encoder blocks: encoderblock_{i} and "
-          f"encoderblock_0 differ in params {diff}"
+          f"cannot stack encoder blocks: {layout.block_name(i)} and "
+          f"{layout.block_name(0)} differ in params {diff}"
       )
   stacked = {}
   for name in blocks[0]:
     shapes = {np.shape(b[name]) for b in blocks}
     if len(shapes) > 1:
       raise CheckpointError(
-          f"cannot stack encoder blocks: 'encoderblock_N/{name}' has "
+          f"cannot stack encoder blocks: '{layout.block_name('N')}/{name}' has "
           f"different shapes across blocks {sorted(shapes)}"
       )
     stacked[name] = np.stack([np.asarray(b[name]) for b in blocks])
-  enc["encoderblock"] = unflatten(stacked)
+  enc[layout.SCANNED_BLOCK] = unflatten(stacked)
   return params
 
 
@@ -180,13 +181,13 @@ def scan_to_pyloop(params: Mapping[str, Any]) -> Params:
   """
   params = _copy_tree(params)
   enc = params.get("Transformer", {})
-  if "encoderblock" not in enc:
+  if layout.SCANNED_BLOCK not in enc:
     return params
-  flat = flatten(enc.pop("encoderblock"))
+  flat = flatten(enc.pop(layout.SCANNED_BLOCK))
   depths = {np.shape(v)[0] if np.ndim(v) else None for v in flat.values()}
   if len(depths) != 1 or None in depths:
     raise CheckpointError(
-        "cannot unstack 'Transformer/encoderblock': its params disagree on "
+        f"cannot unstack 'Transformer/{layout.SCANNED_BLOCK}': its params disagree on "
         f"the leading (depth) axis, sizes {sorted(map(str, depths))}"
     )
   for i in range(depths.pop()):
@@ -327,9 +328,7 @@ def _check_against_config(
       (
           n.rsplit("/", 2)[0]
           for n in sorted(flat)
-          if re.fullmatch(
-              r"Transformer/encoderblock(_0)?/MultiHeadDotProductAttention_0" r"/query/kernel", n
-          )
+          if re.fullmatch(rf"Transformer/{layout.SCANNED_BLOCK}(_0)?/{layout.ATTN}/query/kernel", n)
       ),
       None,
   )
@@ -345,7 +344,7 @@ def _check_against_config(
       (
           n
           for n in sorted(flat)
-          if re.fullmatch(r"Transformer/encoderblock(_0)?/MlpBlock_0/Dense_0/kernel", n)
+          if re.fullmatch(rf"Transformer/{layout.SCANNED_BLOCK}(_0)?/MlpBlock_0/Dense_0/kernel", n)
       ),
       None,
   )
@@ -393,8 +392,8 @@ def infer_vit_config(path: str) -> dict[str, Any]:
         ],
     )
   scanned = isinstance(params.get("Transformer"), dict) and layout.is_scanned(params)
-  block = "Transformer/encoderblock" if scanned else "Transformer/encoderblock_0"
-  query = flat.get(f"{block}/MultiHeadDotProductAttention_0/query/kernel")
+  block = f"Transformer/{layout.SCANNED_BLOCK}" if scanned else layout.block_path(0)
+  query = flat.get(f"{block}/{layout.ATTN}/query/kernel")
   dense0 = flat.get(f"{block}/MlpBlock_0/Dense_0/kernel")
   if query is None or dense0 is None:
     problems.append(
