@@ -28,6 +28,7 @@ from linvit_jax import surgery
 from linvit_jax import train
 from linvit_jax.data import pp_spec
 from linvit_jax.data import sources
+from linvit_jax.errors import ConfigError
 from linvit_jax.models import from_config
 from linvit_jax.models import vit
 
@@ -47,7 +48,7 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   )
   sample = sources.sample_images(config)
   if _test_block(config):  # a bad test split fails now, not after the training
-    sources.photo_paths(config, config.eval.test.split)
+    _test_sets(config)
   if config.eval.knn.dataset:
     preflight.check_knn_set(config)
   labelled = sources.labelled(config)
@@ -282,13 +283,27 @@ def _test_block(config) -> Any:
   return test if test is not None and test.split else None
 
 
+def _test_sets(config) -> tuple[list[str], list[str], list[str]]:
+  """(test paths, their names, validation paths); a photo in both is a ConfigError: a choice made
+  on a test photo would be reported as if it had not been."""
+  test_paths, names = sources.photo_paths(config, config.eval.test.split)
+  val_paths, _ = sources.photo_paths(config, config.data.eval_split, "data.eval_split")
+  shared = sorted(set(test_paths) & set(val_paths))
+  if shared:
+    raise ConfigError(
+        f"config.eval.test.split={config.eval.test.split!r} and data.eval_split="
+        f"{config.data.eval_split!r} share {len(shared)} photo(s) (e.g. {shared[0]}): the run "
+        "chooses on the eval split; use 'val@F' and 'test@F' (the two halves of holdout@F)"
+    )
+  return test_paths, names, val_paths
+
+
 def _test_photos(config, teacher_model, teacher_params, student_model, student_params) -> dict:
   """The student vs its teacher on the test photos (eval.test.split), reported and never chosen
   on: native sizes, intervals, the dense measure, whose parts and probes are fitted on the
   validation photos (data.eval_split, where the run made its choices). photo_eval.py."""
   test = config.eval.test
-  test_paths, names = sources.photo_paths(config, test.split)
-  val_paths, _ = sources.photo_paths(config, config.data.eval_split, "data.eval_split")
+  test_paths, names, val_paths = _test_sets(config)
   size = config.data.image_size
   out = photo_eval.evaluate_photos(
       teacher_model,

@@ -294,6 +294,13 @@ def test_convert_folder_data_errors_are_one_line(tmp_path):
   config = _config(path, str(empty))
   with pytest.raises(ConfigError, match="no image files in"):
     run_lib.run(config, str(tmp_path / "work"))
+  # test photos that the run also chooses on: refused before any training
+  _photos(str(tmp_path / "photos"))
+  config = _config(path, str(tmp_path / "photos"))
+  config.eval.test.split = "holdout@0.2"
+  with pytest.raises(ConfigError, match=r"share 1 photo\(s\).*use 'val@F' and 'test@F'"):
+    run_lib.run(config, str(tmp_path / "work2"))
+  assert not os.path.exists(tmp_path / "work2" / "config.json")
 
 
 def test_convert_folder_sinks_and_routing_only_distillation(tmp_path):
