@@ -27,7 +27,7 @@ The dense measure (does the student keep the teacher's parts of a photo?). At ea
   drop-in: the same centroids applied to the student's tokens of a TEST photo; the value is the
     share of its patches given the teacher's label (the teacher's own value is 1 by construction);
   probe: a linear probe (ridge regression onto one-hot teacher labels, closed form, a bias, λ =
-    0.01 × the mean diagonal of XᵀX) fitted on the validation photos' tokens, once on the
+    0.1 × the mean diagonal of XᵀX) fitted on the validation photos' tokens, once on the
     teacher's and once on the student's own tokens; the value is the share of a test photo's
     patches whose probe label is the teacher's label. `probe_teacher` is the reference,
     `probe_ratio` = probe_student / probe_teacher (means over photos).
@@ -74,7 +74,9 @@ _TOKENS_PER_BATCH = 8192
 _MAX_BATCH = 8
 _FIT_PATCHES = 20_000
 _KMEANS_STEPS = 30
-_RIDGE = 0.01
+# Ridge strength: on the sample photos (ViT-S/14, 224 px) 0.01..3 gave the same held-out probe
+# accuracy with 10 fitting photos, and 0.1 the best with 2.
+_RIDGE = 0.1
 _EPS = 1e-6  # probe.EPS: the cosine's guard on the norm product
 # The pp ops that fix the geometry: replaced by the views here; everything else is kept.
 _GEOMETRIC = ("resize", "resize_small", "central_crop", "keep")
