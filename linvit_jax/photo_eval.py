@@ -42,6 +42,8 @@ Results (plain JSON types):
   {"res", "factors", "views", "n_test", "n_val", "bootstrap", "dense_k", "too_few" (only when),
    "rows": [{"size", "view", "n", "upsampled" (photos enlarged to make the view),
              "size_seconds" (the whole size: both models, validation and test photos, compiles),
+             "teacher_images_per_s", "student_images_per_s" (the forwards after the first at
+             that size, padded rows counted; None with one batch only),
              "cls_cosine" (cls-token models), "patch_cosine": STAT,
              "dense": {"drop_in": STAT, "probe_teacher": STAT, "probe_student": STAT,
                        "probe_ratio": float} (when there are validation photos)}]}
@@ -242,6 +244,8 @@ class _Tokens:
     self.train_grid = _train_grid(params, res, self.patch)
     self._fn = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False)[1]["encoded"])
     self._sized: dict[int, Any] = {}
+    # size -> [seconds, images] of the forwards after the first (which compiles) at that size
+    self.timing: dict[int, list[float]] = {}
 
   def __call__(self, images: np.ndarray, batch: int) -> np.ndarray:
     import jax
@@ -253,7 +257,18 @@ class _Tokens:
     k = len(images)
     if k < batch:  # padded: one compile per size, not per chunk
       images = np.concatenate([images, np.zeros((batch - k, *images.shape[1:]), images.dtype)])
-    return np.asarray(self._fn(self._sized[size], images), np.float32)[:k]
+    t0 = time.perf_counter()
+    out = np.asarray(self._fn(self._sized[size], images), np.float32)[:k]
+    if size in self.timing:
+      self.timing[size][0] += time.perf_counter() - t0
+      self.timing[size][1] += batch  # padded rows cost the same
+    else:
+      self.timing[size] = [0.0, 0]
+    return out
+
+  def images_per_s(self, size: int) -> float | None:
+    seconds, images = self.timing.get(size, (0.0, 0))
+    return images / seconds if images else None
 
 
 def _batch_size(model: Any, size: int) -> int:
@@ -392,6 +407,8 @@ def evaluate_photos(
             fits[view], t[:, prefix:], s[:, prefix:], names, bootstrap, seed
         )
       row["size_seconds"] = seconds
+      row["teacher_images_per_s"] = t_tok.images_per_s(size)
+      row["student_images_per_s"] = s_tok.images_per_s(size)
       rows.append(row)
   out["rows"] = rows
   return out
@@ -453,7 +470,9 @@ def format_table(results: dict[str, Any]) -> str:
     p = r["patch_cosine"]
     worst = f"{p['worst']:.4f} {p['worst_photo']}"
     up = f"  ({r['upsampled']} enlarged)" if r.get("upsampled") else ""
-    lines.append(f"  {r['size']:>5} {r['view']:<5} {cls:<27} {_ci(p):<27} {worst}{up}")
+    t_speed, s_speed = r.get("teacher_images_per_s"), r.get("student_images_per_s")
+    speed = f"  speed {s_speed / t_speed:.2f}× the teacher's" if t_speed and s_speed else ""
+    lines.append(f"  {r['size']:>5} {r['view']:<5} {cls:<27} {_ci(p):<27} {worst}{up}{speed}")
   dense = [r for r in results["rows"] if "dense" in r]
   if dense:
     k = results.get("dense_k")
@@ -582,7 +601,9 @@ def main(argv: list[str] | None = None) -> int:
   )
   parser.add_argument("--res", type=int, default=0, help="base size (default: the training size)")
   parser.add_argument("--factors", default="1,2,4", help="sizes as multiples of --res")
-  parser.add_argument("--min_photos", type=int, default=DEFAULT_MIN_PHOTOS)
+  parser.add_argument(
+      "--min_photos", type=int, default=DEFAULT_MIN_PHOTOS, help="fewer: a note, not an error"
+  )
   parser.add_argument("--out", default="", help="write the results as JSON here")
   args = parser.parse_args(argv)
   try:

@@ -123,6 +123,7 @@ def test_the_teacher_as_its_own_student_keeps_every_part(teacher, photos):
   ]
   for r in out["rows"]:
     assert r["n"] == 6 and r["upsampled"] == 0
+    assert r["teacher_images_per_s"] > 0 and r["student_images_per_s"] > 0
     assert r["cls_cosine"]["mean"] == pytest.approx(1, abs=1e-5)
     assert r["patch_cosine"]["lo"] == pytest.approx(1, abs=1e-5)
     d = r["dense"]
