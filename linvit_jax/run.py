@@ -48,7 +48,10 @@ def run(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   )
   sample = sources.sample_images(config)
   if _test_block(config):  # a bad test split fails now, not after the training
-    _test_sets(config)
+    test_paths, _, val_paths = _test_sets(config)
+    few = photo_eval.too_few_message(len(test_paths), len(val_paths), config.eval.test.min_photos)
+    if few:  # said before the training too: the user may rather add photos now
+      logging.warning("test photos: %s", few)
   if config.eval.knn.dataset:
     preflight.check_knn_set(config)
   labelled = sources.labelled(config)
