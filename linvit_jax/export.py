@@ -156,7 +156,9 @@ def student_config(
       },
   }
   if results.get("knn"):
-    fidelity["knn"] = {**results["knn"], "dataset": public_name(results["knn"].get("dataset"))}
+    # The feature cache's bookkeeping (hit or miss, seconds) is the run's, not the student's.
+    knn = {k: v for k, v in results["knn"].items() if not k.startswith("teacher_features_")}
+    fidelity["knn"] = {**knn, "dataset": public_name(knn.get("dataset"))}
   if results.get("knn_skipped"):
     fidelity["knn_skipped"] = str(results["knn_skipped"])
   if results.get("eval_view_fidelity"):

@@ -21,6 +21,7 @@ import numpy as np
 from linvit_jax import evaluate
 from linvit_jax import feature_cache
 from linvit_jax import gfile
+from linvit_jax import photo_eval
 from linvit_jax import tree
 from linvit_jax.data import pp_spec
 from linvit_jax.data import sources
@@ -324,14 +325,18 @@ def format_summary(results: Mapping[str, Any]) -> str:
           ("{:10.3f} / {:<9.3f}".format(v[i]["cosine"], v[i]["nmse"])).rjust(width) for _, v in fids
       )
       lines.append(f"{i:>5d}  {cells}".rstrip())
-  # results["test"], the evaluation on test photos, is printed here by its own formatter
-  # (photo_eval.format_table, being written: import it here once it exists).
+  if results.get("test"):  # the test photos: the figures nothing was chosen on
+    lines += ["", photo_eval.format_table(results["test"])]
   if "teacher_images_per_s" in results:
     lines.append("")
     lines.append(
         f"images/s (forward, batch {results['config']['eval']['throughput_batch']}): "
         f"teacher {results['teacher_images_per_s']:.1f}, "
         f"student {results['student_images_per_s']:.1f}"
+    )
+  if results.get("resolution"):
+    lines.append(
+        "the held-out sample resized to other sizes (not native views: see the test table)"
     )
   for row in results.get("resolution", []):
     acc = (

@@ -231,9 +231,11 @@ def _report(config, workdir, scorer, student_model, student_params, results) -> 
   """k-NN retention, forward speed, resolution scaling and the plots, into results."""
   teacher_model, teacher_params, sample = scorer.teacher_model, scorer.teacher_params, scorer.sample
   if config.eval.knn.dataset and teacher_params is not None:
+    t0 = time.time()
     results["knn"] = report.knn_retention(
         config, teacher_model, teacher_params, student_model, student_params
     )
+    results["timing_s"]["knn"] = time.time() - t0
   if teacher_params is not None:
     view = report.eval_view_fidelity(
         config, teacher_model, teacher_params, student_model, student_params
@@ -265,6 +267,7 @@ def _report(config, workdir, scorer, student_model, student_params, results) -> 
         student_params,
         scorer.labelled,
         sample,
+        known={k: results[k] for k in ("teacher_images_per_s", "student_images_per_s")},
     )
     if jax.process_index() == 0 and config.eval.plots:
       report.write_plots(
