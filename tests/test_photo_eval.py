@@ -129,6 +129,7 @@ def test_the_teacher_as_its_own_student_keeps_every_part(teacher, photos):
     d = r["dense"]
     assert d["drop_in"]["mean"] == 1.0 and d["drop_in"]["worst"] == 1.0
     assert d["probe_student"] == d["probe_teacher"] and d["probe_ratio"] == 1.0
+    assert d["probe_teacher"]["mean"] >= 0.95  # the reference reproduces the teacher's parts
   json.dumps(out)  # plain JSON types
   table = photo_eval.format_table(out)
   assert "drop-in" in table and "photo_" in table and "   32 crop" in table
@@ -142,6 +143,56 @@ def test_a_perturbed_student_loses_parts_and_fidelity(teacher, photos):
     assert r["patch_cosine"]["worst"] <= r["patch_cosine"]["mean"]
     assert r["dense"]["drop_in"]["mean"] < 1.0
     assert 0 <= r["dense"]["probe_student"]["mean"] <= 1
+
+
+def _parts(n_photos, seed, k=8, dim=48, patches=64, noise=0.08):
+  """Tokens [photos, patches, dim] of k well-separated parts (random unit centres plus noise),
+  unequal shares (the largest part ~6x the smallest), each photo showing a few parts."""
+  centres = np.random.RandomState(0).randn(k, dim)
+  centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+  rs = np.random.RandomState(seed)
+  share = np.arange(1, k + 1, dtype=np.float64) ** 0.9
+  photos = []
+  for _ in range(n_photos):
+    shown = rs.choice(k, size=4, replace=False, p=share / share.sum())
+    labels = rs.choice(shown, size=patches)
+    photos.append(3 * (centres[labels] + noise * rs.randn(patches, dim)))  # any length: unit-scaled
+  return np.stack(photos).astype(np.float32)
+
+
+def _dense(val_t, val_s, test_t, test_s, k=8):
+  fit = photo_eval._fit_dense(val_t, val_s, k, 0, photo_eval._FIT_PATCHES)
+  names = [f"p{i}" for i in range(len(test_t))]
+  return photo_eval._score_dense(fit, test_t, test_s, names, 200, 0)
+
+
+def test_the_probe_reproduces_well_separated_parts_and_reads_the_students_own_tokens():
+  val, test = _parts(12, seed=1), _parts(8, seed=2)
+  same = _dense(val, val, test, test)
+  assert same["probe_teacher"]["mean"] >= 0.95 and same["probe_teacher"]["worst"] >= 0.9
+  assert same["drop_in"]["mean"] == 1.0 and same["probe_ratio"] == 1.0
+  assert same["probe_student"] == same["probe_teacher"]
+  # Noisier parts and 6 fitting photos: the ridge probe this replaced fell to 0.91 here.
+  val_noisy, test_noisy = _parts(6, seed=1, noise=0.15), _parts(8, seed=2, noise=0.15)
+  noisy = _dense(val_noisy, val_noisy, test_noisy, test_noisy)
+  assert noisy["probe_teacher"]["mean"] >= 0.99
+  # A student whose tokens are a rotation of the teacher's keeps every part: its own probe sees
+  # them (ratio 1), the teacher's centroids do not (drop-in low).
+  q, _ = np.linalg.qr(np.random.RandomState(3).randn(val.shape[-1], val.shape[-1]))
+  rot = _dense(val, val @ q.astype(np.float32), test, test @ q.astype(np.float32))
+  assert rot["probe_ratio"] == pytest.approx(1.0, abs=1e-6) and rot["drop_in"]["mean"] < 0.5
+  # A student whose tokens carry nothing of the parts: near chance on its own probe.
+  rs = np.random.RandomState(4)
+  noise = _dense(val, rs.randn(*val.shape).astype(np.float32), test, rs.randn(*test.shape))
+  assert noise["probe_ratio"] < 0.5
+
+
+def test_nearest_mean_never_picks_an_empty_part():
+  x = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0]])
+  means = photo_eval.class_means(x, np.array([0, 0, 2]), 3)
+  assert np.isnan(means[1]).all() and means[0] == pytest.approx([0.95, 0.05])
+  assert photo_eval.nearest_mean(np.array([[0.1, 0.9], [1.0, 0.0]]), means).tolist() == [2, 0]
+  assert 1 not in photo_eval.nearest_mean(np.random.RandomState(0).randn(50, 2), means)
 
 
 def test_too_few_photos_are_said_not_hidden(teacher, photos, caplog):
