@@ -10,13 +10,13 @@ import importlib.util
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
 import tempfile
 
 import nbformat
 import pytest
+
+from tests.helpers import pip_target
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "linvit_colab.ipynb")
@@ -385,23 +385,7 @@ def installed(tmp_path_factory):
   """linvit_jax installed from a copy of the checkout as the notebook's install cell installs it
   (`pip install --no-deps <checkout>`, not editable), into a folder of its own: the site a Colab
   user gets, with no tests/ beside it. Returns that folder (put first on PYTHONPATH)."""
-  tmp = tmp_path_factory.mktemp("installed")
-  src, site = tmp / "linvit_jax_checkout", tmp / "site"
-  src.mkdir()
-  for name in ("setup.py", "README.md"):
-    shutil.copy(os.path.join(ROOT, name), src / name)
-  ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-  for name in ("linvit_jax", "configs"):
-    shutil.copytree(os.path.join(ROOT, name), src / name, ignore=ignore)
-  pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
-  result = subprocess.run(
-      pip + ["--no-index", "--target", str(site), str(src)],
-      capture_output=True,
-      text=True,
-      timeout=300,
-      check=False,
-  )
-  assert result.returncode == 0, result.stderr[-3000:]
+  site = pip_target.install(tmp_path_factory.mktemp("installed"))
   assert not (site / "linvit_jax" / "__init__.py").is_symlink()
   return site
 

@@ -1,7 +1,7 @@
 """linvit_jax installed by pip from a copy of this checkout into a folder of its own, and the
 environment of a subprocess that imports it from there: what a user gets from `pip install`.
 
-The same install as the notebook's (`tests/test_notebook.py`'s `installed` fixture): non-editable,
+The install the notebook's test makes too (`tests/test_notebook.py`'s `installed`): non-editable,
 `--no-deps --no-build-isolation --no-index` (the dependencies are the venv's, nothing is fetched),
 ~4 s. A copy, not the checkout itself, so that pip's build leaves no `build/` behind in it.
 """
