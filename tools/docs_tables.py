@@ -405,6 +405,34 @@ def _distill_stability(load: Load) -> str:
   return "\n".join(lines)
 
 
+TEST_PHOTOS = "docs/vits14_big3k_test_photos.json"
+
+
+def _ci(stat: dict[str, Any]) -> str:
+  return f"{stat['mean']:.3f} [{stat['lo']:.3f}, {stat['hi']:.3f}]"
+
+
+def _test_photos(load: Load) -> str:
+  r = load(TEST_PHOTOS)
+  lines = [
+      "| size | view | cls cosine [95 % CI] | patch cosine [95 % CI] | worst photo (patch) "
+      "| enlarged | student ÷ teacher images/s | dense drop-in [95 % CI] "
+      "| probe student / teacher |",
+      "|---|---|---|---|---|---|---|---|---|",
+  ]
+  for row in r["rows"]:
+    d = row["dense"]
+    speed = row["student_images_per_s"] / row["teacher_images_per_s"]
+    lines.append(
+        f"| {row['size']} px | {row['view']} | {_ci(row['cls_cosine'])} "
+        f"| {_ci(row['patch_cosine'])} | {row['patch_cosine']['worst']:.3f} "
+        f"`{row['patch_cosine']['worst_photo']}` | {row['upsampled']} of {row['n']} "
+        f"| {speed:.2f}× | {_ci(d['drop_in'])} | {d['probe_student']['mean']:.3f} / "
+        f"{d['probe_teacher']['mean']:.3f} ({d['probe_ratio']:.2f}) |"
+    )
+  return "\n".join(lines)
+
+
 TABLES: dict[str, Table] = {
     "default_seeds": Table(tuple(p for _, p, _ in DEFAULT_RUNS), _default_seeds),
     "default_cost": Table((DEFAULT_RUNS[0][1],), _default_cost),
@@ -415,6 +443,7 @@ TABLES: dict[str, Table] = {
     "levers_112": Table((LEVERS_112,), _levers_112),
     "levers_112_align": Table((LEVERS_112,), _levers_112_align),
     "distill_stability": Table((DISTILL_STABILITY,), _distill_stability),
+    "test_photos": Table((TEST_PHOTOS,), _test_photos),
 }
 
 
