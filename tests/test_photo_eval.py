@@ -16,19 +16,11 @@ from linvit_jax import photo_eval
 from linvit_jax.models import from_config
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
+from tests import test_student_any_size
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HF = os.path.join(ROOT, "tests", "data", "foreign", "hf_dinov2_registers")
-FIELDS = dict(
-    num_classes=None,
-    patch_size=(4, 4),
-    width=32,
-    depth=2,
-    num_heads=2,
-    mlp_dim=64,
-    pool_type="tok",
-    reg_tokens=1,
-)
+FIELDS = test_student_any_size.FIELDS  # the same tiny headless ViT as the export tests
 PP = 'decode|resize_small(18)|central_crop(16)|vgg_value_range|keep("image")'
 
 

@@ -14,17 +14,9 @@ from linvit_jax import preflight
 from linvit_jax import run as run_lib
 from linvit_jax.errors import UserError
 from linvit_jax.models import vit
+from tests import test_convert_folder
 
-TINY = dict(
-    num_classes=None,
-    patch_size=(8, 8),
-    width=32,
-    depth=2,
-    mlp_dim=64,
-    num_heads=2,
-    pool_type="tok",
-    posemb="learn",
-)
+TINY = test_convert_folder.TINY  # the tiny teacher convert_folder's tests write
 
 
 @pytest.fixture(scope="module")
