@@ -342,9 +342,4 @@ def forward_peak_bytes(model: nn.Module, params: Any, images: np.ndarray) -> flo
 
 def resample_for_resolution(params: Mapping[str, Any], new_grid: tuple[int, int]) -> dict:
   """Params with the learned position embedding resampled to a new token grid."""
-  params = dict(params)
-  if "pos_embedding" in params:
-    pe = np.asarray(params["pos_embedding"])
-    new_shape = (1, new_grid[0] * new_grid[1], pe.shape[-1])
-    params["pos_embedding"] = vit_checkpoint.resample_posemb(pe, new_shape)
-  return params
+  return vit_checkpoint.with_posemb_grid(params, new_grid)

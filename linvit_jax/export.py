@@ -778,14 +778,8 @@ class Student:
   def _params_at(self, size: tuple[int, int]) -> Any:
     """The params with the position table resampled to `size`'s grid (cached, on device)."""
     if size not in self._sized:
-      params = dict(self.params)
       grid = (size[0] // self.patch[0], size[1] // self.patch[1])
-      if "pos_embedding" in params and grid != self._grid:
-        pe = np.asarray(params["pos_embedding"])
-        new = (1, grid[0] * grid[1], pe.shape[-1])
-        params["pos_embedding"] = vit_checkpoint.resample_posemb(
-            pe, new, old_hw=self._grid, new_hw=grid
-        )
+      params = vit_checkpoint.with_posemb_grid(self.params, grid, self._grid)
       self._sized[size] = jax.device_put(params)
     return self._sized[size]
 

@@ -236,19 +236,6 @@ def logistic_predict(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------------------- forward
 
 
-def params_at(params: Any, train_grid: tuple[int, int], grid: tuple[int, int]) -> Any:
-  """params with the learned position table resampled from the training grid to `grid`."""
-  from linvit_jax.models import vit_checkpoint
-
-  if "pos_embedding" not in params or grid == train_grid:
-    return params
-  params = dict(params)
-  pe = np.asarray(params["pos_embedding"])
-  new = (1, grid[0] * grid[1], pe.shape[-1])
-  params["pos_embedding"] = vit_checkpoint.resample_posemb(pe, new, train_grid, grid)
-  return params
-
-
 def _train_grid(params: Any, res: int, patch: tuple[int, int]) -> tuple[int, int]:
   grid = (res // patch[0], res // patch[1])
   pe = params.get("pos_embedding") if hasattr(params, "get") else None
@@ -276,10 +263,13 @@ class _Tokens:
   def __call__(self, images: np.ndarray, batch: int) -> np.ndarray:
     import jax
 
+    from linvit_jax.models import vit_checkpoint
+
     size = images.shape[1]
     if size not in self._sized:  # one size on the device at a time: a 4·res table is large
       grid = (size // self.patch[0], size // self.patch[1])
-      self._sized = {size: jax.device_put(params_at(self.params, self.train_grid, grid))}
+      resized = vit_checkpoint.with_posemb_grid(self.params, grid, self.train_grid)
+      self._sized = {size: jax.device_put(resized)}
     k = len(images)
     if k < batch:  # padded: one compile per size, not per chunk
       images = np.concatenate([images, np.zeros((batch - k, *images.shape[1:]), images.dtype)])

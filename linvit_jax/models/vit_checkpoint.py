@@ -246,6 +246,19 @@ def resample_posemb(
   return grid.reshape(new_shape).astype(old.dtype)
 
 
+def with_posemb_grid(
+    params: Mapping[str, Any], new_grid: tuple[int, int], old_grid: tuple[int, int] | None = None
+) -> dict:
+  """A copy of `params` whose learned position table (if any) is resampled to `new_grid`
+  (resample_posemb; `old_grid` None: the table's square grid)."""
+  params = dict(params)
+  if "pos_embedding" in params:
+    pe = np.asarray(params["pos_embedding"])
+    new_shape = (1, new_grid[0] * new_grid[1], pe.shape[-1])
+    params["pos_embedding"] = resample_posemb(pe, new_shape, old_grid, tuple(new_grid))
+  return params
+
+
 def resample_posemb_as(method: str, old: np.ndarray, new_shape: tuple[int, ...]) -> np.ndarray:
   """The position table resized the way its source framework does ('big_vision': bilinear;
   'torch_bicubic[_antialias]': torch's F.interpolate, as Hugging Face and timm do)."""
