@@ -46,6 +46,7 @@ from linvit_jax.data import pp_spec
 from linvit_jax.errors import ConfigError
 from linvit_jax.errors import UserError
 from linvit_jax.models import attention as attn_lib
+from linvit_jax.models import foreign
 from linvit_jax.models import from_config
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
@@ -338,7 +339,7 @@ def teacher_info(init: str | None) -> dict[str, Any]:
   path = init.rstrip("/" + os.sep)
   name, text = public_name(path), None
   if path.endswith(".npz"):
-    side = _read_json(os.path.splitext(path)[0] + ".json")
+    side = _read_json(foreign.sidecar_path(path))
     name = side.get("hub_id") or os.path.basename(path)[: -len(".npz")]
     text = side.get("license") or side.get("licence")
   elif gfile.exists(os.path.join(path, "config.json")):
