@@ -37,8 +37,6 @@ from linvit_jax.models import vit
 
 def check(config: mlc.ConfigDict, workdir: str) -> jax.sharding.Mesh:
   """The checks of a run before any compute, in order; returns the device mesh it runs on."""
-  if config.eval.knn.dataset == KNN_AUTO:  # a caller that did not call resolve_knn first
-    config.eval.knn.dataset = resolve_knn(config)[0].eval.knn.dataset
   validate(config)
   mesh = check_mesh(config)
   check_data(config)
