@@ -59,6 +59,11 @@ The align stage (ignored when distill_fraction=1):
   align_w_attn_tf: the weight of the teacher-forced attention outputs
   align_augment: "" | color (DINO's colour jitter and grayscale on the align views)
   align_mixup: p > 0: label-free mixup of the align views, Beta(p, p) (0: off; default 1)
+  deploy_res: a resolution the student will run at (a multiple of the patch; 0: res only): the
+    last deploy_fraction of the align steps run there as their own stage (align_deploy), both
+    models resampling their position tables as the report does
+  deploy_fraction: that share of the align steps, each with batch·(res/deploy_res)² views (so a
+    step holds about as many pixels as an align step)
 
 The k-NN check (weighted k-NN top-1 of the pooled feature, teacher vs student):
   knn: auto (Fashion-MNIST when installed, else skipped and the results say so) | none |
@@ -98,6 +103,8 @@ _RANGES = {
     "align_average": (lambda v, arg: 0 <= v <= 1, "expected in [0, 1] (0: off)"),
     "distill_mixup": _BETA,
     "align_mixup": _BETA,
+    "deploy_res": (lambda v, arg: v >= 0, "expected a resolution in px (0: off)"),
+    "deploy_fraction": (lambda v, arg: 0 < v < 1, "expected in (0, 1), a share of the align steps"),
     "eval_images": (lambda v, arg: v >= 1, "expected >= 1"),
     "res": (lambda v, arg: v >= 1, "expected a positive multiple of the teacher's patch"),
 }
@@ -165,6 +172,8 @@ def get_config(arg=None):
       align_augment="",
       distill_mixup=0.0,
       align_mixup=1.0,
+      deploy_res=0,
+      deploy_fraction=0.25,
       holdout=0.2,
       eval_images=32,
       exact_prefix=False,
@@ -244,8 +253,11 @@ def get_config(arg=None):
   distill_images = int(arg.max_images * arg.distill_fraction)
   align_images = arg.max_images - distill_images
   steps_a, steps_b = max(1, distill_images // arg.batch), align_images // arg.batch
+  deploy = arg.deploy_res and arg.deploy_res != res
+  steps_d = int(steps_b * arg.deploy_fraction) if deploy else 0
+  steps_b -= steps_d
   if arg.tiny:
-    steps_a, steps_b = 2, 2
+    steps_a, steps_b, steps_d = 2, 2, 2 if deploy else 0
   c.distill_attention = config_lib.stage(
       "distill_attention",
       steps=steps_a,
@@ -259,13 +271,16 @@ def get_config(arg=None):
       mixup=arg.distill_mixup,
   )
   c.stages = ("distill_attention",)
-  if steps_b:
-    c.align = config_lib.stage(
+  for name, steps, size in (("align", steps_b, res), ("align_deploy", steps_d, arg.deploy_res)):
+    if not steps:
+      continue
+    batch = arg.batch if size == res else max(1, round(arg.batch * (res / size) ** 2))
+    c[name] = config_lib.stage(
         "align",
-        steps=steps_b,
-        batch_size=arg.batch,
+        steps=steps,
+        batch_size=batch,
         lr=arg.lr_align,
-        warmup_steps=max(1, int(steps_b * arg.align_warmup)),
+        warmup_steps=max(1, int(steps * arg.align_warmup)),
         wd=0.0,
         grad_clip=1.0,
         update_scale=arg.align_update_scale,
@@ -279,10 +294,13 @@ def get_config(arg=None):
         w_blocks=arg.align_w_blocks,
         blocks_top_weight=arg.align_top_weight,
         w_attn_tf=arg.align_w_attn_tf,
-        pp_train=train_pp(res, norm, arg.align_augment) if arg.align_augment else "",
+        pp_train=(
+            train_pp(size, norm, arg.align_augment) if arg.align_augment or size != res else ""
+        ),
         mixup=arg.align_mixup,
+        **({"image_size": size} if size != res else {}),
     )
-    c.stages = ("distill_attention", "align")
+    c.stages += (name,)
   for name in c.stages:
     steps = c[name].steps
     c[name].eval_every = max(1, steps // 8)

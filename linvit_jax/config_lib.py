@@ -269,7 +269,8 @@ def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> di
   teacher's). Optimizer fields (wd, warmup_steps, ...; not `name`) go to the block's `optimizer`;
   `pp_train` overrides config.data.pp_train for this stage; `mixup` p > 0 blends each training
   image with its batch neighbour, weight ~ Beta(p, p) (label-free stages); `start_weight` w makes
-  the stage hand on (1 − w)·trained + w·starting params; any other keyword must be one of the
+  the stage hand on (1 − w)·trained + w·starting params; `image_size` trains at another
+  resolution than data.image_size (with a pp_train of that size); any other keyword must be one of the
   kind's loss fields (`stage_losses`)."""
   losses = stage_losses(kind)
   opt_kw = {k: kw.pop(k) for k in OPTIMIZER_DEFAULTS if k in kw and k not in ("name", "lr")}
@@ -278,6 +279,7 @@ def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> di
   pp_train = kw.pop("pp_train", "")
   mixup = kw.pop("mixup", 0.0)
   start_weight = kw.pop("start_weight", 0.0)
+  image_size = kw.pop("image_size", 0)
   unknown = sorted(set(kw) - set(losses))
   if unknown:
     raise ValueError(
@@ -294,6 +296,10 @@ def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> di
       # What the stage hands on: (1 − w)·its trained params + w·its starting params (weight
       # interpolation, WiSE-FT); 0 = its trained params alone.
       start_weight=start_weight,  # 0 = the trained params; 0.5 = midway back to the start
+      # The stage's training resolution (0: data.image_size): both models resample their stored
+      # position tables in the forward (vit's posemb_grid), so a stage at the resolution the
+      # student will be deployed at trains the same params; its pp_train makes views of that size.
+      image_size=image_size,
       optimizer=optimizer(lr, **opt_kw),
       **stage_bookkeeping(steps),
       **{**losses, **kw},

@@ -144,6 +144,15 @@ def validate(config: mlc.ConfigDict) -> None:
   specs = check("student.attention", attn_lib.parse_layer_specs, attention, depth or 1)
   teacher_model, student_model = check("model", from_config.build_models, config.model, attention)
   check_resolution(config.data.image_size, student_model.patch_size)
+  for name in config.stages:  # a stage at its own resolution (e.g. the deployment one)
+    size = config[name].get("image_size", 0)
+    if size:
+      check_resolution(size, student_model.patch_size, f"config.{name}.image_size", "deploy_res")
+      if not config[name].get("pp_train"):
+        raise ConfigError(
+            f"config.{name}.image_size={size}: the stage needs its own pp_train making {size}-px "
+            f"views (data.pp_train makes {config.data.image_size}-px ones)"
+        )
   sinks = max(spec.sinks for spec in specs)
   if sinks and config.data.image_size:
     ph, pw = student_model.patch_size
@@ -175,7 +184,12 @@ def validate(config: mlc.ConfigDict) -> None:
     check("data.pp_eval", input_pipeline.get_preprocess_fn, config.data.pp_eval)
 
 
-def check_resolution(image_size: int, patch_size: Any) -> None:
+def check_resolution(
+    image_size: int,
+    patch_size: Any,
+    field: str = "config.data.image_size",
+    option: str = "res",
+) -> None:
   """The image is a whole number of patches: a ViT's patch embedding would silently crop the
   rest (and an image smaller than one patch has no token at all)."""
   ph, pw = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
@@ -189,7 +203,7 @@ def check_resolution(image_size: int, patch_size: Any) -> None:
       "smaller than one patch" if image_size < step else f"its last {image_size % step} px cropped"
   )
   raise ConfigError(
-      f"config.data.image_size={image_size} (convert_folder: res={image_size}) is not a multiple of "
+      f"{field}={image_size} (convert_folder: {option}={image_size}) is not a multiple of "
       f"the model's {patch} patch ({why}); the nearest valid: {nearest}"
   )
 
@@ -350,7 +364,7 @@ _RUN_IDENTITY = (
     "teacher.dont_load",
 )
 # Stage fields added after runs were recorded, at the value that reproduces those runs.
-_STAGE_FIELDS_ADDED = {"pp_train": "", "start_weight": 0.0, "mixup": 0.0}
+_STAGE_FIELDS_ADDED = {"pp_train": "", "start_weight": 0.0, "mixup": 0.0, "image_size": 0}
 _STAGE_BOOKKEEPING = (
     "checkpoint_every",
     "max_to_keep",

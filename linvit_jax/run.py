@@ -171,8 +171,9 @@ def _run_stages(config, workdir, mesh, scorer, student_model, student_params, re
     t0 = time.time()
     if stage_cfg.kind in ("finetune", "align") and last_top1 is not None:
       results["student_top1_before_finetune"] = last_top1
+    teacher_at, student_at = _models_at(config, stage_cfg, scorer.teacher_model, student_model)
     loss_fn, mask = stages.build(
-        stage_cfg.kind, stage_cfg, config, scorer.teacher_model, student_model, student_params
+        stage_cfg.kind, stage_cfg, config, teacher_at, student_at, student_params
     )
     student_params, history = train.run_stage(
         stage_cfg=stage_cfg,
@@ -225,6 +226,20 @@ def _run_stages(config, workdir, mesh, scorer, student_model, student_params, re
   results["images_seen"] = images_seen
   results["student_attention"] = export.attention_json(student_model)
   return student_model, student_params
+
+
+def _models_at(config, stage_cfg, teacher_model, student_model) -> tuple[Any, Any]:
+  """The two models as a stage trains them: at the stage's own image_size (e.g. the deployment
+  resolution) they resample their stored position tables in the forward, so the same params
+  train there and the exported student keeps its grid."""
+  size = stage_cfg.get("image_size", 0)
+  base = config.data.image_size
+  if not size or size == base:
+    return teacher_model, student_model
+  ph, pw = student_model.patch_size
+  bh, bw = (base, base) if isinstance(base, int) else tuple(base)
+  grid = (bh // ph, bw // pw)
+  return teacher_model.clone(posemb_grid=grid), student_model.clone(posemb_grid=grid)
 
 
 def _report(config, workdir, scorer, student_model, student_params, results) -> None:

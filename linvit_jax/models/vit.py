@@ -45,6 +45,18 @@ def posemb_sincos_2d(
   return jnp.asarray(pe, dtype)[None, :, :]
 
 
+def resample_posemb_in_graph(
+    pe: jax.Array, old_grid: tuple[int, int], new_grid: tuple[int, int]
+) -> jax.Array:
+  """`vit_checkpoint.resample_posemb`'s bilinear rule as two fixed matrices (differentiable, so
+  the stored table trains at any resolution); equal to it within float32 rounding."""
+  (oh, ow), (nh, nw) = old_grid, new_grid
+  grid = jnp.reshape(pe.astype(jnp.float32), (oh, ow, -1))
+  rows, cols = vit_checkpoint.zoom_matrix(oh, nh), vit_checkpoint.zoom_matrix(ow, nw)
+  grid = jnp.einsum("ih,jw,hwc->ijc", rows, cols, grid, precision=jax.lax.Precision.HIGHEST)
+  return jnp.reshape(grid, (1, nh * nw, -1)).astype(pe.dtype)
+
+
 class MlpBlock(nn.Module):
   """Transformer MLP: Dense → GELU → Dropout → Dense."""
 
@@ -206,6 +218,10 @@ class _Model(nn.Module):
   gelu_approximate: bool = True
   layernorm_epsilon: float = 1e-6
   reg_tokens: int = 0
+  # The grid (h, w) the learned position table is stored at, when the input's grid may differ:
+  # the table is resampled inside the forward (the rule of `vit_checkpoint.resample_posemb`), so
+  # one set of params trains and runs at any resolution. None: the table is the input's grid.
+  posemb_grid: tuple[int, int] | None = None
 
   @property
   def num_prefix_tokens(self) -> int:
@@ -229,9 +245,12 @@ class _Model(nn.Module):
 
     # Position embedding is added before the cls token is prepended (big_vision's convention).
     if self.posemb == "learn":
+      gh, gw = self.posemb_grid or (h, w)
       pe = self.param(
-          "pos_embedding", nn.initializers.normal(stddev=1 / np.sqrt(c)), (1, h * w, c), x.dtype
+          "pos_embedding", nn.initializers.normal(stddev=1 / np.sqrt(c)), (1, gh * gw, c), x.dtype
       )
+      if (gh, gw) != (h, w):
+        pe = resample_posemb_in_graph(pe, (gh, gw), (h, w))
     elif self.posemb == "sincos2d":
       pe = posemb_sincos_2d(h, w, c, dtype=x.dtype)
     else:

@@ -246,6 +246,14 @@ def resample_posemb(
   return grid.reshape(new_shape).astype(old.dtype)
 
 
+def zoom_matrix(n_in: int, n_out: int) -> np.ndarray:
+  """[n_out, n_in] float32 weights of `resample_posemb`'s rule along one axis: the zoom is linear,
+  so zooming the identity gives each output's weights over the inputs (the model's in-graph
+  resampling, vit.resample_posemb_in_graph, applies them)."""
+  eye = np.eye(n_in, dtype=np.float64)
+  return scipy.ndimage.zoom(eye, (n_out / n_in, 1), order=1).astype(np.float32)
+
+
 def with_posemb_grid(
     params: Mapping[str, Any], new_grid: tuple[int, int], old_grid: tuple[int, int] | None = None
 ) -> dict:
