@@ -33,9 +33,8 @@ Argument order is model before params throughout (as in `model.apply(params, ...
 Which parameters train: optim.trainable_mask(params, "distill_attention" | "finetune" | regex)
 and optim.masked_optimizer(tx, mask) (frozen leaves get exactly zero updates and no state).
 
-A freshly initialised student attention should first go through `calibrate_out_projection` (one
-batch): checkpoints with LayerScale folded in have small attention outputs, and a standard init
-can be ~170x too large in variance there.
+A freshly initialised student attention should first go through `calibrate.calibrate` (one batch;
+an initialisation, so it lives in calibrate.py, not among the losses).
 
 All losses are computed in float32; every variance and norm in a denominator is guarded by `eps`.
 """
@@ -50,7 +49,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
 from linvit_jax import config_lib
 from linvit_jax import probe
@@ -395,80 +393,6 @@ def sigmoid_xent(logits: Array, labels: Array) -> Array:
 
 
 LABEL_LOSSES = {"softmax_xent": softmax_xent, "sigmoid_xent": sigmoid_xent}
-
-
-# ------------------------------------------------------------------------------------------------
-# Data-dependent init of a fresh student attention.
-
-
-def out_projection_scales(
-    targets: Mapping[str, Array],
-    student_model: ModelLike,
-    student_params: Params,
-    *,
-    rng: Array | None = None,
-    eps: float = EPS,
-) -> Array:
-  """α_l = sqrt((Var(teacher sa_l) + eps) / (Var(student teacher-forced sa_l) + eps)), [L]."""
-  ys = probe.student_attention_outputs(
-      student_model, student_params, targets["attn_input"], rng=rng
-  )
-  axes = tuple(range(1, ys.ndim))
-  return jnp.sqrt(
-      (jnp.var(probe.f32(targets["sa"]), axis=axes) + eps)
-      / (jnp.var(probe.f32(ys), axis=axes) + eps)
-  )
-
-
-def calibrate_out_projection(
-    targets: Mapping[str, Array],
-    student_model: ModelLike,
-    student_params: Params,
-    *,
-    layers: Sequence[int] | None = None,
-    rng: Array | None = None,
-    eps: float = EPS,
-) -> Params:
-  """Rescale each layer's out/kernel and out/bias by α_l so the student's teacher-forced output
-  variance equals the teacher's on this batch (`targets` = `probe.teacher_targets(...)` of one batch).
-
-  y = W z + b → α y has variance α² Var(y), so this is exact for the batch. Use it on freshly
-  initialised attention (copy_same / copy_none arms) before distilling; `layers` limits it to some
-  layers. A zero-initialised out kernel cannot be calibrated (α stays finite but useless).
-  Returns new params in the student's layout (inputs untouched).
-  """
-  alpha = out_projection_scales(targets, student_model, student_params, rng=rng, eps=eps)
-  depth = alpha.shape[0]
-  use = np.zeros(depth, bool)
-  use[list(range(depth)) if layers is None else list(layers)] = True
-  alpha = jnp.where(jnp.asarray(use), alpha, 1.0)
-
-  def scale(x, a):
-    return (probe.f32(x) * a).astype(x.dtype)
-
-  params = dict(student_params)  # fresh containers along the edited paths; other leaves shared
-  params["Transformer"] = dict(params["Transformer"])
-  if layout.is_scanned(student_params):
-    blk = dict(params["Transformer"][layout.SCANNED_BLOCK])
-    att = dict(blk[layout.ATTN])
-    out = att["out"]
-    att["out"] = {
-        "kernel": scale(out["kernel"], alpha[:, None, None, None]),
-        "bias": scale(out["bias"], alpha[:, None]),
-    }
-    blk[layout.ATTN] = att
-    params["Transformer"][layout.SCANNED_BLOCK] = blk
-  else:
-    for l in range(depth):
-      if not use[l]:
-        continue
-      name = layout.block_name(l)
-      blk = dict(params["Transformer"][name])
-      att = dict(blk[layout.ATTN])
-      att["out"] = {key: scale(v, alpha[l]) for key, v in att["out"].items()}
-      blk[layout.ATTN] = att
-      params["Transformer"][name] = blk
-  return params
 
 
 # ------------------------------------------------------------------------------------------------

@@ -20,7 +20,6 @@ the teacher's params (or None), so the step stays a pure function of explicit py
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections as mlc
 
+from linvit_jax import calibrate as calibrate_lib
 from linvit_jax import config_lib
 from linvit_jax import distill
 from linvit_jax import metrics as metrics_lib
@@ -131,15 +131,5 @@ def build(
   raise ValueError(f"unknown stage kind {kind!r}; known: {config_lib.STAGE_KINDS}")
 
 
-def calibrate(teacher_model, teacher_params, student_model, student_params, images) -> Any:
-  """Data-dependent init of fresh attention (see distill.calibrate_out_projection)."""
-
-  return _calibrated(teacher_model, teacher_params, student_model, student_params, images)
-
-
-# One compiled program (op by op, the teacher pass and the scales compiled op after op: ~2x the
-# time); the models are static (hashable flax modules), so a second call reuses it.
-@functools.partial(jax.jit, static_argnums=(0, 2))
-def _calibrated(teacher_model, teacher_params, student_model, student_params, images):
-  targets = probe.teacher_targets(teacher_model, teacher_params, images)
-  return distill.calibrate_out_projection(targets, student_model, student_params)
+# run.py (and the notebook, bench_eval) call the init by this name; it lives in calibrate.py.
+calibrate = calibrate_lib.calibrate

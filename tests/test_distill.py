@@ -13,6 +13,7 @@ import numpy as np
 import optax
 import pytest
 
+from linvit_jax import calibrate
 from linvit_jax import config_lib
 from linvit_jax import distill
 from linvit_jax import optim
@@ -214,7 +215,7 @@ def test_scanned_trees_give_the_same_targets_and_outputs(tiny):
     tg_scan = probe.teacher_targets(t_scan, tp_scan, images)
     out = probe.student_attention_outputs(student, s_params, tg["attn_input"], with_qk=True)
     out_scan = probe.student_attention_outputs(s_scan, sp_scan, tg["attn_input"], with_qk=True)
-    calibrated = distill.calibrate_out_projection(tg, s_scan, sp_scan)
+    calibrated = calibrate.calibrate_out_projection(tg, s_scan, sp_scan)
     y_cal = probe.student_attention_outputs(s_scan, calibrated, tg["attn_input"])
     return tg, tg_scan, out, out_scan, calibrated, y_cal
 
@@ -252,7 +253,7 @@ def test_distillation_cuts_attention_error_at_least_5x(tiny):
   on that step's batch, i.e. on images the student has not been trained on."""
   teacher, t_params, student, s_params, images = tiny
   s_params = _jit(
-      lambda tp, sp: distill.calibrate_out_projection(
+      lambda tp, sp: calibrate.calibrate_out_projection(
           probe.teacher_targets(teacher, tp, images), student, sp
       )
   )(t_params, s_params)
