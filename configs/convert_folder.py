@@ -74,131 +74,76 @@ The k-NN check (weighted k-NN top-1 of the pooled feature, teacher vs student):
   tiny: a few steps and images, for the tests
 """
 
-import math
-import os
-
 from linvit_jax import config_lib
 
-NORMS = {"imagenet": "vgg_value_range", "minus_one_one": "value_range(-1,1)"}
-# Extra training-view augmentation a stage may add (`distill_augment=` / `align_augment=`): DINO's
-# colour jitter and random grayscale, views a self-supervised teacher was trained on.
-AUGMENTS = {"": "", "color": "|color_jitter|random_grayscale"}
+# The options and their defaults (the docstring says what each means): parse_arg types a value
+# after its default, config_checks.convert_folder checks it.
+OPTIONS = dict(
+    init="",
+    images="",
+    res=224,
+    gelu="",
+    norm="",
+    feature_map="hedgehog_exp",
+    num_features=0,
+    max_images=10_000,
+    distill_fraction=0.6,
+    policy="copy_all",
+    softmax_layers=0,
+    pool="",
+    batch=8,
+    lr_distill=1e-3,
+    distill_trainable="distill_attention",
+    lr_align=config_lib.ALIGN_RECIPE["lr"],
+    align_trainable=config_lib.ALIGN_RECIPE["trainable"],
+    align_update_scale=config_lib.ALIGN_RECIPE["update_scale"],
+    align_warmup=config_lib.ALIGN_RECIPE["warmup"],
+    align_ema=0.0,
+    align_average=0.0,
+    align_start_weight=0.0,
+    align_lora=8,
+    align_w_feature=1.0,
+    align_w_blocks=1.0,
+    align_top_weight=1.0,
+    align_w_attn_tf=1.0,
+    distill_augment="",
+    align_augment="",
+    distill_mixup=0.0,
+    align_mixup=1.0,
+    deploy_res=0,
+    deploy_fraction=0.25,
+    holdout=0.2,
+    eval_images=32,
+    exact_prefix=False,
+    center_keys=True,
+    conv_v=True,
+    window=0,
+    sinks=0,
+    compose=0.0,
+    knn="auto",
+    knn_data_dir="",
+    knn_train=1000,
+    knn_eval=500,
+    tiny=False,
+)
 
 
 def train_pp(res: int, norm: str, augment: str) -> str:
   """The training views: Inception crops of the photos, flipped, with `augment`'s extra ops."""
-  return f'decode|inception_crop({res})|flip_lr{AUGMENTS[augment]}|{norm}|keep("image")'
-
-
-# The numeric arguments' ranges: (test, the range in words). A value outside one is an error
-# naming the argument, before anything runs (a silent clamp would run another recipe).
-_BETA = (lambda v, arg: math.isfinite(v) and v >= 0, "a Beta concentration, expected >= 0 (0: off)")
-_RANGES = {
-    "max_images": (lambda v, arg: v >= arg.batch, "expected at least batch={batch} (one step)"),
-    "batch": (lambda v, arg: v >= 1, "expected >= 1"),
-    "distill_fraction": (lambda v, arg: 0 < v <= 1, "expected in (0, 1]"),
-    "holdout": (lambda v, arg: 0 < v < 1, "expected a fraction in (0, 1) of the photos"),
-    "align_start_weight": (lambda v, arg: 0 <= v < 1, "expected in [0, 1) (0: off)"),
-    "align_ema": (lambda v, arg: 0 <= v < 1, "expected in [0, 1) (0: off)"),
-    "align_average": (lambda v, arg: 0 <= v <= 1, "expected in [0, 1] (0: off)"),
-    "distill_mixup": _BETA,
-    "align_mixup": _BETA,
-    "deploy_res": (lambda v, arg: v >= 0, "expected a resolution in px (0: off)"),
-    "deploy_fraction": (lambda v, arg: 0 < v < 1, "expected in (0, 1), a share of the align steps"),
-    "eval_images": (lambda v, arg: v >= 1, "expected >= 1"),
-    "res": (lambda v, arg: v >= 1, "expected a positive multiple of the teacher's patch"),
-}
-
-
-def _check(arg) -> None:
-  """Every argument this file can check without reading `init` (preflight checks the rest, e.g.
-  res against the teacher's patch), each error naming the argument."""
-  if not arg.init:
-    raise ValueError("convert_folder needs init=<big_vision .npz, model folder or .safetensors>")
-  if not arg.images:
-    raise ValueError("convert_folder needs images=<folder of jpg/png photos>")
-  for field, (ok, expected) in _RANGES.items():
-    if not ok(arg[field], arg):
-      raise ValueError(f"{field}={arg[field]!r}: {expected.format(batch=arg.batch)}")
-  choices = dict(gelu=("", "exact", "tanh"), norm=("", "source", *NORMS))
-  choices.update(distill_augment=tuple(AUGMENTS), align_augment=tuple(AUGMENTS))
-  for field, allowed in choices.items():
-    if arg[field] not in allowed:
-      raise ValueError(f"{field}={arg[field]!r}: expected one of {list(allowed)} (empty: default)")
-  if isinstance(arg.align_lora, bool) or not isinstance(arg.align_lora, int) or arg.align_lora < 0:
-    raise ValueError(f"align_lora={arg.align_lora!r}: expected a rank >= 0 (0: off)")
-  if arg.align_average and arg.align_ema:
-    raise ValueError("align_average and align_ema are two averages: choose one (the other 0)")
-  for field in ("distill_mixup", "align_mixup"):
-    if arg[field] and arg.batch < 2:
-      raise ValueError(
-          f"{field}={arg[field]} blends images within a batch: batch={arg.batch} (set {field}=0)"
-      )
-  if "://" not in arg.images and not os.path.isdir(arg.images):
-    raise ValueError(f"images={arg.images!r} is not a folder")
+  return f'decode|inception_crop({res})|flip_lr{config_lib.AUGMENTS[augment]}|{norm}|keep("image")'
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(
-      arg,
-      init="",
-      images="",
-      res=224,
-      gelu="",
-      norm="",
-      feature_map="hedgehog_exp",
-      num_features=0,
-      max_images=10_000,
-      distill_fraction=0.6,
-      policy="copy_all",
-      softmax_layers=0,
-      pool="",
-      batch=8,
-      lr_distill=1e-3,
-      distill_trainable="distill_attention",
-      lr_align=config_lib.ALIGN_RECIPE["lr"],
-      align_trainable=config_lib.ALIGN_RECIPE["trainable"],
-      align_update_scale=config_lib.ALIGN_RECIPE["update_scale"],
-      align_warmup=config_lib.ALIGN_RECIPE["warmup"],
-      align_ema=0.0,
-      align_average=0.0,
-      align_start_weight=0.0,
-      align_lora=8,
-      align_w_feature=1.0,
-      align_w_blocks=1.0,
-      align_top_weight=1.0,
-      align_w_attn_tf=1.0,
-      distill_augment="",
-      align_augment="",
-      distill_mixup=0.0,
-      align_mixup=1.0,
-      deploy_res=0,
-      deploy_fraction=0.25,
-      holdout=0.2,
-      eval_images=32,
-      exact_prefix=False,
-      center_keys=True,
-      conv_v=True,
-      window=0,
-      sinks=0,
-      compose=0.0,
-      knn="auto",
-      knn_data_dir="",
-      knn_train=1000,
-      knn_eval=500,
-      tiny=False,
-  )
-  _check(arg)
+  arg = config_lib.parse_arg(arg, **OPTIONS)
+  config_lib.check_options("convert_folder", arg)
   # The architecture, and the input normalisation a source declares, are read from `init` by the
   # driver (teacher.architecture="init", the pp op `init_norm`): this file reads no checkpoint.
-  if arg.norm in NORMS:
-    norm = NORMS[arg.norm]
-  else:  # "": the source's mean/std, else ImageNet's; "source": the source's, or an error
-    norm = "init_norm(required=True)" if arg.norm == "source" else "init_norm"
-
+  # norm="": the source's mean/std, else ImageNet's; "source": the source's, or an error.
+  norm = config_lib.NORMS.get(arg.norm) or (
+      "init_norm(required=True)" if arg.norm == "source" else "init_norm"
+  )
   c = config_lib.base_config()
-  res = arg.res
-  split = f"@{arg.holdout}"
+  res, split = arg.res, f"@{arg.holdout}"
   c.data = dict(
       dataset="image_folder",
       data_dir=arg.images,
@@ -221,43 +166,24 @@ def get_config(arg=None):
   # declares them the GELU form and LayerNorm epsilon: from init. What a big_vision npz cannot say
   # stays as set here: the pool type without a cls token or MAP head (pool=, default 'gap') and
   # the GELU form (gelu=, else the source's, else exact).
-  c.model = dict(
-      c.model.to_dict(),
-      variant="",
-      pool_type=arg.pool or "gap",
-      gelu_approximate=arg.gelu == "tanh",
-      scan=False,
+  c.model.update(variant="", pool_type=arg.pool or "gap", gelu_approximate=arg.gelu == "tanh")
+  given = (("gelu_approximate", arg.gelu), ("pool_type", arg.pool))
+  c.teacher.update(
+      architecture="init", init=arg.init, config_fields=tuple(n for n, v in given if v)
   )
-  c.teacher.architecture = "init"
-  c.teacher.config_fields = tuple(
-      name for name, given in (("gelu_approximate", arg.gelu), ("pool_type", arg.pool)) if given
-  )
-  c.teacher.init = arg.init
-  levers = dict(
+  attention = config_lib.linear_attention(
+      arg.feature_map,
       exact_prefix_rows=arg.exact_prefix,
       center_keys=arg.center_keys,
       conv_v=arg.conv_v,
       window=arg.window,
       sinks=arg.sinks,
+      num_features=arg.num_features,  # hedgehog: its projection's width; favor: its features
   )
-  if arg.num_features:  # the feature map's width (hedgehog: its projection; favor: features)
-    levers["num_features"] = arg.num_features
-  student = c.student.to_dict()
-  student["attention"] = arg.feature_map
-  if any(levers.values()):  # attention.AttentionSpec's options inside each linear layer
-    student["attention"] = dict(kind="linear", feature_map=arg.feature_map, **levers)
-  c.student = student
-  c.student.softmax_layers = arg.softmax_layers
+  c.student = dict(c.student.to_dict(), attention=attention, softmax_layers=arg.softmax_layers)
   c.surgery.policy = arg.policy
 
-  distill_images = int(arg.max_images * arg.distill_fraction)
-  align_images = arg.max_images - distill_images
-  steps_a, steps_b = max(1, distill_images // arg.batch), align_images // arg.batch
-  deploy = arg.deploy_res and arg.deploy_res != res
-  steps_d = int(steps_b * arg.deploy_fraction) if deploy else 0
-  steps_b -= steps_d
-  if arg.tiny:
-    steps_a, steps_b, steps_d = 2, 2, 2 if deploy else 0
+  steps_a, steps_b, steps_d = _steps(arg)
   c.distill_attention = config_lib.stage(
       "distill_attention",
       steps=steps_a,
@@ -265,60 +191,70 @@ def get_config(arg=None):
       lr=arg.lr_distill,
       warmup_steps=max(1, steps_a // 20),
       wd=0.0,
-      grad_clip=1.0,
       trainable=arg.distill_trainable,
       pp_train=train_pp(res, norm, arg.distill_augment) if arg.distill_augment else "",
       mixup=arg.distill_mixup,
   )
   c.stages = ("distill_attention",)
   for name, steps, size in (("align", steps_b, res), ("align_deploy", steps_d, arg.deploy_res)):
-    if not steps:
-      continue
-    batch = arg.batch if size == res else max(1, round(arg.batch * (res / size) ** 2))
-    c[name] = config_lib.stage(
-        "align",
-        steps=steps,
-        batch_size=batch,
-        lr=arg.lr_align,
-        warmup_steps=max(1, int(steps * arg.align_warmup)),
-        wd=0.0,
-        grad_clip=1.0,
-        update_scale=arg.align_update_scale,
-        # only when on: runs recorded before the field existed keep resuming
-        **({"ema_decay": arg.align_ema} if arg.align_ema else {}),
-        **({"average_last": arg.align_average} if arg.align_average else {}),
-        **({"lora_rank": arg.align_lora} if arg.align_lora else {}),
-        start_weight=arg.align_start_weight,
-        trainable=arg.align_trainable,
-        w_feature=arg.align_w_feature,
-        w_blocks=arg.align_w_blocks,
-        blocks_top_weight=arg.align_top_weight,
-        w_attn_tf=arg.align_w_attn_tf,
-        pp_train=(
-            train_pp(size, norm, arg.align_augment) if arg.align_augment or size != res else ""
-        ),
-        mixup=arg.align_mixup,
-        **({"image_size": size} if size != res else {}),
-    )
-    c.stages += (name,)
+    if steps:  # align_deploy: about as many pixels a step as align's
+      c[name] = _align(arg, steps, size, norm)
+      c.stages += (name,)
   for name in c.stages:
     steps = c[name].steps
-    c[name].eval_every = max(1, steps // 8)
+    c[name].update(eval_every=max(1, steps // 8), checkpoint_every=max(1, steps // 8))
     c[name].log_every = max(1, steps // 40)
-    c[name].checkpoint_every = max(1, steps // 8)
+  _eval(c, arg)
+  return c
 
-  # Fidelity on random crops of held-out photos (a fixed seed): a folder may hold out only a few
-  # files, and crops at several scales are what the student will see.
-  c.eval.sample_pp = c.data.pp_train
-  c.eval.fidelity_images = arg.eval_images
-  c.eval.curve_images = min(16, arg.eval_images)
-  c.eval.throughput_batch = 8
-  c.eval.attention_map_images = 4
-  c.eval.resolution_factors = (1, 2)
-  c.eval.resolution_fidelity_images = min(16, arg.eval_images)
-  # The test photos: every size from the original photo, intervals over photos, the dense
-  # measure (photo_eval.py); never chosen on.
-  c.eval.test.split = "test" + split
+
+def _steps(arg) -> tuple[int, int, int]:
+  """The steps of distill_attention, align and align_deploy: `max_images` split by
+  `distill_fraction`, then the last `deploy_fraction` of align's at deploy_res (tiny: 2 each)."""
+  distill_images = int(arg.max_images * arg.distill_fraction)
+  steps_a = max(1, distill_images // arg.batch)
+  steps_b = (arg.max_images - distill_images) // arg.batch
+  deploy = arg.deploy_res and arg.deploy_res != arg.res
+  steps_d = int(steps_b * arg.deploy_fraction) if deploy else 0
+  if arg.tiny:
+    return 2, 2, 2 if deploy else 0
+  return steps_a, steps_b - steps_d, steps_d
+
+
+def _align(arg, steps: int, size: int, norm: str) -> dict:
+  """An align stage of `steps` at resolution `size`, with `batch·(res/size)²` views a step."""
+  at_res = size == arg.res
+  return config_lib.align_stage(
+      steps=steps,
+      batch_size=arg.batch if at_res else max(1, round(arg.batch * (arg.res / size) ** 2)),
+      lr=arg.lr_align,
+      warmup=arg.align_warmup,
+      update_scale=arg.align_update_scale,
+      trainable=arg.align_trainable,
+      ema_decay=arg.align_ema,
+      average_last=arg.align_average,
+      lora_rank=arg.align_lora,
+      start_weight=arg.align_start_weight,
+      w_feature=arg.align_w_feature,
+      w_blocks=arg.align_w_blocks,
+      blocks_top_weight=arg.align_top_weight,
+      w_attn_tf=arg.align_w_attn_tf,
+      pp_train=train_pp(size, norm, arg.align_augment) if arg.align_augment or not at_res else "",
+      mixup=arg.align_mixup,
+      **({} if at_res else {"image_size": size}),
+  )
+
+
+def _eval(c, arg) -> None:
+  """Fidelity on random crops of held-out photos (a fixed seed: a folder may hold out only a few
+  files, and crops at several scales are what the student will see); the test photos (every size
+  from the original photo, intervals over photos, the dense measure: photo_eval.py; never chosen
+  on); the k-NN check."""
+  few = min(16, arg.eval_images)
+  c.eval.update(sample_pp=c.data.pp_train, fidelity_images=arg.eval_images, curve_images=few)
+  c.eval.update(throughput_batch=8, attention_map_images=4, resolution_factors=(1, 2))
+  c.eval.resolution_fidelity_images = few
+  c.eval.test.split = f"test@{arg.holdout}"
   if arg.knn not in ("", "none"):  # auto: resolved when the run starts (preflight.resolve_knn)
     folder = arg.knn.startswith("image_folder")
     c.eval.knn.update(
@@ -332,7 +268,5 @@ def get_config(arg=None):
   if arg.tiny:
     c.eval.knn.update(train_examples=64, eval_examples=32, batch_size=32)
     c.eval.fidelity_images = c.eval.curve_images = c.eval.resolution_fidelity_images = 4
-    c.eval.throughput_batch = 2
-    c.eval.attention_map_images = 2
+    c.eval.update(throughput_batch=2, attention_map_images=2)
     c.eval.test.factors = (1, 2)
-  return c

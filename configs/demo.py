@@ -35,6 +35,7 @@ def get_config(arg=None):
       align_lora=0,
       tiny=False,
   )
+  config_lib.check_options("demo", arg)
   c = config_lib.fmnist_conversion(
       feature_map=arg.feature_map,
       distill_steps=arg.distill_steps,
@@ -42,32 +43,21 @@ def get_config(arg=None):
       tiny=arg.tiny,
   )
   c.surgery.policy = arg.policy
-  levers = dict(
-      center_keys=arg.center_keys,
-      conv_v=arg.conv_v,
-      window=arg.window,
-      sinks=arg.sinks,
-      exact_prefix_rows=arg.exact_prefix,
+  c.student = dict(
+      c.student.to_dict(),
+      attention=config_lib.linear_attention(
+          arg.feature_map,
+          center_keys=arg.center_keys,
+          conv_v=arg.conv_v,
+          window=arg.window,
+          sinks=arg.sinks,
+          exact_prefix_rows=arg.exact_prefix,
+      ),
   )
-  if any(levers.values()):
-    student = c.student.to_dict()
-    student["attention"] = dict(kind="linear", feature_map=arg.feature_map, **levers)
-    c.student = student
-  if arg.align_lora and not arg.align_steps:
-    raise ValueError(f"align_lora={arg.align_lora} needs the align stage (align_steps > 0)")
   if arg.align_steps:  # convert_folder's label-free end-to-end stage, at its default settings
     steps = 3 if arg.tiny else arg.align_steps
-    recipe = config_lib.ALIGN_RECIPE
-    c.align = config_lib.stage(
-        "align",
-        steps=steps,
-        batch_size=c.finetune.batch_size,
-        lr=recipe["lr"],
-        warmup_steps=max(1, int(steps * recipe["warmup"])),
-        wd=0.0,
-        update_scale=recipe["update_scale"],
-        trainable=recipe["trainable"],
-        **({"lora_rank": arg.align_lora} if arg.align_lora else {}),
+    c.align = config_lib.align_stage(
+        steps=steps, batch_size=c.finetune.batch_size, lora_rank=arg.align_lora
     )
     c.stages = ("distill_attention", "align", "finetune")
   return c

@@ -40,9 +40,6 @@ parameters only; fine-tuning 20k steps at lr 1e-4 with label + KD losses.
 
 from linvit_jax import config_lib
 
-NORMS = {"minus_one_one": "value_range(-1,1)", "imagenet": "vgg_value_range"}
-DISTILL_LR = {"copy_all": 1e-3, "copy_same": 3e-2}  # measured (README, docs/distill_stability.md)
-
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(
@@ -65,15 +62,9 @@ def get_config(arg=None):
       fsdp=1,
       eval_split="validation",
   )
-  if arg.head not in ("keep", "fresh"):
-    raise ValueError(f"head={arg.head!r}: expected keep or fresh (a new head, e.g. i21k → i1k)")
-  if arg.norm not in NORMS:
-    raise ValueError(f"norm={arg.norm!r}: expected one of {sorted(NORMS)}")
-  lr_distill = arg.lr_distill or DISTILL_LR.get(arg.policy, 1e-3)
-  norm = NORMS[arg.norm]
-  c = config_lib.base_config()
-  c.mesh = (("data", -1), ("fsdp", arg.fsdp))
-  c.data = dict(
+  config_lib.check_options("imagenet_vit", arg)
+  norm_labels = f'{config_lib.NORMS[arg.norm]}|onehot(1000,key="label",key_result="labels")'
+  data = dict(
       dataset="imagenet2012",
       data_dir=arg.data_dir,
       train_split="train[:99%]",
@@ -86,52 +77,22 @@ def get_config(arg=None):
       compose=0.0,
       eval_batch_size=1024,
       eval_max_examples=0,
-      pp_train=(
-          f"decode_jpeg_and_inception_crop({arg.res})|flip_lr|{norm}|"
-          'onehot(1000,key="label",key_result="labels")|keep("image","labels")'
-      ),
+      pp_train=f'decode_jpeg_and_inception_crop({arg.res})|flip_lr|{norm_labels}|keep("image","labels")',
       pp_eval=(
-          f"decode|resize_small({arg.res * 8 // 7})|central_crop({arg.res})|{norm}|"
-          'onehot(1000,key="label",key_result="labels")|keep("image","labels")'
+          f"decode|resize_small({arg.res * 8 // 7})|central_crop({arg.res})|{norm_labels}|"
+          'keep("image","labels")'
       ),
   )
-  c.model = dict(c.model.to_dict(), num_classes=1000, pool_type=arg.pool, scan=False)
-  if arg.variant:  # the architecture described here, not read from the checkpoint
-    c.model.update(variant=arg.variant, posemb=arg.posemb, rep_size=arg.rep_size)
-  else:
-    c.teacher.architecture = "init"
-  c.teacher.init = arg.init
-  if arg.head == "fresh":
-    c.teacher.dont_load = c.student.dont_load = ("head/.*",)
-  c.student.attention = arg.feature_map
-  c.surgery.policy = arg.policy
-  c.distill.routing_queries = 64
-  c.distill_attention = config_lib.stage(
-      "distill_attention",
-      steps=arg.distill_steps,
-      batch_size=arg.batch,
-      lr=lr_distill,
-      warmup_steps=arg.distill_steps // 20,
-      wd=0.0,
-      b2=0.999,
-      grad_clip=1.0,
+  c = config_lib.labelled_conversion(
+      arg,
+      data=data,
+      finetune=dict(
+          warmup_steps=arg.finetune_steps // 20,
+          w_label=1.0,
+          w_logit_kd=0.0 if arg.head == "fresh" else 1.0,  # a fresh head: no teacher logits
+          kd_temperature=1.0,
+      ),
   )
-  c.finetune = config_lib.stage(
-      "finetune",
-      steps=arg.finetune_steps,
-      batch_size=arg.batch,
-      lr=1e-4,
-      warmup_steps=arg.finetune_steps // 20,
-      wd=1e-4,
-      b2=0.999,
-      grad_clip=1.0,
-      w_label=1.0,
-      w_logit_kd=0.0 if arg.head == "fresh" else 1.0,
-      kd_temperature=1.0,
-  )
-  for name in ("distill_attention", "finetune"):
-    c[name].checkpoint_every = 1000
-    c[name].log_every = 50
   c.eval.fidelity_images = 64
   c.eval.throughput_batch = 64
   c.eval.resolution_factors = (1, 2)

@@ -22,8 +22,6 @@ fine-tuning 50k steps (lr 1e-4).
 
 from linvit_jax import config_lib
 
-DISTILL_LR = {"copy_all": 1e-3, "copy_same": 3e-2}  # measured (README, docs/distill_stability.md)
-
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(
@@ -46,19 +44,15 @@ def get_config(arg=None):
       batch=4096,
       fsdp=1,
   )
-  if arg.head not in ("keep", "fresh"):
-    raise ValueError(f"head={arg.head!r}: expected keep or fresh (a new head of num_classes)")
-  c = config_lib.base_config()
-  c.mesh = (("data", -1), ("fsdp", arg.fsdp))
-  common = (
-      f'multi_hot({arg.num_classes},key="labels",key_result="labels")|' 'keep("image","labels")'
-  )
-  c.data = dict(
+  config_lib.check_options("jft_vit", arg)
+  norm_labels = f'value_range(-1,1)|multi_hot({arg.num_classes},key="labels",key_result="labels")'
+  data = dict(
       dataset=f"jft:{arg.files}",
       data_dir="",
       train_split="train",
       eval_split="train",
-      eval_dataset="",
+      # a held-out set of files; otherwise the first 50k training examples
+      eval_dataset=f"jft:{arg.eval_files}" if arg.eval_files else "",
       image_size=arg.res,
       num_classes=arg.num_classes,
       label_key="labels",
@@ -66,47 +60,14 @@ def get_config(arg=None):
       compose=0.0,
       eval_batch_size=1024,
       eval_max_examples=50_000,
-      pp_train=f"decode_jpeg_and_inception_crop({arg.res})|flip_lr|value_range(-1,1)|" + common,
+      pp_train=f'decode_jpeg_and_inception_crop({arg.res})|flip_lr|{norm_labels}|keep("image","labels")',
       pp_eval=(
-          f"decode|resize_small({arg.res * 8 // 7})|central_crop({arg.res})|"
-          "value_range(-1,1)|" + common
+          f"decode|resize_small({arg.res * 8 // 7})|central_crop({arg.res})|{norm_labels}|"
+          'keep("image","labels")'
       ),
   )
-  if arg.eval_files:  # a held-out set of files; otherwise the first 50k training examples
-    c.data.eval_dataset = f"jft:{arg.eval_files}"
-  c.model = dict(c.model.to_dict(), num_classes=arg.num_classes, pool_type=arg.pool)
-  if arg.variant:  # the architecture described here, not read from the checkpoint
-    c.model.update(variant=arg.variant, posemb=arg.posemb, rep_size=arg.rep_size)
-  else:
-    c.teacher.architecture = "init"
-  c.teacher.init = arg.init
-  if arg.head == "fresh":
-    c.teacher.dont_load = c.student.dont_load = ("head/.*",)
-  c.student.attention = arg.feature_map
-  c.surgery.policy = arg.policy
-  c.distill.routing_queries = 64
-  c.distill_attention = config_lib.stage(
-      "distill_attention",
-      steps=arg.distill_steps,
-      batch_size=arg.batch,
-      lr=arg.lr_distill or DISTILL_LR.get(arg.policy, 1e-3),
-      warmup_steps=arg.distill_steps // 20,
-      wd=0.0,
-      grad_clip=1.0,
+  return config_lib.labelled_conversion(
+      arg,
+      data=data,
+      finetune=dict(warmup_steps=2000, label_loss="sigmoid_xent", w_label=1.0, w_logit_kd=0.0),
   )
-  c.finetune = config_lib.stage(
-      "finetune",
-      steps=arg.finetune_steps,
-      batch_size=arg.batch,
-      lr=1e-4,
-      warmup_steps=2000,
-      wd=1e-4,
-      grad_clip=1.0,
-      label_loss="sigmoid_xent",
-      w_label=1.0,
-      w_logit_kd=0.0,
-  )
-  for name in ("distill_attention", "finetune"):
-    c[name].checkpoint_every = 1000
-    c[name].log_every = 50
-  return c

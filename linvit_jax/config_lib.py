@@ -142,6 +142,16 @@ def parse_arg(arg: str | Mapping[str, Any] | None, **defaults: Any) -> mlc.Confi
   return out
 
 
+def check_options(config: str, arg: mlc.ConfigDict) -> None:
+  """Raises a ValueError naming the first option of shipped config `config` (its file's stem)
+  whose value `arg` holds out of range or out of its choices (config_checks.py)."""
+  # Imported here: config_checks reads this module's tables, and a config file imports only this
+  # module (tests/test_layering.py), so the checks are reached through it.
+  from linvit_jax import config_checks
+
+  config_checks.CHECKS[config](arg)
+
+
 # Every optimizer field and its default (big_vision's semantics: optim.make_optimizer). A config's
 # stage block spells out the commonly tuned ones (`optimizer()`); the runner fills the fields a
 # block omits from here, so a hand-written block means what a config block means.
@@ -303,6 +313,38 @@ def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> di
       optimizer=optimizer(lr, **opt_kw),
       **stage_bookkeeping(steps),
       **{**losses, **kw},
+  )
+
+
+def align_stage(
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float = ALIGN_RECIPE["lr"],
+    warmup: float = ALIGN_RECIPE["warmup"],
+    update_scale: str = ALIGN_RECIPE["update_scale"],
+    trainable: str = ALIGN_RECIPE["trainable"],
+    ema_decay: float = 0.0,
+    average_last: float = 0.0,
+    lora_rank: int = 0,
+    **kw: Any,
+) -> dict:
+  """An `align` stage block at ALIGN_RECIPE's settings unless given (convert_folder, the demo's
+  align_steps): `warmup` a fraction of its steps, no weight decay; `kw` as `stage` takes them."""
+  return stage(
+      "align",
+      steps=steps,
+      batch_size=batch_size,
+      lr=lr,
+      warmup_steps=max(1, int(steps * warmup)),
+      wd=0.0,
+      update_scale=update_scale,
+      trainable=trainable,
+      # only when on: runs recorded before the field existed keep resuming
+      **({"ema_decay": ema_decay} if ema_decay else {}),
+      **({"average_last": average_last} if average_last else {}),
+      **({"lora_rank": lora_rank} if lora_rank else {}),
+      **kw,
   )
 
 
@@ -533,6 +575,69 @@ def fmnist_conversion(
     c.data.eval_max_examples, c.data.eval_batch_size = 64, 32
     c.eval.fidelity_images, c.eval.throughput_batch, c.eval.curve_examples = 16, 8, 32
     c.data.shuffle_buffer = 256
+  return c
+
+
+# ------------------------------------------------------------------------------ shared blocks
+
+# The input normalisations a config names (norm=): pp ops after the crop.
+NORMS = {"imagenet": "vgg_value_range", "minus_one_one": "value_range(-1,1)"}
+# Extra training-view augmentation a stage may add (convert_folder's `distill_augment=` /
+# `align_augment=`): DINO's colour jitter and random grayscale, views a self-supervised teacher
+# was trained on.
+AUGMENTS = {"": "", "color": "|color_jitter|random_grayscale"}
+# The distillation lr per surgery policy, measured (README, docs/distill_stability.md): fresh
+# attention (copy_same) stalls at 3e-3 and below.
+DISTILL_LR = {"copy_all": 1e-3, "copy_same": 3e-2}
+
+
+def linear_attention(feature_map: str, **levers: Any) -> str | dict:
+  """The student's `attention` field: the feature map's name, or, when a lever is on, a linear
+  spec with attention.AttentionSpec's options inside each linear layer (exact_prefix_rows,
+  center_keys, conv_v, window, sinks, num_features; num_features 0: the map's default width)."""
+  if "num_features" in levers and not levers["num_features"]:
+    del levers["num_features"]
+  if not any(levers.values()):
+    return feature_map
+  return dict(kind="linear", feature_map=feature_map, **levers)
+
+
+def labelled_conversion(arg: mlc.ConfigDict, *, data: dict, finetune: dict) -> mlc.ConfigDict:
+  """A big ViT converted on a labelled set on TPU pods (imagenet_vit, jft_vit): the `data` block,
+  the teacher from `arg.init` (its architecture read from it unless `arg.variant` describes it),
+  `head=fresh` leaving its head out, attention distillation, then a fine-tune with `finetune`'s
+  losses and schedule. `arg` holds the options both configs share (variant, pool, posemb,
+  rep_size, init, head, feature_map, policy, lr_distill, distill_steps, finetune_steps, batch,
+  fsdp)."""
+  c = base_config()
+  c.mesh = (("data", -1), ("fsdp", arg.fsdp))
+  c.data = data
+  c.model = dict(c.model.to_dict(), num_classes=data["num_classes"], pool_type=arg.pool)
+  if arg.variant:  # the architecture described here, not read from the checkpoint
+    c.model.update(variant=arg.variant, posemb=arg.posemb, rep_size=arg.rep_size)
+  else:
+    c.teacher.architecture = "init"
+  c.teacher.init = arg.init
+  if arg.head == "fresh":
+    c.teacher.dont_load = c.student.dont_load = ("head/.*",)
+  c.student.attention = arg.feature_map
+  c.surgery.policy = arg.policy
+  c.distill.routing_queries = 64
+  c.distill_attention = stage(
+      "distill_attention",
+      steps=arg.distill_steps,
+      batch_size=arg.batch,
+      lr=arg.lr_distill or DISTILL_LR.get(arg.policy, 1e-3),
+      warmup_steps=arg.distill_steps // 20,
+      wd=0.0,
+      grad_clip=1.0,
+  )
+  c.finetune = stage(
+      "finetune", steps=arg.finetune_steps, batch_size=arg.batch, lr=1e-4, wd=1e-4, **finetune
+  )
+  for name in ("distill_attention", "finetune"):
+    c[name].checkpoint_every = 1000
+    c[name].log_every = 50
   return c
 
 

@@ -1,0 +1,93 @@
+"""The value checks of the shipped configs' `:arg` options, run by their get_config (through
+`config_lib.check_options`) right after parse_arg: a ValueError naming the option, before anything
+runs (main.py prints it as one line; `linvit_jax.convert` raises it as an OptionError).
+
+parse_arg checks each option's type; this module checks what a config file can without reading
+`init` (ranges, choices, the photo folder). preflight checks the built config before compute (res
+against the teacher's patch, the folder's splits, the k-NN set, the workdir).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+from linvit_jax import config_lib
+
+# convert_folder's numeric options: (test, the range in words). A value outside one is an error
+# naming the option (a silent clamp would run another recipe).
+_BETA = (lambda v, arg: math.isfinite(v) and v >= 0, "a Beta concentration, expected >= 0 (0: off)")
+RANGES = {
+    "max_images": (lambda v, arg: v >= arg.batch, "expected at least batch={batch} (one step)"),
+    "batch": (lambda v, arg: v >= 1, "expected >= 1"),
+    "distill_fraction": (lambda v, arg: 0 < v <= 1, "expected in (0, 1]"),
+    "holdout": (lambda v, arg: 0 < v < 1, "expected a fraction in (0, 1) of the photos"),
+    "align_start_weight": (lambda v, arg: 0 <= v < 1, "expected in [0, 1) (0: off)"),
+    "align_ema": (lambda v, arg: 0 <= v < 1, "expected in [0, 1) (0: off)"),
+    "align_average": (lambda v, arg: 0 <= v <= 1, "expected in [0, 1] (0: off)"),
+    "distill_mixup": _BETA,
+    "align_mixup": _BETA,
+    "deploy_res": (lambda v, arg: v >= 0, "expected a resolution in px (0: off)"),
+    "deploy_fraction": (lambda v, arg: 0 < v < 1, "expected in (0, 1), a share of the align steps"),
+    "eval_images": (lambda v, arg: v >= 1, "expected >= 1"),
+    "res": (lambda v, arg: v >= 1, "expected a positive multiple of the teacher's patch"),
+}
+
+
+def convert_folder(arg: Any) -> None:
+  """configs/convert_folder.py's options; preflight checks the rest (e.g. res against the
+  teacher's patch)."""
+  if not arg.init:
+    raise ValueError("convert_folder needs init=<big_vision .npz, model folder or .safetensors>")
+  if not arg.images:
+    raise ValueError("convert_folder needs images=<folder of jpg/png photos>")
+  for field, (ok, expected) in RANGES.items():
+    if not ok(arg[field], arg):
+      raise ValueError(f"{field}={arg[field]!r}: {expected.format(batch=arg.batch)}")
+  choices = dict(gelu=("", "exact", "tanh"), norm=("", "source", *config_lib.NORMS))
+  augments = tuple(config_lib.AUGMENTS)
+  choices.update(distill_augment=augments, align_augment=augments)
+  for field, allowed in choices.items():
+    if arg[field] not in allowed:
+      raise ValueError(f"{field}={arg[field]!r}: expected one of {list(allowed)} (empty: default)")
+  if isinstance(arg.align_lora, bool) or not isinstance(arg.align_lora, int) or arg.align_lora < 0:
+    raise ValueError(f"align_lora={arg.align_lora!r}: expected a rank >= 0 (0: off)")
+  if arg.align_average and arg.align_ema:
+    raise ValueError("align_average and align_ema are two averages: choose one (the other 0)")
+  for field in ("distill_mixup", "align_mixup"):
+    if arg[field] and arg.batch < 2:
+      raise ValueError(
+          f"{field}={arg[field]} blends images within a batch: batch={arg.batch} (set {field}=0)"
+      )
+  if "://" not in arg.images and not os.path.isdir(arg.images):
+    raise ValueError(f"images={arg.images!r} is not a folder")
+
+
+def demo(arg: Any) -> None:
+  """configs/demo.py's options."""
+  if arg.align_lora and not arg.align_steps:
+    raise ValueError(f"align_lora={arg.align_lora} needs the align stage (align_steps > 0)")
+
+
+def _head(arg: Any, fresh: str) -> None:
+  if arg.head not in ("keep", "fresh"):
+    raise ValueError(f"head={arg.head!r}: expected keep or fresh ({fresh})")
+
+
+def imagenet_vit(arg: Any) -> None:
+  """configs/imagenet_vit.py's options."""
+  _head(arg, "a new head, e.g. i21k → i1k")
+  if arg.norm not in config_lib.NORMS:
+    raise ValueError(f"norm={arg.norm!r}: expected one of {sorted(config_lib.NORMS)}")
+
+
+def jft_vit(arg: Any) -> None:
+  """configs/jft_vit.py's options."""
+  _head(arg, "a new head of num_classes")
+
+
+CHECKS: dict[str, Callable[[Any], None]] = dict(
+    convert_folder=convert_folder, demo=demo, imagenet_vit=imagenet_vit, jft_vit=jft_vit
+)
