@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import glob
+import importlib.util
+import json
 import os
 import pathlib
 import shutil
@@ -244,3 +246,111 @@ def test_installed_wheel_finds_configs_by_name(wheel, tmp_path):
   assert package == str(site / "linvit_jax" / "__init__.py")
   assert resolved == f"{site / 'linvit_jax' / 'configs' / 'demo.py'}:tiny=True"
   assert names.split(",") == config_files.list_configs()
+
+
+# ------------------------------------------------------------------------------------------------
+# Every shipped config builds the same ConfigDict as when the snapshot was taken (commit b5a0ea5,
+# before its checks and shared blocks moved to config_checks / config_lib): a refactor of a
+# config file or of config_lib must not change a run. A deliberate change of a config rewrites
+# the snapshot: `python -m tests.test_config_files write` (and says so in its commit).
+
+SNAPSHOT = ROOT / "tests" / "data" / "config_snapshots.json"
+# gs://: no local folder to check. deploy_res is pinned where a case does not set it: its default
+# may move (a recipe choice, not what this snapshot guards).
+_PHOTOS = "init=/teacher.npz,images=gs://bucket/photos"
+_CF = _PHOTOS + ",deploy_res=0"
+CASES = {
+    "demo": [
+        "",
+        "tiny=True",
+        "center_keys=True,conv_v=True,window=3,sinks=2,exact_prefix=True",
+        "align_steps=5,align_lora=4",
+        "align_steps=50,tiny=True,feature_map=elu1,policy=copy_all",
+    ],
+    "convert_folder": [
+        _CF,
+        _PHOTOS + ",deploy_res=448",
+        _PHOTOS + ",deploy_res=448,deploy_fraction=0.5,tiny=True",
+        _CF + ",softmax_layers=1",
+        _CF + ",align_lora=0",
+        _CF + ",distill_fraction=1.0",
+        _CF + ",distill_fraction=1.0,tiny=True",
+        _CF + ",tiny=True",
+        _CF + ",align_ema=0.99,num_features=32,exact_prefix=True",
+        _CF + ",align_average=0.5,center_keys=False,conv_v=False,feature_map=elu1",
+        _CF + ",knn=image_folder:/knn,holdout=0.3,norm=source,gelu=tanh,pool=0",
+        _CF + ",knn=none,norm=imagenet,distill_augment=color,align_augment=color",
+        _CF + ",max_images=100,batch=3,res=112,eval_images=4,compose=0.5,distill_mixup=0.5",
+        _CF + ",align_start_weight=0.5,align_trainable=attention,align_update_scale=absolute",
+    ],
+    "imagenet_vit": ["", "head=fresh", "variant=S/16,norm=imagenet", "policy=copy_same,fsdp=2"],
+    "jft_vit": ["", "eval_files=gs://x/v-*,head=fresh", "variant=B/16,policy=copy_same"],
+    "teacher_fmnist": ["", "epochs=2,patch=7"],
+    "ablation": ["", "tiny=True,seed_list=1+2", "patch=7,arms=copy_same+random,seeds=2"],
+}
+_ABSENT = "<absent>"
+
+
+def _portable(tree):
+  """`tree` as JSON data (tuples as lists), the package's assets folder spelled `<assets>`."""
+  from linvit_jax import config_lib
+
+  text = json.dumps(tree).replace(json.dumps(config_lib.ASSETS)[1:-1], "<assets>")
+  return json.loads(text)
+
+
+def _flat(tree, prefix=""):
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flat(value, f"{prefix}{key}."))
+    else:
+      out[prefix + key] = value
+  return out
+
+
+def config_dicts(directory: pathlib.Path) -> dict:
+  """Every case of CASES built by the config files in `directory`: a config's first case whole,
+  the others as what they change from it (dotted paths; `<absent>`: a field it drops)."""
+  out = {}
+  for name, args in CASES.items():
+    spec = importlib.util.spec_from_file_location(f"snapshot_{name}", directory / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    whole = _portable(module.get_config(args[0]).to_dict())
+    out[f"{name}:{args[0]}"] = whole
+    base = _flat(whole)
+    for arg in args[1:]:
+      flat = _flat(_portable(module.get_config(arg).to_dict()))
+      changed = {k: v for k, v in flat.items() if base.get(k, _ABSENT) != v}
+      changed.update({k: _ABSENT for k in base if k not in flat})
+      out[f"{name}:{arg}"] = changed
+  return out
+
+
+def test_every_config_builds_its_snapshot():
+  expected = json.loads(SNAPSHOT.read_text())
+  got = config_dicts(CONFIGS)
+  assert list(got) == list(expected)
+  for case, value in expected.items():
+    assert got[case] == value, case
+
+
+def test_the_ablation_config_lists_the_drivers_arms():
+  from linvit_jax import ablation
+
+  spec = importlib.util.spec_from_file_location("ablation_config", CONFIGS / "ablation.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  assert module.ARMS == tuple(ablation.ARMS)
+  assert module.get_config().ablation.arms == tuple(ablation.ARMS)
+
+
+if __name__ == "__main__":
+  # python -m tests.test_config_files write [CONFIG_DIR]: the snapshot from CONFIG_DIR's files
+  # (default: configs/).
+  if sys.argv[1:2] != ["write"]:
+    sys.exit("usage: python -m tests.test_config_files write [CONFIG_DIR]")
+  directory = pathlib.Path(sys.argv[2]) if len(sys.argv) > 2 else CONFIGS
+  SNAPSHOT.write_text(json.dumps(config_dicts(directory), indent=1) + "\n")
+  print(f"wrote {SNAPSHOT}")
