@@ -1,7 +1,10 @@
-"""Config-as-code helpers: the `:arg` string parser and the base config every run starts from.
+"""Config-as-code helpers: the `:arg` string parser, the base config every run starts from, one
+schema per stage kind, and the blocks the shipped configs share (the student's linear attention,
+the align stage, the labelled pod conversion).
 
 A config file's `get_config(arg)` starts from `base_config()` and overrides fields; main.py locks
 the result, so a typo such as `--config.finetune.stpes=10` is an error instead of a silent no-op.
+A config file imports this module only (its option checks are reached through `check_options`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Everything a run can check before compute, each failure a ConfigError naming the field: the
 config's fields and stage blocks, the resolution against the patch, the mesh and batch sizes, the
 image folder's splits, the k-NN set (and `knn="auto"`'s choice), the workdir (writable, and not
-holding a run of another config).
+holding a run of another config). A config file's `:arg` options are checked earlier, when
+get_config reads them (config_checks.py): that needs no teacher, no data and no jax.
 """
 
 from __future__ import annotations
