@@ -30,6 +30,8 @@ stage_bookkeeping(steps) and OPTIMIZER_DEFAULTS):
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -225,19 +227,30 @@ def init_train_state(
 
 
 # ------------------------------------------------------------------------------------------------
-# The runner.
+# The runner: plan, restore or create, compile, loop (a MetricsDrain reads the metrics).
 
 
-def _checkpoint_manager(directory: str, max_to_keep: int) -> ocp.CheckpointManager:
-  options = ocp.CheckpointManagerOptions(
-      max_to_keep=max_to_keep,
-      create=True,
-      cleanup_tmp_directories=True,  # a write cut short by a kill is discarded on restart
-      enable_async_checkpointing=True,
-  )
-  return ocp.CheckpointManager(
-      os.path.abspath(directory) if "://" not in directory else directory, options=options
-  )
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """What a stage is before anything is placed, worked out once from run_stage's arguments: its
+  settings and directory, its optimizer, and the abstract train state with its shardings."""
+
+  name: str
+  cfg: dict[str, Any]  # stage_settings(stage_cfg)
+  stage_dir: str
+  mesh: jax.sharding.Mesh
+  init_rng: jax.Array  # init_params(init_rng): also rebuilds a resumed stage's start (start_weight)
+  mask: Any
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
+  create_state: Callable[[Params], TrainState]
+  abstract_state: TrainState
+  state_sh: TrainState
+  frozen_sh: Any
+
+  @property
+  def total(self) -> int:
+    return int(self.cfg["steps"])
 
 
 def run_stage(
@@ -279,6 +292,49 @@ def run_stage(
       steps and at the end; logged as "eval/<name>".
     name: the stage's directory name; defaults to `stage_cfg.name`.
   """
+  frozen = {} if frozen is None else frozen
+  plan = _plan(
+      stage_cfg,
+      name=name,
+      workdir=workdir,
+      mesh=mesh,
+      seed=seed,
+      init_params=init_params,
+      trainable_mask=trainable_mask,
+      frozen=frozen,
+      param_rules=param_rules,
+      min_shard_size=min_shard_size,
+  )
+  outputs = _Outputs(
+      _checkpoint_manager(os.path.join(plan.stage_dir, "checkpoints"), int(plan.cfg["max_to_keep"]))
+  )
+  with _closing(outputs, plan), jax.set_mesh(mesh):
+    state = _restore_or_create(plan, outputs.manager, init_params)
+    start = int(jax.device_get(state.step))
+    if start >= plan.total:  # finished by an earlier run: skipped
+      log = os.path.join(plan.stage_dir, metrics_lib.METRICS_FILE)
+      return _handed_on(state, init_params, plan), metrics_lib.read_jsonl(log)
+    step_fn = _compile(plan, loss_fn)
+    frozen = sharding_lib.shard_tree(frozen, plan.frozen_sh)
+    drain = _open_log(plan, start, outputs)
+    state = _loop(plan, state, frozen, step_fn, batch_iter_fn, eval_fn, outputs.manager, drain)
+  return _handed_on(state, init_params, plan), drain.history
+
+
+def _plan(
+    stage_cfg: Any,
+    *,
+    name: str | None,
+    workdir: str,
+    mesh: jax.sharding.Mesh,
+    seed: int,
+    init_params: Any,
+    trainable_mask: Any,
+    frozen: Any,
+    param_rules: sharding_lib.Rules | None,
+    min_shard_size: int,
+) -> _Plan:
+  """Checks the stage's settings and works out its state's shapes and shardings (nothing placed)."""
   cfg = stage_settings(stage_cfg)
   name = name or cfg["name"]
   if not name:
@@ -288,10 +344,7 @@ def run_stage(
   sharding_lib.check_batch_size(
       int(cfg["batch_size"]), mesh, accum_steps=accum, what=f"stage {name!r}: batch_size"
   )
-  stage_dir = os.path.join(workdir, name)
-  is_main = jax.process_index() == 0
   init_rng, train_rng = jax.random.split(jax.random.PRNGKey(seed))
-
   # Abstract state → shardings, without materializing anything.
   if callable(init_params):
     params_shapes = jax.eval_shape(init_params, init_rng)
@@ -299,111 +352,240 @@ def run_stage(
     params_shapes = sharding_lib.abstract_tree(init_params)
   mask = optim.trainable_mask(params_shapes, trainable_mask)
   tx, schedule = optim.make_optimizer(opt, total, mask, seed=seed)
-
   create_state = functools.partial(init_train_state, tx=tx, rng=train_rng)
   abstract_state = jax.eval_shape(create_state, params_shapes)
-  state_sh = sharding_lib.state_shardings(abstract_state, mesh, param_rules, min_shard_size)
-  frozen = {} if frozen is None else frozen
-  frozen_sh = sharding_lib.param_shardings(
-      sharding_lib.abstract_tree(frozen), mesh, param_rules, min_shard_size
+  placement = (mesh, param_rules, min_shard_size)
+  return _Plan(
+      name=name,
+      cfg=cfg,
+      stage_dir=os.path.join(workdir, name),
+      mesh=mesh,
+      init_rng=init_rng,
+      mask=mask,
+      tx=tx,
+      schedule=schedule,
+      create_state=create_state,
+      abstract_state=abstract_state,
+      state_sh=sharding_lib.state_shardings(abstract_state, *placement),
+      frozen_sh=sharding_lib.param_shardings(sharding_lib.abstract_tree(frozen), *placement),
   )
 
-  manager = _checkpoint_manager(os.path.join(stage_dir, "checkpoints"), int(cfg["max_to_keep"]))
-  writer = None
+
+def _restore_or_create(plan: _Plan, manager: ocp.CheckpointManager, init_params: Any) -> TrainState:
+  """The stage's state, in its shardings: its latest checkpoint's, or step 0 created in place."""
+  latest = manager.latest_step()
+  if latest is not None:
+    target = sharding_lib.with_shardings(plan.abstract_state, plan.state_sh)
+    try:
+      state = manager.restore(latest, args=ocp.args.StandardRestore(target))
+    except Exception as e:
+      raise CheckpointError(
+          f"stage {plan.name!r}: checkpoint step {latest} in "
+          f"{os.path.join(plan.stage_dir, 'checkpoints')} does not fit this stage's "
+          f"state (changed model, mask or optimizer?): {e}"
+      ) from e
+    if latest >= plan.total:
+      logging.info("stage %r: already finished (checkpoint step %d); skipping", plan.name, latest)
+    else:
+      logging.info("stage %r: resuming from step %d of %d", plan.name, latest, plan.total)
+    return state
+  if callable(init_params):
+    create = lambda r: plan.create_state(init_params(r))
+    return jax.jit(create, out_shardings=plan.state_sh)(plan.init_rng)
+  placed = sharding_lib.shard_tree(init_params, plan.state_sh.params)
+  # Not donated: the caller's arrays (possibly shared with `frozen`) stay valid; jit's outputs
+  # are fresh buffers, so the step's donation never frees the caller's arrays.
+  return jax.jit(plan.create_state, out_shardings=plan.state_sh)(placed)
+
+
+def _compile(plan: _Plan, loss_fn: LossFn) -> Callable:
+  """The stage's step, jitted once with explicit shardings and the state donated."""
+  mesh = plan.mesh
+  train_step = make_train_step(
+      loss_fn,
+      plan.tx,
+      plan.schedule,
+      plan.mask,
+      accum_steps=int(plan.cfg["optimizer"]["accum_steps"]),
+      micro_batch_sharding=jax.sharding.NamedSharding(
+          mesh, jax.sharding.PartitionSpec(None, sharding_lib.batch_axes(mesh) or None)
+      ),
+  )
+  return jax.jit(
+      train_step,
+      in_shardings=(plan.state_sh, plan.frozen_sh, sharding_lib.batch_sharding(mesh)),
+      out_shardings=(plan.state_sh, sharding_lib.replicated(mesh)),
+      donate_argnums=(0,),
+  )
+
+
+def _open_log(plan: _Plan, start: int, outputs: _Outputs) -> MetricsDrain:
+  """The stage's metrics log cut back to `start` (a killed run may have logged past its last
+  checkpoint), and the drain that appends to it."""
+  is_main = jax.process_index() == 0
+  outputs.writer = metrics_lib.MetricWriter(plan.stage_dir, enabled=is_main, resume_step=start)
+  # Every process reads the log (process 0 may be rewriting it: keep only rows <= start).
+  history = [r for r in metrics_lib.read_jsonl(outputs.writer.path) if r.get("step", 0) <= start]
+  return MetricsDrain(
+      plan.name,
+      plan.cfg,
+      start,
+      outputs.writer,
+      history,
+      show_progress=bool(is_main and plan.cfg["progress"]),
+  )
+
+
+def _loop(
+    plan: _Plan,
+    state: TrainState,
+    frozen: Any,
+    step_fn: Callable,
+    batch_iter_fn: Callable[[int], Iterable[Batch]],
+    eval_fn: Callable[[Params], Mapping[str, float]] | None,
+    manager: ocp.CheckpointManager,
+    drain: MetricsDrain,
+) -> TrainState:
+  """The Python loop around the jitted step, with an evaluation and a checkpoint when due. Ctrl-C
+  or SIGTERM stop it at a step boundary, checkpointed (preemption.py)."""
+  name, start, total = plan.name, drain.start, plan.total
+  ckpt_every, eval_every = int(plan.cfg["checkpoint_every"]), int(plan.cfg["eval_every"])
+  it: Iterator[Batch] = iter(batch_iter_fn(start))
+  ctrl_c = preemption.DeferredInterrupt(every=drain.log_every)
   try:
-    latest = manager.latest_step()
-    with jax.set_mesh(mesh):
-      if latest is not None:
-        try:
-          state = manager.restore(
-              latest,
-              args=ocp.args.StandardRestore(sharding_lib.with_shardings(abstract_state, state_sh)),
-          )
-        except Exception as e:
-          raise CheckpointError(
-              f"stage {name!r}: checkpoint step {latest} in "
-              f"{os.path.join(stage_dir, 'checkpoints')} does not fit this stage's "
-              f"state (changed model, mask or optimizer?): {e}"
-          ) from e
-        if latest >= total:
-          logging.info("stage %r: already finished (checkpoint step %d); skipping", name, latest)
-          _close(manager, writer, failed=False)
-          return _handed_on(state, init_params, init_rng, cfg), metrics_lib.read_jsonl(
-              os.path.join(stage_dir, metrics_lib.METRICS_FILE)
-          )
-        logging.info("stage %r: resuming from step %d of %d", name, latest, total)
-      elif callable(init_params):
-        state = jax.jit(lambda r: create_state(init_params(r)), out_shardings=state_sh)(init_rng)
-      else:
-        placed = sharding_lib.shard_tree(init_params, state_sh.params)
-        # Not donated: the caller's arrays (possibly shared with `frozen`) stay valid; jit's
-        # outputs are fresh buffers, so the step's donation never frees the caller's arrays.
-        state = jax.jit(create_state, out_shardings=state_sh)(placed)
-        del placed
-      frozen = sharding_lib.shard_tree(frozen, frozen_sh)
-      start = int(jax.device_get(state.step))
-
-      writer = metrics_lib.MetricWriter(stage_dir, enabled=is_main, resume_step=start)
-      # Every process reads the log (process 0 may be rewriting it: keep only rows <= start).
-      history = [r for r in metrics_lib.read_jsonl(writer.path) if r.get("step", 0) <= start]
-      step_fn = jax.jit(
-          make_train_step(
-              loss_fn,
-              tx,
-              schedule,
-              mask,
-              accum_steps=accum,
-              micro_batch_sharding=jax.sharding.NamedSharding(
-                  mesh, jax.sharding.PartitionSpec(None, sharding_lib.batch_axes(mesh) or None)
-              ),
-          ),
-          in_shardings=(state_sh, frozen_sh, sharding_lib.batch_sharding(mesh)),
-          out_shardings=(state_sh, sharding_lib.replicated(mesh)),
-          donate_argnums=(0,),
+    for step in range(start, total):
+      if ctrl_c.stop_now(step):
+        raise KeyboardInterrupt
+      try:
+        local = next(it)
+      except StopIteration:
+        raise RuntimeError(
+            f"stage {name!r}: batch_iter_fn({start}) ran out of batches at step {step} of {total}"
+        ) from None
+      state, device_metrics = step_fn(
+          state, frozen, sharding_lib.make_global_batch(local, plan.mesh)
       )
-      state = _train_loop(
-          name=name,
-          cfg=cfg,
-          start=start,
-          total=total,
-          state=state,
-          frozen=frozen,
-          step_fn=step_fn,
-          batch_iter_fn=batch_iter_fn,
-          mesh=mesh,
-          manager=manager,
-          writer=writer,
-          history=history,
-          eval_fn=eval_fn,
-          is_main=is_main,
+      done = step + 1
+      drain.push(done, device_metrics)
+      if eval_fn is not None and ((eval_every and done % eval_every == 0) or done == total):
+        scores = eval_fn(optim.stage_result(state.params, state.opt_state))
+        drain.write(done, {f"eval/{k}": v for k, v in scores.items()})
+      if (ckpt_every and done % ckpt_every == 0) or done == total:
+        drain.drain()  # never checkpoint past a stop the metrics would have called for
+        manager.save(done, args=ocp.args.StandardSave(state))
+    drain.drain()
+    if ctrl_c.stop_now(total, last=True):  # came during the last step: the stage is saved, stop
+      raise KeyboardInterrupt
+  except KeyboardInterrupt:
+    drain.close()
+    drain.drain()  # log the last finished step (or stop, if it called for a stop)
+    raise preemption.stage_interrupted(name, total, state, manager, ctrl_c.signum) from None
+  finally:
+    drain.close()
+    ctrl_c.restore()
+  return state
+
+
+class MetricsDrain:
+  """A stage's metrics on the host: each step's are read one step late (`push`), so the device
+  keeps working while the host prepares the next batch. Reading a step advances the progress bar,
+  logs a row every `log_every` steps (and at the first, the last and every non-finite step) and
+  stops the stage after `max_nonfinite_in_a_row` non-finite steps in a row. Every row also goes to
+  `history`, the rows run_stage returns."""
+
+  def __init__(
+      self,
+      name: str,
+      cfg: Mapping[str, Any],
+      start: int,
+      writer: metrics_lib.MetricWriter,
+      history: list[dict],
+      *,
+      show_progress: bool,
+  ):
+    self.name, self.start, self.total = name, start, int(cfg["steps"])
+    self.log_every = max(int(cfg["log_every"]), 1)
+    self.history = history
+    self._max_bad = int(cfg["max_nonfinite_in_a_row"])
+    self._batch_size = int(cfg["batch_size"])
+    self._writer = writer
+    self.bar = tqdm.tqdm(
+        total=self.total,
+        initial=start,
+        desc=name,
+        dynamic_ncols=True,
+        mininterval=1.0,
+        disable=not show_progress,
+    )
+    self._since = (time.perf_counter(), start)  # (time, step) of the last row: its rate
+    self._pending = None  # (step, device metrics) not read yet
+
+  def push(self, step: int, device_metrics: Mapping[str, jax.Array]) -> None:
+    """Queues `step`'s metrics after reading the previous step's."""
+    self.drain()
+    self._pending = (step, device_metrics)
+
+  def drain(self) -> None:
+    """Reads the queued step's metrics now (before a checkpoint, or when the stage stops)."""
+    if self._pending is not None:
+      self._read(*self._pending)
+      self._pending = None
+
+  def write(self, step: int, scalars: Mapping[str, Any]) -> None:
+    """Logs a row of other scalars (an evaluation's) at `step`."""
+    self.history.append(self._writer.write(step, scalars))
+
+  def close(self) -> None:
+    self.bar.close()
+
+  def _read(self, step: int, device_metrics: Mapping[str, jax.Array]) -> None:
+    m = {k: np.asarray(v) for k, v in jax.device_get(device_metrics).items()}
+    self.bar.update(1)
+    bad = bool(m["nonfinite"])
+    if step % self.log_every == 0 or step == self.total or step == self.start + 1 or bad:
+      now, (then, then_step) = time.perf_counter(), self._since
+      rate = (step - then_step) / max(now - then, 1e-9)
+      self._since = (now, step)
+      self.write(step, {**m, "steps_per_sec": rate, "examples_per_sec": rate * self._batch_size})
+      self.bar.set_postfix(loss=f"{float(m['loss']):.4g}", refresh=False)
+    if bad:
+      self._skipped(step, m)
+
+  def _skipped(self, step: int, m: Mapping[str, np.ndarray]) -> None:
+    in_a_row = int(m["nonfinite_in_a_row"])
+    logging.warning(
+        "stage %r step %d: non-finite loss %s / grad norm %s; update skipped "
+        "(%d in a row, %d in total)",
+        self.name,
+        step,
+        m["loss"],
+        m["grad_norm"],
+        in_a_row,
+        int(m["nonfinite_total"]),
+    )
+    if in_a_row >= self._max_bad:
+      self._writer.flush()
+      raise NonFiniteLossError(
+          f"stage {self.name!r}: the loss or its gradients were non-finite for {in_a_row} steps "
+          f"in a row (steps {step - in_a_row + 1}..{step}); those updates were skipped, so the "
+          f"params are those of step {step - in_a_row}. Lower optimizer.lr, add "
+          f"optimizer.grad_clip, check the data, or raise stage.max_nonfinite_in_a_row "
+          f"(={self._max_bad})."
       )
-  except Exception as e:
-    _close(manager, writer, failed=True)
-    code = None if isinstance(e, CheckpointError) else errors.disk_error_code(e)
-    if code is None:
-      raise
-    raise _write_error(name, stage_dir, code) from e
-  except BaseException:  # Ctrl-C (already checkpointed by the loop), SystemExit
-    _close(manager, writer, failed=True)
-    raise
-  try:
-    _close(manager, writer, failed=False)  # the last save completes here
-  except Exception as e:
-    code = errors.disk_error_code(e)
-    if code is None:
-      raise
-    raise _write_error(name, stage_dir, code) from e
-  return _handed_on(state, init_params, init_rng, cfg), history
 
 
-def _handed_on(state: TrainState, init_params: Any, init_rng: jax.Array, cfg: dict) -> Params:
+# ------------------------------------------------------------------------------------------------
+# Handing on, closing, disk errors.
+
+
+def _handed_on(state: TrainState, init_params: Any, plan: _Plan) -> Params:
   """The stage's result: its params (or their moving average), moved `start_weight` of the way
   back to where the stage started (rebuilt from `init_params` on a resumed or skipped stage)."""
   result = optim.stage_result(state.params, state.opt_state)
-  w = cfg["start_weight"]
+  w = plan.cfg["start_weight"]
   if not w:
     return result
-  start = jax.jit(init_params)(init_rng) if callable(init_params) else init_params
+  start = jax.jit(init_params)(plan.init_rng) if callable(init_params) else init_params
   return jax.jit(
       lambda a, b: jax.tree.map(
           lambda x, y: ((1.0 - w) * x.astype(jnp.float32) + w * y.astype(jnp.float32)).astype(
@@ -415,22 +597,68 @@ def _handed_on(state: TrainState, init_params: Any, init_rng: jax.Array, cfg: di
   )(result, start)
 
 
-def _close(manager: ocp.CheckpointManager, writer: Any, *, failed: bool) -> None:
-  """Waits for pending saves and closes; when the stage already failed, a second error here
-  (typically the same full disk) is logged instead of hiding the first one."""
-  for close in (
-      manager.wait_until_finished,
-      manager.close,
-      writer.close if writer is not None else None,
-  ):
-    if close is None:
-      continue
-    try:
-      close()
-    except Exception as e:
-      if not failed:
-        raise
-      logging.warning("while stopping after an error: %s: %s", type(e).__name__, e)
+def _checkpoint_manager(directory: str, max_to_keep: int) -> ocp.CheckpointManager:
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=max_to_keep,
+      create=True,
+      cleanup_tmp_directories=True,  # a write cut short by a kill is discarded on restart
+      enable_async_checkpointing=True,
+  )
+  return ocp.CheckpointManager(
+      os.path.abspath(directory) if "://" not in directory else directory, options=options
+  )
+
+
+class _Outputs:
+  """What a stage writes to: its checkpoint manager and, once the start step is known, its
+  metrics writer; closed together however the stage ends."""
+
+  def __init__(self, manager: ocp.CheckpointManager):
+    self.manager = manager
+    self.writer: metrics_lib.MetricWriter | None = None
+
+  def close(self, *, failed: bool) -> None:
+    """Waits for pending saves and closes; when the stage already failed, a second error here
+    (typically the same full disk) is logged instead of hiding the first one."""
+    writer = self.writer
+    for close in (
+        self.manager.wait_until_finished,
+        self.manager.close,
+        writer.close if writer is not None else None,
+    ):
+      if close is None:
+        continue
+      try:
+        close()
+      except Exception as e:
+        if not failed:
+          raise
+        logging.warning("while stopping after an error: %s: %s", type(e).__name__, e)
+
+
+@contextlib.contextmanager
+def _closing(outputs: _Outputs, plan: _Plan) -> Iterator[None]:
+  """Closes the stage's outputs however it ends (the last save completes here); a full or
+  unwritable disk becomes an errors.WorkdirWriteError naming the directory, raised once the
+  previous checkpoint is known to be intact."""
+  try:
+    yield
+  except Exception as e:
+    outputs.close(failed=True)
+    code = None if isinstance(e, CheckpointError) else errors.disk_error_code(e)
+    if code is None:
+      raise
+    raise _write_error(plan.name, plan.stage_dir, code) from e
+  except BaseException:  # Ctrl-C (already checkpointed by the loop), SystemExit
+    outputs.close(failed=True)
+    raise
+  try:
+    outputs.close(failed=False)
+  except Exception as e:
+    code = errors.disk_error_code(e)
+    if code is None:
+      raise
+    raise _write_error(plan.name, plan.stage_dir, code) from e
 
 
 def _write_error(name: str, stage_dir: str, code: int) -> errors.WorkdirWriteError:
@@ -452,112 +680,3 @@ def _write_error(name: str, stage_dir: str, code: int) -> errors.WorkdirWriteErr
       f"Free space or pass another --workdir; {kept}.",
       code,
   )
-
-
-def _train_loop(
-    *,
-    name,
-    cfg,
-    start,
-    total,
-    state,
-    frozen,
-    step_fn,
-    batch_iter_fn,
-    mesh,
-    manager,
-    writer,
-    history,
-    eval_fn,
-    is_main,
-) -> TrainState:
-  """The Python loop around the jitted step; metrics are read one step late to keep the device
-  busy while the host prepares the next batch."""
-  log_every = max(int(cfg["log_every"]), 1)
-  ckpt_every = int(cfg["checkpoint_every"])
-  eval_every = int(cfg["eval_every"])
-  max_bad = int(cfg["max_nonfinite_in_a_row"])
-  batch_size = int(cfg["batch_size"])
-  bar = tqdm.tqdm(
-      total=total,
-      initial=start,
-      desc=name,
-      dynamic_ncols=True,
-      mininterval=1.0,
-      disable=not (is_main and cfg["progress"]),
-  )
-  timer = {"t": time.perf_counter(), "step": start}
-
-  def handle(step: int, device_metrics: Mapping[str, jax.Array]) -> None:
-    m = {k: np.asarray(v) for k, v in jax.device_get(device_metrics).items()}
-    bar.update(1)
-    bad = bool(m["nonfinite"])
-    if step % log_every == 0 or step == total or step == start + 1 or bad:
-      now = time.perf_counter()
-      rate = (step - timer["step"]) / max(now - timer["t"], 1e-9)
-      timer.update(t=now, step=step)
-      row = writer.write(step, {**m, "steps_per_sec": rate, "examples_per_sec": rate * batch_size})
-      history.append(row)
-      bar.set_postfix(loss=f"{float(m['loss']):.4g}", refresh=False)
-    if bad:
-      in_a_row = int(m["nonfinite_in_a_row"])
-      logging.warning(
-          "stage %r step %d: non-finite loss %s / grad norm %s; update skipped "
-          "(%d in a row, %d in total)",
-          name,
-          step,
-          m["loss"],
-          m["grad_norm"],
-          in_a_row,
-          int(m["nonfinite_total"]),
-      )
-      if in_a_row >= max_bad:
-        writer.flush()
-        raise NonFiniteLossError(
-            f"stage {name!r}: the loss or its gradients were non-finite for {in_a_row} steps in a "
-            f"row (steps {step - in_a_row + 1}..{step}); those updates were skipped, so the "
-            f"params are those of step {step - in_a_row}. Lower optimizer.lr, add "
-            f"optimizer.grad_clip, check the data, or raise stage.max_nonfinite_in_a_row "
-            f"(={max_bad})."
-        )
-
-  it: Iterator[Batch] = iter(batch_iter_fn(start))
-  pending = None
-  ctrl_c = preemption.DeferredInterrupt(every=log_every)
-  try:
-    for step in range(start, total):
-      if ctrl_c.stop_now(step):
-        raise KeyboardInterrupt
-      try:
-        local = next(it)
-      except StopIteration:
-        raise RuntimeError(
-            f"stage {name!r}: batch_iter_fn({start}) ran out of batches at step "
-            f"{step} of {total}"
-        ) from None
-      batch = sharding_lib.make_global_batch(local, mesh)
-      state, device_metrics = step_fn(state, frozen, batch)
-      if pending is not None:
-        handle(*pending)
-      pending = (step + 1, device_metrics)
-      done = step + 1
-      if eval_fn is not None and ((eval_every and done % eval_every == 0) or done == total):
-        scores = eval_fn(optim.stage_result(state.params, state.opt_state))
-        history.append(writer.write(done, {f"eval/{k}": v for k, v in scores.items()}))
-      if (ckpt_every and done % ckpt_every == 0) or done == total:
-        handle(*pending)  # never checkpoint past a stop the metrics would have called for
-        pending = None
-        manager.save(done, args=ocp.args.StandardSave(state))
-    if pending is not None:
-      handle(*pending)
-    if ctrl_c.stop_now(total, last=True):  # came during the last step: the stage is saved, stop
-      raise KeyboardInterrupt
-  except KeyboardInterrupt:
-    bar.close()
-    if pending is not None:  # log the last finished step (or stop, if it called for a stop)
-      handle(*pending)
-    raise preemption.stage_interrupted(name, total, state, manager, ctrl_c.signum) from None
-  finally:
-    bar.close()
-    ctrl_c.restore()
-  return state

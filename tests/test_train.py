@@ -254,6 +254,37 @@ def test_nonfinite_batches_are_skipped_counted_and_stop_the_stage(tmp_path):
   ckpts.close()
 
 
+def test_metrics_drain_reads_one_step_late_at_the_logging_cadence(tmp_path):
+  """Rows at the first step, every log_every-th, the last, and every non-finite one; a step is read
+  when the next one is pushed (or on drain); too many non-finite steps in a row stop the stage."""
+  cfg = dict(steps=10, log_every=4, max_nonfinite_in_a_row=2, batch_size=8)
+  writer = metrics_lib.MetricWriter(str(tmp_path), tensorboard=False)
+  drain = train.MetricsDrain("tiny", cfg, 2, writer, [], show_progress=False)
+
+  def metrics(bad=0, in_a_row=0):
+    return {"loss": np.float32(np.nan if bad else 1.0), "grad_norm": np.float32(1.0),
+            "nonfinite": np.int32(bad), "nonfinite_total": np.int32(bad),
+            "nonfinite_in_a_row": np.int32(in_a_row)}  # fmt: skip
+
+  drain.push(3, metrics())
+  assert drain.history == []  # not read yet: the device may still be computing it
+  for step in (4, 5, 6, 7, 8, 9, 10):
+    drain.push(step, metrics(bad=int(step == 6), in_a_row=int(step == 6)))
+  drain.write(10, {"eval/top1": 0.5})
+  drain.drain()
+  drain.close()
+  assert [r["step"] for r in drain.history] == [3, 4, 6, 8, 10, 10]
+  assert drain.history[2]["loss"] is None and drain.history[-1]["examples_per_sec"] > 0
+  assert drain.history[-2] == {"step": 10, "eval/top1": 0.5}  # written before step 10 was read
+  writer.close()
+  assert metrics_lib.read_jsonl(writer.path) == drain.history
+  stop = train.MetricsDrain("tiny", cfg, 0, metrics_lib.MetricWriter(str(tmp_path), enabled=False), [],
+                            show_progress=False)  # fmt: skip
+  stop.push(1, metrics(bad=1, in_a_row=2))
+  with pytest.raises(train.NonFiniteLossError, match=r"2 steps in a row \(steps 0..1\)"):
+    stop.drain()
+
+
 def test_gradient_accumulation_matches_one_big_batch():
   """accum_steps=2 averages two micro-batch gradients: the full batch's loss and update."""
   loss_fn = lambda p, f, b, r: tt.loss_fn(p, f, b, r, noise=0.0)
