@@ -20,7 +20,6 @@ The command line is main.py's (same flags, errors and exit codes) around `run_ab
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -30,6 +29,7 @@ import numpy as np
 
 from linvit_jax import gfile
 from linvit_jax import report
+from linvit_jax import results as results_lib
 from linvit_jax.errors import UserError
 
 ARMS: dict[str, dict[str, Any]] = {
@@ -90,7 +90,10 @@ def _mean_std(values: list[float]) -> str:
   return f"{a.mean():.2f} ± {a.std(ddof=1) if len(a) > 1 else 0.0:.2f}"
 
 
-def summarize(results: Mapping[str, list[dict]], teacher_top1: float | None) -> str:
+def summarize(
+    results: Mapping[str, Sequence[results_lib.Results | Mapping[str, Any]]],
+    teacher_top1: float | None,
+) -> str:
   """The markdown table of ablation.md."""
   lines = [
       "| arm | top-1 before fine-tune (%) | top-1 after fine-tune (%) | Δ vs teacher "
@@ -98,13 +101,18 @@ def summarize(results: Mapping[str, list[dict]], teacher_top1: float | None) -> 
       "|---|---|---|---|---|---|",
   ]
   for arm, runs in results.items():
-    before = [r.get("student_top1_before_finetune", float("nan")) for r in runs]
-    after = [r["student_top1"] for r in runs]
+    runs = [results_lib.as_record(r) for r in runs]
+    nan = float("nan")
+    before = [nan if r.top1_before_finetune is None else r.top1_before_finetune for r in runs]
+    after = [r.student_top1 for r in runs]
     delta = f"{100 * (np.mean(after) - teacher_top1):+.2f}" if teacher_top1 is not None else "n/a"
-    fid_key = next(
-        (k for k in ("fidelity_after_finetune", "fidelity_converted") if k in runs[0]), None
+    # The last layer's cosine after fine-tuning (after surgery for an arm without a teacher run).
+    stage = next(
+        (s for s in ("finetune", results_lib.CONVERTED) if runs[0].fidelity(s) is not None), None
     )
-    cos = f"{np.mean([r[fid_key][-1]['cosine'] for r in runs]):.3f}" if fid_key else "n/a"
+    cos = (
+        f"{np.mean([r.fidelity(stage).layers[-1]['cosine'] for r in runs]):.3f}" if stage else "n/a"
+    )
     lines.append(
         f"| {arm} | {_mean_std(before)} | {_mean_std(after)} | {delta} | {cos} | " f"{len(runs)} |"
     )
@@ -125,9 +133,11 @@ def run_budget(config: Mapping[str, Any], arm: str) -> dict[str, Any]:
   }
 
 
-def finished_runs(workdir: str, arms: Sequence[str] = tuple(ARMS)) -> dict[str, dict[int, dict]]:
+def finished_runs(
+    workdir: str, arms: Sequence[str] = tuple(ARMS)
+) -> dict[str, dict[int, results_lib.Results]]:
   """Every finished run under `workdir` ({arm: {seed: results}}), whichever invocation made it."""
-  runs: dict[str, dict[int, dict]] = {}
+  runs: dict[str, dict[int, results_lib.Results]] = {}
   for arm in arms:
     arm_dir = os.path.join(workdir, arm)
     if not gfile.exists(arm_dir):
@@ -137,8 +147,7 @@ def finished_runs(workdir: str, arms: Sequence[str] = tuple(ARMS)) -> dict[str, 
       done = os.path.join(arm_dir, name, "results.json")
       if not (name.startswith("seed") and name[4:].isdigit() and gfile.exists(done)):
         continue
-      with gfile.open(done) as f:
-        runs.setdefault(arm, {})[int(name[4:])] = json.load(f)
+      runs.setdefault(arm, {})[int(name[4:])] = results_lib.read(done)
   return {arm: dict(sorted(by_seed.items())) for arm, by_seed in runs.items()}
 
 
@@ -146,17 +155,17 @@ def write_report(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
   """ablation.md + ablation.png from every finished run in `workdir` that matches this config's
   model and budget (runs made by earlier invocations included: the table can grow over days)."""
   a = config.ablation
-  results: dict[str, list[dict]] = {}
+  results: dict[str, list[results_lib.Results]] = {}
   made_of, ignored = [], []
   for arm, by_seed in finished_runs(workdir).items():
     expected = arm_config(config, arm, 0, a.finetune_steps, a.distill_steps, a.eval_every)
     want = run_budget(expected.to_dict(), arm)
     for seed, r in by_seed.items():
-      if run_budget(r["config"], arm) != want:
+      if run_budget(r.config, arm) != want:
         ignored.append(f"{arm}/seed{seed}")
         continue
       results.setdefault(arm, []).append(r)
-      made_of.append((arm, seed, r.get("timing_s", {}).get("total", float("nan"))))
+      made_of.append((arm, seed, r.timing_s.get("total", float("nan"))))
   if not results:
     raise ValueError(f"no finished ablation runs under {workdir!r} match this config")
   teacher_top1 = shared_teacher_top1(results)
@@ -193,9 +202,9 @@ def tokens(config: Mapping[str, Any]) -> int:
 def shared_teacher_top1(runs: Mapping[str, Any]) -> float | None:
   """The teacher's top-1 that one run of an ablation evaluated ({arm: [results] or {seed: results}})."""
   for by in runs.values():
-    for r in by.values() if isinstance(by, Mapping) else by:
-      if "teacher_top1" in r:
-        return r["teacher_top1"]
+    for r in map(results_lib.as_record, by.values() if isinstance(by, Mapping) else by):
+      if r.teacher_scored:
+        return r.teacher_top1
   return None
 
 
@@ -223,8 +232,8 @@ def run_ablation(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
       cfg = arm_config(config, arm, seed, a.finetune_steps, a.distill_steps, a.eval_every)
       cfg.eval.teacher = teacher_top1 is None  # one shared teacher: evaluate it once
       r = run_lib.run(cfg, os.path.join(workdir, arm, f"seed{seed}"))
-      teacher_top1 = r.get("teacher_top1", teacher_top1)
-      print(f"[ablation] {arm} seed {seed}: top-1 {100 * r['student_top1']:.2f} %", flush=True)
+      teacher_top1 = r.teacher_top1 if r.teacher_scored else teacher_top1
+      print(f"[ablation] {arm} seed {seed}: top-1 {100 * r.student_top1:.2f} %", flush=True)
   return write_report(config, workdir)
 
 

@@ -41,6 +41,7 @@ import numpy as np
 from linvit_jax import checkpoints
 from linvit_jax import gfile
 from linvit_jax import inference_pp
+from linvit_jax import results as results_lib
 from linvit_jax import tree as tree_lib
 from linvit_jax.data import pp_spec
 from linvit_jax.errors import ConfigError
@@ -121,11 +122,13 @@ def student_config(
     model_kwargs: Mapping[str, Any],
     attention: Any,
     config: Any,
-    results: Mapping[str, Any],
+    results: results_lib.Results | Mapping[str, Any],
 ) -> dict[str, Any]:
-  """What an export says about its student (see the module doc)."""
+  """What an export says about its student (see the module doc): the record's measures with a
+  `card` key go to its fidelity block (_CARD shapes those that need it)."""
+  record = results_lib.as_record(results)
   model = json.loads(json.dumps({**model_kwargs, "attention": attention}))
-  final = _final_fidelity(results)
+  final = record.final()
   recipe = {
       "surgery_policy": config.surgery.policy,
       "stages": [
@@ -138,16 +141,16 @@ def student_config(
           }
           for n in config.stages
       ],
-      "images_seen": results.get("images_seen"),
-      "softmax_layers": results.get("softmax_layers", []),
+      "images_seen": record.images_seen,
+      "softmax_layers": record.softmax_layers,
       "seed": config.seed,
   }
   size = config.data.image_size
   size = list(size) if isinstance(size, (list, tuple)) else [size, size]
   fidelity = {
-      "end_to_end": final,
-      "teacher_top1": results.get("teacher_top1"),
-      "student_top1": results.get("student_top1"),
+      "end_to_end": {"measured": final[0], **final[1].scalars()} if final else None,
+      "teacher_top1": record.teacher_top1,
+      "student_top1": record.student_top1,
       # How the numbers were measured, for the card (no local paths: names only).
       "protocol": {
           "source": f"{public_name(config.data.dataset)}, split {config.data.eval_split}",
@@ -156,26 +159,13 @@ def student_config(
           "image_size": size,
       },
   }
-  if results.get("knn"):
-    # The feature cache's bookkeeping (hit or miss, seconds) is the run's, not the student's.
-    knn = {k: v for k, v in results["knn"].items() if not k.startswith("teacher_features_")}
-    fidelity["knn"] = {**knn, "dataset": public_name(knn.get("dataset"))}
-  if results.get("knn_skipped"):
-    fidelity["knn_skipped"] = str(results["knn_skipped"])
-  if results.get("eval_view_fidelity"):
-    fidelity["eval_view"] = results["eval_view_fidelity"]
-  if results.get("test"):
-    fidelity["test"] = test_summary(results["test"])
-  rows = [r for r in results.get("resolution") or [] if r.get("factor") != 1]
-  if rows:  # report.resolution_scaling: the first sample images, resized after preprocessing
-    fidelity["resolutions"] = [
-        {
-            "image_size": r["image_size"],
-            "images": config.eval.resolution_fidelity_images,
-            **{k: r[k] for k in ("cls_cosine", "patch_cosine") if isinstance(r.get(k), float)},
-        }
-        for r in rows
-    ]
+  if record.knn_skipped:  # (k-NN was not measured then: no knn entry beside it)
+    fidelity["knn_skipped"] = str(record.knn_skipped)
+  for field, value in record.measures():
+    card = field.metadata["card"]
+    value = _CARD.get(field.name, lambda v, c: v)(value, config) if card and value else None
+    if value:
+      fidelity[card] = value
   return {
       "format": FORMAT,
       "model": model,
@@ -189,6 +179,33 @@ def student_config(
       "recipe": recipe,
       "fidelity": fidelity,
   }
+
+
+def _knn_card(knn: Mapping[str, Any], config: Any) -> dict[str, Any]:
+  # The feature cache's bookkeeping (hit or miss, seconds) is the run's, not the student's.
+  knn = {k: v for k, v in knn.items() if not k.startswith("teacher_features_")}
+  return {**knn, "dataset": public_name(knn.get("dataset"))}
+
+
+def _resolutions_card(rows: Sequence[Mapping[str, Any]], config: Any) -> list[dict[str, Any]]:
+  # report.resolution_scaling: the first sample images, resized after preprocessing.
+  return [
+      {
+          "image_size": r["image_size"],
+          "images": config.eval.resolution_fidelity_images,
+          **{k: r[k] for k in ("cls_cosine", "patch_cosine") if isinstance(r.get(k), float)},
+      }
+      for r in rows
+      if r.get("factor") != 1
+  ]
+
+
+# How a measure goes on the card when not as measured (the record's field -> (value, config)).
+_CARD = {
+    "knn": _knn_card,
+    "test": lambda test, config: test_summary(test),
+    "resolution": _resolutions_card,
+}
 
 
 def test_summary(test: Mapping[str, Any]) -> dict[str, Any]:
@@ -246,17 +263,6 @@ def _test_card(test: Mapping[str, Any]) -> list[str]:
         + " |"
     )
   return lines + [""]
-
-
-def _final_fidelity(results: Mapping[str, Any]) -> dict[str, Any] | None:
-  tags = [k for k in results if k.startswith("end_to_end_")]
-  if not tags:
-    return None
-  last = results[tags[-1]]
-  return {
-      "measured": tags[-1][len("end_to_end_") :],
-      **{k: v for k, v in last.items() if isinstance(v, float)},
-  }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -408,6 +414,13 @@ def _numbers(values: Mapping[str, Any], skip: tuple[str, ...]) -> str:
   )
 
 
+# The fidelity entries model_card writes a section of its own for.
+_CARD_SECTIONS = frozenset(
+    {"end_to_end", "teacher_top1", "student_top1", "protocol", "knn", "knn_skipped"}
+    | {"eval_view", "test", "resolutions"}
+)
+
+
 def model_card(cfg: Mapping[str, Any]) -> str:
   """README.md of an export folder: Hub front matter, what the student is, how it was made, the
   measured numbers with their protocol, limitations and a load snippet that runs as written from
@@ -509,6 +522,11 @@ def model_card(cfg: Mapping[str, Any]) -> str:
           f"- pooled-feature cosine to the teacher on the same images: mean {k['cls_cosine']:.4f}, "
           f"worst {k['cls_cosine_min']:.4f}"
       )
+  for key, value in fid.items():  # a measure with no section of its own: one generic line
+    if key not in _CARD_SECTIONS:
+      brief = f"{value:.4f}" if isinstance(value, float) else None
+      brief = _numbers(value, ()) if isinstance(value, Mapping) else brief
+      lines.append(f"- {key.replace('_', ' ')}: {brief or value}")
   if (
       not (e2e or view or fid.get("knn") or fid.get("knn_skipped"))
       and fid.get("teacher_top1") is None

@@ -22,9 +22,12 @@ from linvit_jax import evaluate
 from linvit_jax import feature_cache
 from linvit_jax import gfile
 from linvit_jax import photo_eval
+from linvit_jax import results as results_lib
 from linvit_jax import tree
 from linvit_jax.data import pp_spec
 from linvit_jax.data import sources
+from linvit_jax.errors import ConfigError
+from linvit_jax.models import vit
 
 
 @dataclasses.dataclass
@@ -45,12 +48,20 @@ class Scorer:
       return None
     return evaluate.top1(model, params, batches or sources.eval_batches(self.config), self.mesh)
 
-  def fidelity(self, results: dict[str, Any], tag: str, model: Any, params: Any) -> None:
-    """results[fidelity_<tag>] (per layer, teacher-forced) and results[end_to_end_<tag>]."""
+  def fidelity(self, model: Any, params: Any) -> results_lib.Fidelity:
+    """Per layer (teacher-forced) and end to end, on the first eval.fidelity_images images."""
     images = self.sample[: self.config.eval.fidelity_images]
     t, tp = self.teacher_model, self.teacher_params
-    results[f"fidelity_{tag}"] = evaluate.attention_fidelity(t, tp, model, params, images)
-    results[f"end_to_end_{tag}"] = evaluate.end_to_end_fidelity(t, tp, model, params, images)
+    return results_lib.Fidelity(
+        layers=evaluate.attention_fidelity(t, tp, model, params, images),
+        end_to_end=evaluate.end_to_end_fidelity(t, tp, model, params, images),
+    )
+
+  def throughput_batch(self) -> np.ndarray:
+    """The sample, cycled to eval.throughput_batch images: what images/s is timed on."""
+    n = self.config.eval.throughput_batch
+    tb = self.sample[:n]
+    return tb if len(tb) == n else np.resize(tb, (n,) + tb.shape[1:])
 
   def curve_fn(self, model: Any) -> Callable[[Any], dict[str, float]]:
     """A stage's `eval_fn`: the first `curve_examples` test images (top-1) and `curve_images`
@@ -191,8 +202,8 @@ def resolution_scaling(
   resampled): top-1 when labelled, the student's end-to-end fidelity to the teacher at the same
   resolution, forward images/s and the compiled forward's peak memory (XLA's estimate).
 
-  `known`: results the run already measured at the training resolution on the same batch
-  (`teacher_images_per_s`, `student_images_per_s`): the factor-1 row reuses them."""
+  `known`: images/s the run already measured at the training resolution on the same batch
+  ({"teacher": ..., "student": ...}): the factor-1 row reuses them."""
   known = known or {}
   rows = []
   size = config.data.image_size
@@ -222,7 +233,7 @@ def resolution_scaling(
         pp = config.data.pp_eval if factor == 1 else pp_spec.with_resize(config.data.pp_eval, new)
         batches = sources.eval_batches(config, pp, max_examples=config.eval.resolution_examples)
         row[f"{name}_top1"] = evaluate.top1(model, params[name], batches, mesh)
-      measured = known.get(f"{name}_images_per_s") if factor == 1 else None
+      measured = known.get(name) if factor == 1 else None
       row[f"{name}_images_per_s"] = measured or evaluate.images_per_second(model, params[name], tb)
       row[f"{name}_peak_bytes"] = evaluate.forward_peak_bytes(model, params[name], tb)
     e2e = evaluate.end_to_end_fidelity(
@@ -233,15 +244,157 @@ def resolution_scaling(
   return rows
 
 
+# ----------------------------------------------------------------------------- the test photos
+
+
+def test_block(config) -> Any:
+  """config.eval.test when it is on (a config recorded before the block existed has none)."""
+  test = config.eval.get("test")
+  return test if test is not None and test.split else None
+
+
+def test_sets(config) -> tuple[list[str], list[str], list[str]]:
+  """(test paths, their names, validation paths); a photo in both is a ConfigError: a choice made
+  on a test photo would be reported as if it had not been."""
+  test_paths, names = sources.photo_paths(config, config.eval.test.split)
+  val_paths, _ = sources.photo_paths(config, config.data.eval_split, "data.eval_split")
+  shared = sorted(set(test_paths) & set(val_paths))
+  if shared:
+    raise ConfigError(
+        f"config.eval.test.split={config.eval.test.split!r} and data.eval_split="
+        f"{config.data.eval_split!r} share {len(shared)} photo(s) (e.g. {shared[0]}): the run "
+        "chooses on the eval split; use 'val@F' and 'test@F' (the two halves of holdout@F)"
+    )
+  return test_paths, names, val_paths
+
+
+def test_photos(config, teacher_model, teacher_params, student_model, student_params) -> dict:
+  """The student vs its teacher on the test photos (eval.test.split), reported and never chosen
+  on: native sizes, intervals, the dense measure, whose parts and probes are fitted on the
+  validation photos (data.eval_split, where the run made its choices). photo_eval.py."""
+  test = config.eval.test
+  test_paths, names, val_paths = test_sets(config)
+  size = config.data.image_size
+  out = photo_eval.evaluate_photos(
+      teacher_model,
+      teacher_params,
+      student_model,
+      student_params,
+      test_paths,
+      val_paths,
+      pp=pp_spec.inference_pp(config.data.pp_eval),  # its decode and normalisation
+      res=int(size[0] if isinstance(size, (tuple, list)) else size),
+      factors=tuple(test.factors),
+      views=tuple(test.views),
+      bootstrap=test.bootstrap,
+      dense_k=test.dense_k,
+      min_photos=test.min_photos,
+      seed=config.seed,
+      test_names=names,
+  )
+  return {"split": test.split, "val_split": config.data.eval_split, **out}
+
+
+# ----------------------------------------------------------------------------- the measures
+
+
+@dataclasses.dataclass(frozen=True)
+class Measure:
+  """One evaluation of the final student: `fn(scorer, model, params, record)` returns the value of
+  the record's measure field `field` (results.measure), or None where it does not apply. `timing`:
+  the timing_s part its seconds add to (None: the rest of the run)."""
+
+  field: str
+  fn: Callable[[Scorer, Any, Any, results_lib.Results], Any]
+  timing: str | None = None
+
+
+def _knn(s: Scorer, model, params, record) -> dict | None:
+  if not s.config.eval.knn.dataset or s.teacher_params is None:
+    return None
+  return knn_retention(s.config, s.teacher_model, s.teacher_params, model, params)
+
+
+def _eval_view(s: Scorer, model, params, record) -> dict | None:
+  if s.teacher_params is None:
+    return None
+  return eval_view_fidelity(s.config, s.teacher_model, s.teacher_params, model, params)
+
+
+def _test(s: Scorer, model, params, record) -> dict | None:
+  if not test_block(s.config) or s.teacher_params is None:
+    return None
+  return test_photos(s.config, s.teacher_model, s.teacher_params, model, params)
+
+
+def _exact_share(s: Scorer, model, params, record) -> list | None:
+  if not any(spec.window or spec.sinks for spec in vit.layer_specs(model)):
+    return None
+  return evaluate.exact_shares(model, params, s.sample[: s.config.eval.fidelity_images])
+
+
+def _student_speed(s: Scorer, model, params, record) -> float:
+  return evaluate.images_per_second(model, params, s.throughput_batch())
+
+
+def _teacher_speed(s: Scorer, model, params, record) -> float | None:
+  if s.teacher_params is None:
+    return None
+  return evaluate.images_per_second(s.teacher_model, s.teacher_params, s.throughput_batch())
+
+
+def _resolution(s: Scorer, model, params, record) -> list | None:
+  if s.teacher_params is None:
+    return None
+  known = {"teacher": record.teacher_images_per_s, "student": record.student_images_per_s}
+  return resolution_scaling(
+      s.config, s.mesh, s.teacher_model, s.teacher_params, model, params, s.labelled, s.sample,
+      known=known,
+  )  # fmt: skip
+
+
+# In the order they run (the resolution rows reuse the two images/s). A new measure: its function
+# here (or in evaluate.py), one row, and its field in results.Results.
+MEASURES = (
+    Measure("knn", _knn, timing="knn"),
+    Measure("eval_view_fidelity", _eval_view),
+    Measure("test", _test, timing="test_photos"),
+    Measure("exact_share", _exact_share),
+    Measure("student_images_per_s", _student_speed, timing="speed_resolution_plots"),
+    Measure("teacher_images_per_s", _teacher_speed, timing="speed_resolution_plots"),
+    Measure("resolution", _resolution, timing="speed_resolution_plots"),
+)
+PLOTS_TIMING = "speed_resolution_plots"  # the plots' seconds go with the speed measures'
+
+
+def take_measures(scorer: Scorer, model: Any, params: Any, record: results_lib.Results) -> None:
+  """Every MEASURES entry on the final student, into its field of the record."""
+  for m in MEASURES:
+    t0 = time.time()
+    value = m.fn(scorer, model, params, record)
+    if value is None:
+      continue
+    setattr(record, m.field, value)
+    if m.timing:
+      record.add_time(m.timing, time.time() - t0)
+
+
 def write_plots(
-    config, workdir, results, teacher_model, teacher_params, student_model, student_params, sample
+    config,
+    workdir,
+    record: results_lib.Results,
+    teacher_model,
+    teacher_params,
+    student_model,
+    student_params,
+    sample,
 ) -> None:
   """fidelity.png, fidelity_curves.png and attention_maps.png in the workdir."""
   # matplotlib writes local files; a gs:// workdir gets a copy of each.
   local = tempfile.mkdtemp() if gfile.is_remote(workdir) else workdir
-  fid = {k.replace("fidelity_", ""): v for k, v in results.items() if k.startswith("fidelity_")}
+  fid = {tag: f.layers for tag, f in record.scorings() if f.layers is not None}
   plot_fidelity(fid, os.path.join(local, "fidelity.png"))
-  plot_fidelity_curves(results.get("histories", {}), os.path.join(local, "fidelity_curves.png"))
+  plot_fidelity_curves(record.histories or {}, os.path.join(local, "fidelity_curves.png"))
   n = config.eval.attention_map_images
   if n:
     tmaps = evaluate.cls_attention_maps(teacher_model, teacher_params, sample[:n])
@@ -252,27 +405,28 @@ def write_plots(
       gfile.copy(os.path.join(local, name), os.path.join(workdir, name))
 
 
-def format_summary(results: Mapping[str, Any]) -> str:
+def format_summary(results: results_lib.Results | Mapping[str, Any]) -> str:
   """The table main.py prints: accuracy (when labelled), fidelity to the teacher, speed."""
+  r = results_lib.as_record(results)
   lines = ["", "== linvit_jax results " + "=" * 50]
 
   def pct(x):
     return f"{100 * x:6.2f} %" if isinstance(x, float) else "   n/a"
 
-  if results.get("teacher_top1") is not None:
-    lines.append(f"teacher (softmax) top-1          {pct(results['teacher_top1'])}")
+  if r.teacher_top1 is not None:
+    lines.append(f"teacher (softmax) top-1          {pct(r.teacher_top1)}")
     what = (
         "student as loaded top-1        "
-        if results["config"]["student"].get("init")
+        if (r.config.get("student") or {}).get("init")
         else "student after surgery top-1    "
     )
-    lines.append(f"{what}  {pct(results['student_top1_converted'])}")
-  for k, v in results.items():
-    if k.startswith("student_top1_after_") and v is not None:
-      lines.append(f"student after {k[19:]:<19s}top-1 {pct(v)}")
-  if results.get("student_top1") is not None:
-    lines.append(f"student final top-1              {pct(results['student_top1'])}")
-  e2e = [(k[11:], v) for k, v in results.items() if k.startswith("end_to_end_")]
+    lines.append(f"{what}  {pct(r.converted.top1 if r.converted else None)}")
+  for stage in r.stages:
+    if stage.top1 is not None:
+      lines.append(f"student after {stage.name:<19s}top-1 {pct(stage.top1)}")
+  if r.student_top1 is not None:
+    lines.append(f"student final top-1              {pct(r.student_top1)}")
+  e2e = [(tag, f.end_to_end) for tag, f in r.scorings() if f.end_to_end is not None]
   if e2e:
     lines.append("")
     lines.append("end-to-end fidelity to the teacher (student's own forward, held-out images)")
@@ -280,17 +434,17 @@ def format_summary(results: Mapping[str, Any]) -> str:
     for tag, v in e2e:
       cls = f"{v['cls_cosine']:9.4f}" if "cls_cosine" in v else f"{'-':>9s}"
       lines.append(f"{tag:<28s}{cls}{v['patch_cosine']:11.4f}{min(v['block_cosine']):11.4f}")
-  view = results.get("eval_view_fidelity")
+  view = r.eval_view_fidelity
   if view:
     cls = f"cls cos {view['cls_cosine']:.4f}, " if "cls_cosine" in view else ""
     lines.append(
         f"held-out images as encode() sees them (pp_eval, {view['images']} image(s)): {cls}"
         f"patch cos {view['patch_cosine']:.4f}"
     )
-  if results.get("softmax_layers"):
-    lines.append(f"hybrid: layers {results['softmax_layers']} keep softmax attention")
-  if results.get("knn"):
-    k = results["knn"]
+  if r.softmax_layers:
+    lines.append(f"hybrid: layers {r.softmax_layers} keep softmax attention")
+  if r.knn:
+    k = r.knn
     lines.append(
         f"k-NN top-1 (k={k['k']}, {k['dataset']}, {k['train_examples']} reference / "
         f"{k['eval_examples']} classified): teacher {pct(k['teacher_top1'])}, student "
@@ -306,14 +460,14 @@ def format_summary(results: Mapping[str, Any]) -> str:
           f"pooled-feature cosine to the teacher on those {k['train_examples'] + k['eval_examples']}"
           f" images: mean {k['cls_cosine']:.4f}, worst {k['cls_cosine_min']:.4f}"
       )
-  elif results.get("knn_skipped"):  # a string: why k-NN was not measured, how to turn it on
-    lines.append(f"k-NN: not measured — {' '.join(str(results['knn_skipped']).split())}")
-  if results.get("exact_share"):
-    shares = ", ".join("-" if s is None else f"{s:.2f}" for s in results["exact_share"])
+  elif r.knn_skipped:  # a string: why k-NN was not measured, how to turn it on
+    lines.append(f"k-NN: not measured — {' '.join(str(r.knn_skipped).split())}")
+  if r.exact_share:
+    shares = ", ".join("-" if s is None else f"{s:.2f}" for s in r.exact_share)
     lines.append(
         f"exact-set hybrid (window, sinks): its share of attention mass per layer: {shares}"
     )
-  fids = [(k[9:], v) for k, v in results.items() if k.startswith("fidelity_")]
+  fids = [(tag, f.layers) for tag, f in r.scorings() if f.layers is not None]
   if fids:
     lines.append("")
     lines.append("per-layer attention fidelity (teacher-forced), cosine / normalised MSE")
@@ -325,20 +479,20 @@ def format_summary(results: Mapping[str, Any]) -> str:
           ("{:10.3f} / {:<9.3f}".format(v[i]["cosine"], v[i]["nmse"])).rjust(width) for _, v in fids
       )
       lines.append(f"{i:>5d}  {cells}".rstrip())
-  if results.get("test"):  # the test photos: the figures nothing was chosen on
-    lines += ["", photo_eval.format_table(results["test"])]
-  if "teacher_images_per_s" in results:
+  if r.test:  # the test photos: the figures nothing was chosen on
+    lines += ["", photo_eval.format_table(r.test)]
+  if r.teacher_images_per_s is not None:
     lines.append("")
     lines.append(
-        f"images/s (forward, batch {results['config']['eval']['throughput_batch']}): "
-        f"teacher {results['teacher_images_per_s']:.1f}, "
-        f"student {results['student_images_per_s']:.1f}"
+        f"images/s (forward, batch {r.config['eval']['throughput_batch']}): "
+        f"teacher {r.teacher_images_per_s:.1f}, "
+        f"student {r.student_images_per_s:.1f}"
     )
-  if results.get("resolution"):
+  if r.resolution:
     lines.append(
         "the held-out sample resized to other sizes (not native views: see the test table)"
     )
-  for row in results.get("resolution", []):
+  for row in r.resolution or []:
     acc = (
         f"top-1 teacher {pct(row['teacher_top1'])}, student {pct(row['student_top1'])}; "
         if "teacher_top1" in row
@@ -352,8 +506,30 @@ def format_summary(results: Mapping[str, Any]) -> str:
         f"{row['teacher_peak_bytes'] / 2**20:.0f}, student "
         f"{row['student_peak_bytes'] / 2**20:.0f}"
     )
-  lines.extend(format_timing(results))
+  # A measure without a section above (a new one): one generic line, from the record's fields.
+  for field, value in r.measures():
+    if field.name not in _SUMMARY_SECTIONS:
+      lines.append(f"{field.metadata['label']}: {_brief(value)}")
+  lines.extend(format_timing(r))
   return "\n".join(lines)
+
+
+# The measures format_summary writes a section of its own for.
+_SUMMARY_SECTIONS = frozenset(
+    {"knn", "eval_view_fidelity", "test", "exact_share", "student_images_per_s"}
+    | {"teacher_images_per_s", "resolution"}
+)
+
+
+def _brief(value: Any) -> str:
+  """A measure's value on one line: numbers to 4 places, a dict's single numbers by name."""
+  if isinstance(value, float):
+    return f"{value:.4f}"
+  if isinstance(value, Mapping):
+    return ", ".join(f"{k} {_brief(v)}" for k, v in value.items() if isinstance(v, (int, float)))
+  if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value):
+    return ", ".join(_brief(v) for v in value)
+  return str(value)
 
 
 # What run.py's timing_s keys measure, in words (a stage's key is its name).
@@ -375,14 +551,15 @@ def _logged_steps_per_s(history: Sequence[Mapping[str, Any]]) -> float | None:
   return float(np.median(rates)) if rates else None
 
 
-def format_timing(results: Mapping[str, Any]) -> list[str]:
-  """Where a run's time went (results["timing_s"]): minutes and share of the total per part,
-  and each training stage's step cost beside the teacher's forward. Missing keys (an older
-  results.json, a run without teacher or histories) leave their rows or columns out."""
-  timing = {k: v for k, v in (results.get("timing_s") or {}).items() if isinstance(v, (int, float))}
+def format_timing(results: results_lib.Results | Mapping[str, Any]) -> list[str]:
+  """Where a run's time went (its timing_s): minutes and share of the total per part, and each
+  training stage's step cost beside the teacher's forward. What an older results.json or a run
+  without teacher or histories lacks leaves its rows or columns out."""
+  r = results_lib.as_record(results)
+  timing = {k: v for k, v in (r.timing_s or {}).items() if isinstance(v, (int, float))}
   if not timing:
     return ["", "where the time went: not recorded"]
-  config = results.get("config") or {}
+  config = r.config or {}
   stage_names = [n for n in config.get("stages") or () if n in timing]
   named = (
       [k for k in ("convert_and_evaluate",) if k in timing]
@@ -394,7 +571,7 @@ def format_timing(results: Mapping[str, Any]) -> list[str]:
   # run.py times these parts; the rest of the total is loading the teacher and the student,
   # scoring after each stage, k-NN and the held-out view (the export comes after the total).
   rest_what = ["loading", "scoring after each stage"]
-  if results.get("knn") and "knn" not in timing:
+  if r.knn and "knn" not in timing:
     rest_what.append("k-NN")
   rows = [
       (f"stage {k}" if k in stage_names else _TIMING_LABELS.get(k, k), timing[k]) for k in named
@@ -405,18 +582,18 @@ def format_timing(results: Mapping[str, Any]) -> list[str]:
   lines = ["", f"{'where the time went':<{width}s}{'minutes':>9s}{'share':>9s}"]
   lines += [f"  {label:<{width - 2}s}{s / 60:9.1f}{share(s):>9s}" for label, s in rows]
   lines.append(f"  {'total':<{width - 2}s}{total / 60:9.1f}{share(total):>9s}   ({total:.0f} s)")
-  return lines + _step_cost(results, stage_names, timing)
+  return lines + _step_cost(r, stage_names, timing)
 
 
 def _step_cost(
-    results: Mapping[str, Any], stage_names: Sequence[str], timing: Mapping[str, float]
+    r: results_lib.Results, stage_names: Sequence[str], timing: Mapping[str, float]
 ) -> list[str]:
   """Each training stage's step cost beside the teacher's forward, per image: how many of the
   teacher's forward passes one image of training costs (the `align` step runs the teacher, the
   student and the student's backward)."""
-  config = results.get("config") or {}
-  histories = results.get("histories") or {}
-  teacher = results.get("teacher_images_per_s")
+  config = r.config or {}
+  histories = r.histories or {}
+  teacher = r.teacher_images_per_s
   width = max([5] + [len(n) for n in stage_names]) + 4
   rows = []
   for name in stage_names:
@@ -574,15 +751,17 @@ def plot_fidelity_curves(
 
 
 def plot_ablation_curves(
-    results: Mapping[str, list[dict]], path: str, teacher_top1: float | None
+    results: Mapping[str, Sequence[results_lib.Results | Mapping[str, Any]]],
+    path: str,
+    teacher_top1: float | None,
 ) -> None:
   """Test top-1 during fine-tuning, mean ± std over seeds, one line per ablation arm."""
   fig = new_figure(figsize=(7, 4.2))
   ax = fig.subplots()
   for arm, runs in results.items():
     curves = []
-    for r in runs:
-      rows = [h for h in r["histories"].get("finetune", []) if "eval/top1" in h]
+    for r in map(results_lib.as_record, runs):
+      rows = [h for h in (r.histories or {}).get("finetune", []) if "eval/top1" in h]
       curves.append([(h["step"], h["eval/top1"]) for h in rows])
     if not curves or not curves[0]:
       continue

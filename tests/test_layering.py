@@ -56,6 +56,8 @@ def _uses(importer: str, imported: str) -> bool:
         ("feature_cache", "report"),
         ("photo_eval", "report"),  # the test-photo evaluation: a report reads it, not back
         ("photo_eval", "train"),
+        ("evaluate", "results"),  # evaluators return values; the driver files them in the record
+        ("photo_eval", "results"),
     ],
 )
 def test_siblings_do_not_import_each_other(importer, imported):
@@ -82,3 +84,59 @@ def test_config_files_are_data():
     # config helpers only (and the ablation's arm table); no checkpoint or model code
     assert imports <= {"linvit_jax", "linvit_jax.config_lib", "linvit_jax.ablation",
                        "linvit_jax.ablation.ARMS"}, name  # fmt: skip
+
+
+def test_the_results_record_is_a_floor_below_its_readers():
+  """results.py (the run's record and its JSON layout) imports no library module but the file
+  helper; the driver fills it and the summary, the export and the ablation read it."""
+  assert LIBRARY["linvit_jax.results"] <= {"linvit_jax", "linvit_jax.gfile"}
+  for reader in ("run", "report", "export", "ablation"):
+    assert _uses(reader, "results"), reader
+
+
+# The per-stage keys of results.json, spelled in results.py only: readers use the record's
+# accessors (after(stage), fidelity(stage), final(), top1_before_finetune).
+RESULTS_KEYS = (
+    "fidelity_after_",
+    "fidelity_hybrid_after_",
+    "fidelity_converted",
+    "end_to_end_after_",
+    "end_to_end_hybrid_after_",
+    "end_to_end_converted",
+    "student_top1_after_",
+    "student_top1_converted",
+    "student_top1_before_finetune",
+)
+# Not yet moved to the record's accessors (files outside this change): shrink, never grow.
+RESULTS_KEYS_KNOWN = {"linvit_jax/token_study.py"}
+
+
+def test_no_reader_builds_a_results_key():
+  paths = [os.path.join(ROOT, "linvit_jax", "**", "*.py")] + [
+      os.path.join(ROOT, d, "*.py") for d in ("bench", "tools")
+  ]
+  bad = []
+  for path in sorted(p for pattern in paths for p in glob.glob(pattern, recursive=True)):
+    rel = os.path.relpath(path, ROOT).replace(os.sep, "/")
+    if rel == "linvit_jax/results.py" or rel in RESULTS_KEYS_KNOWN:
+      continue
+    with open(path) as f:
+      tree = ast.parse(f.read())
+    for node in ast.walk(tree):  # string constants, f-strings' literal parts included
+      if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        if node.value.startswith(RESULTS_KEYS):
+          bad.append(f"{rel}:{node.lineno}: {node.value[:40]!r}")
+  assert not bad, "read these through linvit_jax.results:\n" + "\n".join(bad)
+
+
+def test_bench_times_the_library_and_runs_no_whole_conversion():
+  """A whole conversion (linvit_jax.convert, the driver) is a tool (tools/), not a benchmark."""
+  for name, imports in _graph("bench/*.py").items():
+    assert not imports & {"linvit_jax.api", "linvit_jax.run", "linvit_jax.main"}, name
+  for path in glob.glob(os.path.join(ROOT, "bench", "*.py")):
+    with open(path) as f:
+      tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Attribute) and node.attr == "convert":
+        value = node.value
+        assert not (isinstance(value, ast.Name) and value.id == "linvit_jax"), path

@@ -150,7 +150,7 @@ def test_resolution_rows_reuse_the_runs_throughput_at_factor_one(monkeypatch):
   monkeypatch.setattr(ev, "forward_peak_bytes", lambda m, p, x: 0.0)
   monkeypatch.setattr(ev, "end_to_end_fidelity", lambda *a: {"patch_cosine": 1.0})
   sample = np.zeros((2, 8, 8, 3), np.float32)
-  known = {"teacher_images_per_s": 5.0, "student_images_per_s": 7.0}
+  known = {"teacher": 5.0, "student": 7.0}
   args = (config, None, "teacher", {}, "student", {}, False, sample)
   rows = report.resolution_scaling(*args, known=known)
   assert [r["teacher_images_per_s"] for r in rows] == [5.0, 1.0]
