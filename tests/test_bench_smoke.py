@@ -108,7 +108,7 @@ def test_lever_table_runs_an_arm_and_writes_its_row(tmp_path):
   import numpy as np
   from PIL import Image
 
-  from bench import lever_table
+  from tools import lever_table
 
   photos = tmp_path / "photos"
   photos.mkdir()
@@ -146,8 +146,8 @@ def test_lever_table_arms_are_pinned_and_build_a_config(tmp_path):
   every arm's options are ones convert_folder takes."""
   import argparse
 
-  from bench import lever_table
   from linvit_jax import api
+  from tools import lever_table
 
   args = argparse.Namespace(
       res=112, max_images=2000, batch=8, knn="none", knn_train=500, knn_eval=250

@@ -65,15 +65,15 @@ def main() -> None:
     t0 = time.time()
     with tempfile.TemporaryDirectory() as workdir:
       r = run_lib.run(config, workdir)
-    hist = r["histories"]["distill_attention"]
+    hist = r.histories["distill_attention"]
     rows.append(
         dict(
             seed=seed,
-            top1_converted=r["student_top1_converted"],
-            top1_after_distill=r["student_top1_after_distill_attention"],
-            teacher_top1=r.get("teacher_top1"),
-            layer_cosine=[row["cosine"] for row in r["fidelity_after_distill_attention"]],
-            cls_cosine=r["end_to_end_after_distill_attention"].get("cls_cosine"),
+            top1_converted=r.converted.top1,
+            top1_after_distill=r.top1_after("distill_attention"),
+            teacher_top1=r.teacher_top1,
+            layer_cosine=[row["cosine"] for row in r.fidelity("distill_attention").layers],
+            cls_cosine=r.fidelity("distill_attention").end_to_end.get("cls_cosine"),
             loss=[(h["step"], h["loss"]) for h in hist if h.get("loss") is not None],
             terms={
                 k: [h.get(k) for h in hist]

@@ -37,6 +37,7 @@ if str(ROOT) not in sys.path:  # `python tools/docs_tables.py` puts tools/, not 
   sys.path.insert(0, str(ROOT))
 
 from bench import common as bench_common  # noqa: E402
+from linvit_jax import results as results_lib  # noqa: E402
 from linvit_jax.models import attention as attention_lib  # noqa: E402
 
 MARKER = re.compile(
@@ -60,29 +61,32 @@ class Table:
 # Reading a run's results.json (linvit_jax's run record).
 
 
-def _final(results: dict[str, Any]) -> str:
-  """The last stage a run evaluated ('align' or 'distill_attention')."""
-  for stage in ("align", "distill_attention"):
-    if f"end_to_end_after_{stage}" in results:
-      return stage
-  raise ValueError("results.json has no end_to_end_after_<stage> entry")
+def _run(load: Load, path: str) -> results_lib.Results:
+  return results_lib.Results.from_json(load(path))
 
 
-def _layers(results: dict[str, Any]) -> str:
-  cos = [row["cosine"] for row in results[f"fidelity_after_{_final(results)}"]]
+def _final(r: results_lib.Results) -> results_lib.Fidelity:
+  """The fidelity after the last stage a run evaluated (the student as exported)."""
+  final = r.final()
+  if final is None:
+    raise ValueError("results.json has no end-to-end fidelity after a stage")
+  return final[1]
+
+
+def _layers(r: results_lib.Results) -> str:
+  cos = [row["cosine"] for row in _final(r).layers]
   return f"{min(cos):.3f}–{max(cos):.3f}"
 
 
-def _at(results: dict[str, Any], image_size: int) -> dict[str, Any] | None:
-  for row in results.get("resolution", ()):
+def _at(r: results_lib.Results, image_size: int) -> dict[str, Any] | None:
+  for row in r.resolution or ():
     if row["image_size"] == image_size and "cls_cosine" in row:
       return row
   return None
 
 
-def _retention(results: dict[str, Any]) -> str:
-  knn = results.get("knn")
-  return "—" if not knn else f"{100 * knn['retention']:.1f} %"
+def _retention(r: results_lib.Results) -> str:
+  return "—" if not r.knn else f"{100 * r.knn['retention']:.1f} %"
 
 
 def _minutes(seconds: float) -> str:
@@ -108,9 +112,9 @@ def _default_seeds(load: Load) -> str:
       "|---|---|---|---|---|---|---|",
   ]
   for seed, path, whole in DEFAULT_RUNS:
-    r = load(path)
-    e = r[f"end_to_end_after_{_final(r)}"]
-    knn, big, t = r["knn"], _at(r, 448), r["timing_s"]
+    r = _run(load, path)
+    e = _final(r).end_to_end
+    knn, big, t = r.knn, _at(r, 448), r.timing_s
     time = (
         f"{_minutes(t['total'])} min ({_minutes(t['distill_attention'])} distillation, "
         f"{_minutes(t['align'])} `align`)"
@@ -131,11 +135,11 @@ def _default_cost(load: Load) -> str:
   """The cost of the README's conversion command, from seed 0's run (a whole fresh run)."""
   seed, path, whole = DEFAULT_RUNS[0]
   assert whole, f"seed {seed}'s run must be a whole one to time the command"
-  r = load(path)
-  t = r["timing_s"]
+  r = _run(load, path)
+  t = r.timing_s
   rest = t["total"] - t["distill_attention"] - t["align"]
   return (
-      f"**What it costs.** The default budget is {r['images_seen']:,} training images (random "
+      f"**What it costs.** The default budget is {r.images_seen:,} training images (random "
       f"crops of your photos, drawn again and again). On this project's 2-core CPU machine a "
       f"ViT-S/14 at 224 px took **{_minutes(t['total'])} minutes** with the defaults "
       f"({_minutes(t['distill_attention'])} of distillation, {_minutes(t['align'])} of `align`, "
@@ -218,11 +222,11 @@ def _history(load: Load) -> str:
   ]
   for number, (label, key) in enumerate(HISTORY, 1):
     path = _history_path(key)
-    r = load(path)
-    e = r[f"end_to_end_after_{_final(r)}"]
+    r = _run(load, path)
+    e = _final(r).end_to_end
     big = _at(r, 448)
     lines.append(
-        f"| {number} | {label} | {r['images_seen']:,} | {e['cls_cosine']:.3f} | {e['patch_cosine']:.3f} "
+        f"| {number} | {label} | {r.images_seen:,} | {e['cls_cosine']:.3f} | {e['patch_cosine']:.3f} "
         f"| {_layers(r)} | {_retention(r)} | {big['cls_cosine']:.3f} / {big['patch_cosine']:.3f} "
         f"| [json]({pathlib.PurePosixPath(path).name}) |"
     )
@@ -248,9 +252,9 @@ def _first_runs(load: Load) -> str:
       "|---|---|---|---|",
   ]
   for label, path in FIRST_RUNS:
-    r = load(path)
-    e = r["end_to_end_after_distill_attention"]
-    cos = [row["cosine"] for row in r["fidelity_after_distill_attention"]]
+    fid = _run(load, path).fidelity("distill_attention")
+    e = fid.end_to_end
+    cos = [row["cosine"] for row in fid.layers]
     lines.append(
         f"| {label} | {e['cls_cosine']:.3f} | {e['patch_cosine']:.3f} "
         f"| {min(cos):.3f}–{max(cos):.3f} |"
@@ -271,7 +275,7 @@ def _ablation(load: Load) -> str:
   return text[start:end].rstrip("\n")
 
 
-# The one-lever-at-a-time table at 112 px (docs/levers.md), rows of bench/lever_table.py's JSON.
+# The one-lever-at-a-time table at 112 px (docs/levers.md), rows of tools/lever_table.py's JSON.
 LEVERS_112 = "docs/levers_112/levers.json"
 LEVER_ARMS = (
     ("baseline (`copy_all`, `hedgehog_exp`)", "baseline"),

@@ -1,6 +1,6 @@
 r"""The levers of a linear layer, each on and off, on one checkpoint: one convert_folder run per arm.
 
-  .venv/bin/python -m bench.lever_table --init CKPT --images DIR --res 112 --max_images 2000 \
+  .venv/bin/python -m tools.lever_table --init CKPT --images DIR --res 112 --max_images 2000 \
       --out docs/levers_112 [--arms baseline,exact_prefix,center_keys,conv_v,all]
 
 Each arm is `configs/convert_folder.py` with the same photos, budget and seed and one lever
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Any
 
 # convert_folder's settings for every arm before its own changes: no lever inside the layer, the
 # whole budget distilled, and the `align` stage (for arms that add one) as it first was.
@@ -130,28 +131,31 @@ def arm_options(name: str, args: argparse.Namespace) -> dict:
   )
 
 
-def run_arm(name: str, args: argparse.Namespace) -> dict:
+def run_arm(name: str, args: argparse.Namespace) -> Any:
   import linvit_jax
+  from linvit_jax import results as results_lib
 
   workdir = os.path.join(args.out, name)
   linvit_jax.convert(args.init, images=args.images, workdir=workdir, **arm_options(name, args))
-  with open(os.path.join(workdir, "results.json")) as f:
-    return json.load(f)
+  return results_lib.read(os.path.join(workdir, "results.json"))
 
 
-def row(name: str, results: dict) -> dict:
-  final = [k for k in results if k.startswith("end_to_end_")][-1]
-  e2e = results[final]
-  layers = results[f"fidelity_{final[len('end_to_end_'):]}"]
+def row(name: str, results: Any) -> dict:
+  """One arm's row from its run's results record (or results.json dict)."""
+  from linvit_jax import results as results_lib
+
+  record = results_lib.as_record(results)
+  _, final = record.final()  # the student as exported (end to end and per layer)
+  e2e = final.end_to_end
   out = {
       "arm": name,
       "cls_cosine": e2e.get("cls_cosine"),
       "patch_cosine": e2e["patch_cosine"],
-      "worst_layer_cosine": min(r["cosine"] for r in layers),
-      "knn_retention": (results.get("knn") or {}).get("retention"),
-      "distill_s": results["timing_s"].get("distill_attention"),
+      "worst_layer_cosine": min(r["cosine"] for r in final.layers),
+      "knn_retention": (record.knn or {}).get("retention"),
+      "distill_s": record.timing_s.get("distill_attention"),
   }
-  for r in results.get("resolution", []):
+  for r in record.resolution or []:
     out[f"speedup_{r['image_size']}px"] = r["student_images_per_s"] / r["teacher_images_per_s"]
     out[f"cls_cosine_{r['image_size']}px"] = r.get("cls_cosine")
   return out
