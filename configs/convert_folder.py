@@ -224,9 +224,10 @@ def _steps(arg) -> tuple[int, int, int]:
 def _align(arg, steps: int, size: int, norm: str) -> dict:
   """An align stage of `steps` at resolution `size`, with `batch·(res/size)²` views a step."""
   at_res = size == arg.res
+  batch = arg.batch if at_res else max(1, round(arg.batch * (arg.res / size) ** 2))
   return config_lib.align_stage(
       steps=steps,
-      batch_size=arg.batch if at_res else max(1, round(arg.batch * (arg.res / size) ** 2)),
+      batch_size=batch,
       lr=arg.lr_align,
       warmup=arg.align_warmup,
       update_scale=arg.align_update_scale,
@@ -240,7 +241,7 @@ def _align(arg, steps: int, size: int, norm: str) -> dict:
       blocks_top_weight=arg.align_top_weight,
       w_attn_tf=arg.align_w_attn_tf,
       pp_train=train_pp(size, norm, arg.align_augment) if arg.align_augment or not at_res else "",
-      mixup=arg.align_mixup,
+      mixup=arg.align_mixup if batch > 1 else 0.0,  # a view has no batch neighbour to blend
       **({} if at_res else {"image_size": size}),
   )
 

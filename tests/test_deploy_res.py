@@ -68,6 +68,7 @@ def test_deploy_res_adds_a_stage_at_that_size(tmp_path):
   assert deploy.kind == "align" and deploy.image_size == 64 and align.image_size == 0
   assert "inception_crop(64)" in deploy.pp_train and align.pp_train == ""
   assert deploy.batch_size == 1  # batch 4 at 32 px: as many pixels as one 64-px view
+  assert deploy.mixup == 0.0 and align.mixup == 1.0  # no batch neighbour to blend at batch 1
   assert align.steps + deploy.steps == plain.align.steps and deploy.steps == plain.align.steps // 2
   for same in (",deploy_res=32", ",deploy_res=0"):  # the training size itself, or off
     assert _config(path, str(tmp_path), extra.replace(",deploy_res=64", "") + same).stages == (
