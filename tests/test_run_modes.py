@@ -45,8 +45,10 @@ def converted(tmp_path_factory):
 
 def test_convert_only_exports_the_converted_student(converted):
   workdir, results = converted
-  assert results["histories"] == {} and results["images_seen"] == 0
-  assert results["student_top1"] == results["student_top1_converted"]
+  assert results.histories == {} and results.images_seen == 0 and results.stages == []
+  assert results.student_top1 == results.converted.top1
+  with open(os.path.join(workdir, "results.json")) as f:  # the record, as results.json
+    assert f.read() == results.dumps()
   for name in ("student.npz", "student_config.json", "surgery_report.json", "results.json"):
     assert os.path.exists(os.path.join(workdir, name)), name
   assert not any(os.path.isdir(os.path.join(workdir, d)) for d in ("distill_attention", "finetune"))
@@ -57,10 +59,8 @@ def test_evaluate_only_reproduces_the_exported_student(converted, tmp_path):
   again = run_lib.run(
       _tiny(stages=(), **{"student.init": os.path.join(workdir, "student.npz")}), str(tmp_path)
   )
-  assert again["student_top1"] == results["student_top1"]
-  np.testing.assert_allclose(
-      again["student_logits_sample"], results["student_logits_sample"], atol=1e-6
-  )
+  assert again.student_top1 == results.student_top1
+  np.testing.assert_allclose(again.student_logits_sample, results.student_logits_sample, atol=1e-6)
   assert not os.path.exists(tmp_path / "surgery_report.json")  # loaded, not converted
   assert "student as loaded" in report.format_summary(again)
 
@@ -79,12 +79,12 @@ def test_student_dont_load_keeps_fresh_params_and_no_npz_export(converted, tmp_p
   results = run_lib.run(
       _tiny(stages=(), **{"student.dont_load": ("head/.*",), "export.npz": False}), str(tmp_path)
   )
-  assert results["student_kept_fresh"] == ["head/bias", "head/kernel"]
+  assert results.student_kept_fresh == ["head/bias", "head/kernel"]
   assert not os.path.exists(tmp_path / "student.npz")  # export.npz=False
   assert os.path.exists(tmp_path / "student_config.json")
   copied = checkpoints.flatten(checkpoints.load_npz(os.path.join(workdir, "student.npz")))
   # A fresh (zero-init) head predicts one class: top-1 falls to chance while the copy's is high.
-  assert results["student_top1"] < 0.3 and np.any(copied["head/kernel"])
+  assert results.student_top1 < 0.3 and np.any(copied["head/kernel"])
   with pytest.raises(ConfigError, match="matches no student parameter"):
     run_lib.run(_tiny(stages=(), **{"student.dont_load": ("heads/.*",)}), str(tmp_path / "b"))
 
@@ -161,11 +161,9 @@ def test_architecture_read_from_the_teacher_checkpoint(converted, tmp_path):
   workdir, results = converted
   config = _tiny(stages=(), **{"teacher.architecture": "init", "model.width": 999})
   again = run_lib.run(config, str(tmp_path))
-  assert again["config"]["model"]["width"] == 128  # read from the file, not the config's 999
-  assert again["config"]["teacher"]["architecture"] == "config"  # resolved, as config.json says
-  np.testing.assert_allclose(
-      again["student_logits_sample"], results["student_logits_sample"], atol=1e-6
-  )
+  assert again.config["model"]["width"] == 128  # read from the file, not the config's 999
+  assert again.config["teacher"]["architecture"] == "config"  # resolved, as config.json says
+  np.testing.assert_allclose(again.student_logits_sample, results.student_logits_sample, atol=1e-6)
   with pytest.raises(ConfigError, match="architecture='bogus'"):
     run_lib.run(_tiny(**{"teacher.architecture": "bogus"}), str(tmp_path / "b"))
 
