@@ -43,22 +43,24 @@ def load(workdir: str) -> dict[str, Any]:
     raise ValueError(f"{workdir!r}: no run evaluated the teacher (teacher_top1 missing)")
   arms = {}
   for arm, by_seed in runs.items():
-    budgets = {repr(ablation.run_budget(r["config"], arm)) for r in by_seed.values()}
+    budgets = {repr(ablation.run_budget(r.config, arm)) for r in by_seed.values()}
     if len(budgets) > 1:
       raise ValueError(f"{workdir!r}: the {arm} runs differ in model or budget: {budgets}")
     arms[arm] = {
         "seeds": sorted(by_seed),
-        "top1": [100 * r["student_top1"] for r in by_seed.values()],
-        "before": [
-            100 * r.get("student_top1_before_finetune", float("nan")) for r in by_seed.values()
-        ],
+        "top1": [100 * r.student_top1 for r in by_seed.values()],
+        "before": [100 * _or_nan(r.top1_before_finetune) for r in by_seed.values()],
     }
   return {
       "workdir": workdir,
-      "tokens": ablation.tokens(any_run["config"]),
+      "tokens": ablation.tokens(any_run.config),
       "teacher": 100 * teacher,
       "arms": arms,
   }
+
+
+def _or_nan(value: float | None) -> float:
+  return float("nan") if value is None else value
 
 
 def _mean_sem(values: Sequence[float]) -> tuple[float, float, float]:
