@@ -27,7 +27,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections as mlc
 
-from linvit_jax import calibrate as calibrate_lib
 from linvit_jax import config_lib
 from linvit_jax import distill
 from linvit_jax import metrics as metrics_lib
@@ -129,7 +128,3 @@ def build(
     loss_fn = distill.make_distill_loss(teacher_model, student_model, d)
     return loss_fn, optim.trainable_mask(student_params, stage_cfg.trainable)
   raise ValueError(f"unknown stage kind {kind!r}; known: {config_lib.STAGE_KINDS}")
-
-
-# run.py (and the notebook, bench_eval) call the init by this name; it lives in calibrate.py.
-calibrate = calibrate_lib.calibrate
