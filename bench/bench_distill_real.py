@@ -74,23 +74,22 @@ def build(
     extra: str = "",
 ) -> dict[str, Any]:
   """The compiled cases with their arguments, and the config."""
-  from linvit_jax import export
+  from linvit_jax import build
   from linvit_jax import optim
   from linvit_jax import stages
   from linvit_jax import surgery
   from linvit_jax import train
-  from linvit_jax.models import from_config
   from linvit_jax.models import vit_checkpoint
 
-  c = from_config.resolve_from_init(_config(init, batch, feature_map, res, extra))
-  teacher, student = from_config.build_models(c.model, export.student_attention(c))
+  c = build.resolve_from_init(_config(init, batch, feature_map, res, extra))
+  teacher, student = build.models(c)
   size = c.data.image_size
   rng = jax.random.PRNGKey(0)
   images = jax.random.normal(rng, (batch, size, size, 3), jnp.float32)
   b = {"image": images}
   t_init = jax.jit(teacher.init)(rng, images[:1])["params"]
   t_params = jax.tree.map(
-      jnp.asarray, vit_checkpoint.load_vit_params(t_init, init, from_config.model_kwargs(c.model))
+      jnp.asarray, vit_checkpoint.load_vit_params(t_init, init, build.model_kwargs(c.model))
   )
   s_init = jax.jit(student.init)(jax.random.PRNGKey(1), images[:1])["params"]
   s_params, _ = surgery.transplant(t_params, s_init, c.surgery.policy)

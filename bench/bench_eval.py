@@ -31,25 +31,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   p.add_argument("--out", default=os.path.join(REPO, "bench", "results", "eval.json"))
   args = p.parse_args(argv)
   from configs import demo
+  from linvit_jax import build
+  from linvit_jax import calibrate
   from linvit_jax import evaluate
-  from linvit_jax import export
-  from linvit_jax import stages
   from linvit_jax import surgery
-  from linvit_jax.models import from_config
   from linvit_jax.models import vit_checkpoint
 
   c = demo.get_config()
   c.compile_cache = "none"
-  teacher, student = from_config.build_models(c.model, export.student_attention(c))
+  teacher, student = build.models(c)
   x = np.asarray(
       jax.random.uniform(jax.random.PRNGKey(0), (256, 28, 28, 1), minval=-1.0, maxval=1.0)
   )
   t_init = teacher.init(jax.random.PRNGKey(0), x[:1])["params"]
-  tp = vit_checkpoint.load_vit_params(t_init, c.teacher.init, from_config.model_kwargs(c.model))
+  tp = vit_checkpoint.load_vit_params(t_init, c.teacher.init, build.model_kwargs(c.model))
   sp, _ = surgery.transplant(tp, student.init(jax.random.PRNGKey(1), x[:1])["params"], "copy_same")
 
   pieces = {
-      "calibrate": lambda: stages.calibrate(teacher, tp, student, sp, x[:64]),
+      "calibrate": lambda: calibrate.calibrate(teacher, tp, student, sp, x[:64]),
       "cls_attention_maps": lambda: (
           evaluate.cls_attention_maps(teacher, tp, x[:8]),
           evaluate.cls_attention_maps(student, sp, x[:8]),

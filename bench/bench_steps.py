@@ -33,12 +33,11 @@ import jax.numpy as jnp
 import ml_collections as mlc
 
 from bench import common
-from linvit_jax import export
+from linvit_jax import build
 from linvit_jax import optim
 from linvit_jax import stages
 from linvit_jax import train
 from linvit_jax.models import attention as attn_lib
-from linvit_jax.models import from_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMPLEMENTATION = "project (stages.build + train.make_train_step, configs/imagenet_vit.py)"
@@ -80,7 +79,7 @@ def _flops(c: mlc.ConfigDict, feature_map: str, image_size: int) -> dict[str, fl
 
 def _project_steps(c: mlc.ConfigDict, batch: dict[str, jax.Array], rng: jax.Array):
   """The distill and finetune steps exactly as train.run_stage builds them."""
-  teacher, student = from_config.build_models(c.model, export.student_attention(c))
+  teacher, student = build.models(c)
   k_t, k_s, k_state = jax.random.split(rng, 3)
   t_params = jax.jit(teacher.init)(k_t, batch["image"][:1])["params"]
   s_params = jax.jit(student.init)(k_s, batch["image"][:1])["params"]

@@ -25,12 +25,10 @@ import ml_collections as mlc
 import numpy as np
 import orbax.checkpoint as ocp
 
+from linvit_jax import build
 from linvit_jax import evaluate
-from linvit_jax import export
 from linvit_jax import report
 from linvit_jax import surgery
-from linvit_jax.data import sources
-from linvit_jax.models import from_config
 from linvit_jax.models import vit
 
 
@@ -55,12 +53,10 @@ def main(argv=None) -> dict:
   with open(os.path.join(args.workdir, "config.json")) as f:
     config = mlc.ConfigDict(json.load(f))
   stage = next(s for s in config.stages if config[s].kind == "distill_attention")
-  teacher_model, student_model = from_config.build_models(
-      config.model, export.student_attention(config)
-  )
-  sample = sources._sample_images(config, config.eval.fidelity_images)  # held-out views
+  teacher_model, student_model = build.models(config)
+  sample = build.sample_images(config, config.eval.fidelity_images)  # held-out views
   shapes = jax.eval_shape(teacher_model.init, jax.random.PRNGKey(0), sample[:1])["params"]
-  teacher_params = vit.load(shapes, config.teacher.init, from_config.model_kwargs(config.model))
+  teacher_params = vit.load(shapes, config.teacher.init, build.model_kwargs(config.model))
   student_params, step = _distilled_params(args.workdir, stage)
   fid = evaluate.attention_fidelity(
       teacher_model, teacher_params, student_model, student_params, sample

@@ -42,61 +42,19 @@ from linvit_jax import checkpoints
 from linvit_jax import gfile
 from linvit_jax import inference_pp
 from linvit_jax import results as results_lib
-from linvit_jax import tree as tree_lib
 from linvit_jax.data import pp_spec
-from linvit_jax.errors import ConfigError
 from linvit_jax.errors import UserError
+from linvit_jax.export_format import CONFIG_FILE  # export's own names too (tests, photo_eval)
+from linvit_jax.export_format import FORMAT
+from linvit_jax.export_format import model_fields
 from linvit_jax.models import attention as attn_lib
 from linvit_jax.models import foreign
-from linvit_jax.models import from_config
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
-
-CONFIG_FILE = "student_config.json"
-FORMAT = 2
 
 
 class ExportError(UserError, ValueError):
   """An export folder that cannot be read; the message names the folder and what is missing."""
-
-
-def model_fields(student_config: Mapping[str, Any]) -> dict[str, Any]:
-  """The `vit.Model` fields of a student_config.json (format 2's "model", or format 1 whole)."""
-  if "model" in student_config and isinstance(student_config["model"], Mapping):
-    return dict(student_config["model"])
-  return dict(student_config)
-
-
-def student_attention(config: Any) -> Any:
-  """The student's attention for a run: an exported student's own (student_config.json beside
-  `student.init`, e.g. a hybrid's per-layer list), else `config.student.attention`."""
-  if config.student.init:
-    exported = _exported_student_config(config)
-    if exported is not None:
-      return exported["attention"]
-  attention = config.student.attention  # a feature map's name, a spec block or one per layer
-  return tree_lib.as_dict(attention) if hasattr(attention, "to_dict") else attention
-
-
-def _exported_student_config(config: Any) -> dict[str, Any] | None:
-  """student_config.json beside `student.init`, checked against config.model; None if absent."""
-  path = os.path.join(os.path.dirname(config.student.init), CONFIG_FILE)
-  text = gfile.read_text(path)
-  if text is None:
-    return None
-  exported = model_fields(json.loads(text))
-  ours = json.loads(json.dumps(from_config.model_kwargs(config.model)))  # tuples → lists
-  differ = [
-      f"{k}: {exported[k]!r} there, {ours[k]!r} in config.model"
-      for k in ours
-      if k in exported and exported[k] != ours[k]
-  ]
-  if differ:
-    raise ConfigError(
-        f"student.init {config.student.init!r} was exported for another model "
-        f"({'; '.join(differ[:4])}): set config.model to match"
-    )
-  return exported
 
 
 def attention_json(model: Any) -> Any:

@@ -140,12 +140,12 @@ def main(argv: list[str], command: Command = convert) -> None:
   if FLAGS.config is None:
     raise UserError("--config is required, e.g. --config configs/demo.py")
   if FLAGS.print_config:
+    from linvit_jax import build
     from linvit_jax import config_lib
-    from linvit_jax.models import from_config
 
     config = FLAGS.config
     if "ablation" not in config:  # an ablation's arms resolve their own teachers
-      config = from_config.resolve_from_init(config)
+      config = build.resolve_from_init(config)
     print(config_lib.describe(config))
     return
   if not FLAGS.workdir:

@@ -18,9 +18,9 @@ import jax
 import ml_collections as mlc
 import numpy as np
 
+from linvit_jax import build
 from linvit_jax import config_lib
 from linvit_jax import distill
-from linvit_jax import export
 from linvit_jax import gfile
 from linvit_jax import optim
 from linvit_jax import sharding
@@ -29,10 +29,8 @@ from linvit_jax import train
 from linvit_jax.data import fashion_mnist
 from linvit_jax.data import image_folder
 from linvit_jax.data import input_pipeline
-from linvit_jax.data import sources
 from linvit_jax.errors import ConfigError
 from linvit_jax.models import attention as attn_lib
-from linvit_jax.models import from_config
 from linvit_jax.models import vit
 
 
@@ -126,7 +124,7 @@ def validate(config: mlc.ConfigDict) -> None:
     if (
         kind != "distill_attention"
         and config[name].w_logit_kd
-        and from_config.teacher_head_skipped(config)
+        and build.teacher_head_skipped(config)
     ):
       raise ConfigError(
           f"config.{name}.w_logit_kd={config[name].w_logit_kd}: teacher.dont_load="
@@ -141,9 +139,9 @@ def validate(config: mlc.ConfigDict) -> None:
   depth = check("model.variant", vit.decode_variant, config.model.variant or None).get(
       "depth", config.model.depth
   )
-  attention = check("student.attention", export.student_attention, config)  # reads student.init's
+  attention = check("student.attention", build.student_attention, config)  # reads student.init's
   specs = check("student.attention", attn_lib.parse_layer_specs, attention, depth or 1)
-  teacher_model, student_model = check("model", from_config.build_models, config.model, attention)
+  teacher_model, student_model = check("model", build.models, config, attention)
   check_resolution(config.data.image_size, student_model.patch_size)
   for name in config.stages:  # a stage at its own resolution (e.g. the deployment one)
     size = config[name].get("image_size", 0)
@@ -175,7 +173,7 @@ def validate(config: mlc.ConfigDict) -> None:
     check_knn_dataset(knn.dataset, knn.data_dir)
     if knn.k <= 0 or knn.temperature <= 0:
       raise ConfigError(f"config.eval.knn: k={knn.k} and temperature={knn.temperature} must be > 0")
-    check("eval.knn.pp", input_pipeline.get_preprocess_fn, sources.knn_pp(config))
+    check("eval.knn.pp", input_pipeline.get_preprocess_fn, build.knn_pp(config))
   if config.data.pp_train:
     check("data.pp_train", input_pipeline.get_preprocess_fn, config.data.pp_train)
   for name in config.stages:
@@ -330,7 +328,7 @@ def check_knn_set(config: mlc.ConfigDict) -> None:
   try:
     labels = [
         np.asarray(b[knn.label_key])[np.asarray(b["_mask"], bool)]
-        for b in sources.knn_batches(config, knn.train_split, knn.train_examples)
+        for b in build.knn_batches(config, knn.train_split, knn.train_examples)
     ]
   except (FileNotFoundError, ValueError, KeyError, AssertionError, OSError) as e:
     raise ConfigError(

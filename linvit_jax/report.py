@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import ml_collections as mlc
 import numpy as np
 
+from linvit_jax import build
 from linvit_jax import evaluate
 from linvit_jax import feature_cache
 from linvit_jax import gfile
@@ -25,7 +26,6 @@ from linvit_jax import photo_eval
 from linvit_jax import results as results_lib
 from linvit_jax import tree
 from linvit_jax.data import pp_spec
-from linvit_jax.data import sources
 from linvit_jax.errors import ConfigError
 from linvit_jax.models import vit
 
@@ -41,12 +41,12 @@ class Scorer:
   labelled: bool
   teacher_model: Any
   teacher_params: Any
-  sample: np.ndarray  # the fidelity / calibration images (sources.sample_images)
+  sample: np.ndarray  # the fidelity / calibration images (build.sample_images)
 
   def top1(self, model: Any, params: Any, batches: Any = None) -> float | None:
     if not self.labelled:
       return None
-    return evaluate.top1(model, params, batches or sources.eval_batches(self.config), self.mesh)
+    return evaluate.top1(model, params, batches or build.eval_batches(self.config), self.mesh)
 
   def fidelity(self, model: Any, params: Any) -> results_lib.Fidelity:
     """Per layer (teacher-forced) and end to end, on the first eval.fidelity_images images."""
@@ -73,7 +73,7 @@ class Scorer:
     def eval_fn(params):
       scores = {}
       if correct is not None:
-        batches = sources.eval_batches(config, max_examples=config.eval.curve_examples)
+        batches = build.eval_batches(config, max_examples=config.eval.curve_examples)
         scores["top1"] = evaluate.evaluate(params, correct, batches, self.mesh)["top1"]
       if self.teacher_params is not None:
         e2e = evaluate.end_to_end_fidelity(
@@ -102,7 +102,7 @@ def knn_retention(config, teacher_model, teacher_params, student_model, student_
   # The student goes first: the digest of the batches it saw is part of the teacher's key.
   student, digests = {}, {}
   for part, (split, limit) in splits.items():
-    batches = sources.knn_batches(config, split, limit)
+    batches = build.knn_batches(config, split, limit)
     if cache is not None:
       batches = digests[part] = feature_cache.BatchDigest(batches)
     student[part] = evaluate.pooled_features(student_model, student_params, batches, knn.label_key)
@@ -119,7 +119,7 @@ def knn_retention(config, teacher_model, teacher_params, student_model, student_
         hits, saved_s = hits + 1, saved_s + float(entry["seconds"])
         continue
     t_part = time.perf_counter()
-    batches = sources.knn_batches(config, split, limit)
+    batches = build.knn_batches(config, split, limit)
     if parts is not None:
       batches = feature_cache.BatchDigest(batches)
     teacher[part] = evaluate.pooled_features(teacher_model, teacher_params, batches, knn.label_key)
@@ -164,7 +164,7 @@ def _knn_key_parts(config, params_digest: str, split: str, limit: int, inputs: s
       "dataset": knn.dataset,
       "split": split,
       "examples": limit,
-      "pp": sources.knn_pp(config),
+      "pp": build.knn_pp(config),
       "image_size": config.data.image_size,
       "inputs": inputs,  # sha256 of the batches themselves: a changed photo folder misses
       "backend": jax.default_backend(),
@@ -180,7 +180,7 @@ def eval_view_fidelity(
   fidelity sample; None when that sample already is the eval view (no `eval.sample_pp`)."""
   if not config.eval.sample_pp:
     return None
-  images = sources.eval_view_images(config, config.eval.fidelity_images)
+  images = build.eval_view_images(config, config.eval.fidelity_images)
   e2e = evaluate.end_to_end_fidelity(
       teacher_model, teacher_params, student_model, student_params, images
   )
@@ -231,7 +231,7 @@ def resolution_scaling(
       params[name] = evaluate.resample_for_resolution(p, grid)
       if labelled:
         pp = config.data.pp_eval if factor == 1 else pp_spec.with_resize(config.data.pp_eval, new)
-        batches = sources.eval_batches(config, pp, max_examples=config.eval.resolution_examples)
+        batches = build.eval_batches(config, pp, max_examples=config.eval.resolution_examples)
         row[f"{name}_top1"] = evaluate.top1(model, params[name], batches, mesh)
       measured = known.get(name) if factor == 1 else None
       row[f"{name}_images_per_s"] = measured or evaluate.images_per_second(model, params[name], tb)
@@ -256,8 +256,8 @@ def test_block(config) -> Any:
 def test_sets(config) -> tuple[list[str], list[str], list[str]]:
   """(test paths, their names, validation paths); a photo in both is a ConfigError: a choice made
   on a test photo would be reported as if it had not been."""
-  test_paths, names = sources.photo_paths(config, config.eval.test.split)
-  val_paths, _ = sources.photo_paths(config, config.data.eval_split, "data.eval_split")
+  test_paths, names = build.photo_paths(config, config.eval.test.split)
+  val_paths, _ = build.photo_paths(config, config.data.eval_split, "data.eval_split")
   shared = sorted(set(test_paths) & set(val_paths))
   if shared:
     raise ConfigError(

@@ -14,6 +14,8 @@ import jax
 import ml_collections as mlc
 import numpy as np
 
+from linvit_jax import build
+from linvit_jax import calibrate
 from linvit_jax import compile_cache
 from linvit_jax import evaluate
 from linvit_jax import export
@@ -26,8 +28,6 @@ from linvit_jax import sharding
 from linvit_jax import stages
 from linvit_jax import surgery
 from linvit_jax import train
-from linvit_jax.data import sources
-from linvit_jax.models import from_config
 from linvit_jax.models import vit
 
 # Folded into the seed's key for a converted student's init (see `_init_student`).
@@ -38,13 +38,11 @@ def run(config: mlc.ConfigDict, workdir: str) -> results_lib.Results:
   """Runs a config in workdir and returns its results record (written as results.json)."""
   sharding.maybe_initialize_distributed()
   compile_cache.enable(config.compile_cache or None)
-  config = from_config.resolve_from_init(config)  # what the config asks to read from init
+  config = build.resolve_from_init(config)  # what the config asks to read from init
   config, knn_skipped = preflight.resolve_knn(config)  # knn="auto": Fashion-MNIST if installed
   mesh = preflight.check(config, workdir)  # every check that needs no compute
-  teacher_model, student_model = from_config.build_models(
-      config.model, export.student_attention(config)
-  )
-  sample = sources.sample_images(config)
+  teacher_model, student_model = build.models(config)
+  sample = build.sample_images(config)
   if report.test_block(config):  # a bad test split fails now, not after the training
     test_paths, _, val_paths = report.test_sets(config)
     few = photo_eval.too_few_message(len(test_paths), len(val_paths), config.eval.test.min_photos)
@@ -52,7 +50,7 @@ def run(config: mlc.ConfigDict, workdir: str) -> results_lib.Results:
       logging.warning("test photos: %s", few)
   if config.eval.knn.dataset:
     preflight.check_knn_set(config)
-  labelled = sources.labelled(config)
+  labelled = build.labelled(config)
   # Never a silent k-NN skip: the summary and the model card say why and the fix.
   record = results_lib.Results(config.to_dict(), labelled=labelled, knn_skipped=knn_skipped or None)
   t_start = time.time()
@@ -66,19 +64,15 @@ def run(config: mlc.ConfigDict, workdir: str) -> results_lib.Results:
 
   t0 = time.time()
   if teacher_params is not None and not config.student.init:
-    student_params = _transplant(
-        config,
-        workdir,
-        teacher_model,
-        teacher_params,
-        student_model,
-        student_params,
-        fresh,
-        sample,
-        record,
+    student_params, copied_attention = _transplant(
+        config, workdir, teacher_params, student_params, fresh, record
     )
+    if config.surgery.calibrate and not copied_attention:
+      student_params = calibrate.calibrate(
+          teacher_model, teacher_params, student_model, student_params, sample[:64]
+      )
   if teacher_params is not None:
-    if config.eval.teacher and not from_config.teacher_head_skipped(config):
+    if config.eval.teacher and not build.teacher_head_skipped(config):
       record.teacher_scored = True  # (not with a new head)
       record.teacher_top1 = scorer.top1(teacher_model, teacher_params)
     top1 = scorer.top1(student_model, student_params)
@@ -97,7 +91,7 @@ def run(config: mlc.ConfigDict, workdir: str) -> results_lib.Results:
       evaluate.make_predict_fn(student_model)(student_params, sample[:4])
   ).tolist()
   if jax.process_index() == 0:
-    kwargs = from_config.model_kwargs(config.model)
+    kwargs = build.model_kwargs(config.model)
     student_cfg = export.student_config(kwargs, record.student_attention, config, record)
     export.save(
         workdir,
@@ -118,7 +112,7 @@ def _load_teacher(config, teacher_model, rng, sample) -> Any:
   teacher_shapes = jax.eval_shape(teacher_model.init, rng, sample[:1])["params"]
   if config.teacher.dont_load:  # params not loaded keep an init value: a real one, not a shape
     teacher_shapes = jax.jit(teacher_model.init)(rng, sample[:1])["params"]
-  kwargs = from_config.model_kwargs(config.model)
+  kwargs = build.model_kwargs(config.model)
   return vit.load(teacher_shapes, config.teacher.init, kwargs, tuple(config.teacher.dont_load))
 
 
@@ -132,15 +126,13 @@ def _init_student(config, student_model, rng, sample) -> tuple[Any, Any]:
   fresh = jax.jit(student_model.init)(init_rng, sample[:1])["params"]
   if not config.student.init:  # else an exported student: evaluate it, or train it further
     return fresh, fresh
-  kwargs = from_config.model_kwargs(config.model)
+  kwargs = build.model_kwargs(config.model)
   return fresh, vit.load(fresh, config.student.init, kwargs, tuple(config.student.dont_load))
 
 
-def _transplant(
-    config, workdir, teacher_model, teacher_params, student_model, params, fresh, sample, record
-) -> Any:
-  """Copy the same (surgery.policy), keep student.dont_load fresh (record.student_kept_fresh),
-  calibrate fresh attention."""
+def _transplant(config, workdir, teacher_params, params, fresh, record) -> tuple[Any, bool]:
+  """(params, whether the attention was copied): copy the same (surgery.policy), keep
+  student.dont_load fresh (record.student_kept_fresh); the report goes to the workdir."""
   params, surgery_report = surgery.transplant(teacher_params, params, config.surgery.policy)
   kept = None
   if config.student.dont_load:
@@ -153,9 +145,7 @@ def _transplant(
     gfile.write_text(table_path, surgery_report.table() + "\n")
     extra = f"; student.dont_load keeps {len(kept)} fresh" if kept else ""
     print(f"surgery: {surgery_report.summary()}{extra}, table in {table_path}")
-  if config.surgery.calibrate and not surgery_report.copied_attention():
-    params = stages.calibrate(teacher_model, teacher_params, student_model, params, sample[:64])
-  return params
+  return params, surgery_report.copied_attention()
 
 
 def _run_stages(config, workdir, mesh, scorer, student_model, student_params, record):
@@ -172,7 +162,9 @@ def _run_stages(config, workdir, mesh, scorer, student_model, student_params, re
     stage = results_lib.Stage(name)
     if stage_cfg.kind in ("finetune", "align") and last_top1 is not None:
       stage.top1_before = record.top1_before_finetune = last_top1
-    teacher_at, student_at = _models_at(config, stage_cfg, scorer.teacher_model, student_model)
+    teacher_at, student_at = build.stage_models(
+        config, stage_cfg, scorer.teacher_model, student_model
+    )
     loss_fn, mask = stages.build(
         stage_cfg.kind, stage_cfg, config, teacher_at, student_at, student_params
     )
@@ -185,13 +177,7 @@ def _run_stages(config, workdir, mesh, scorer, student_model, student_params, re
         frozen=teacher_params,
         workdir=workdir,
         mesh=mesh,
-        batch_iter_fn=sources.train_iter_fn(
-            config,
-            stage_cfg.batch_size,
-            config.seed + 1000 * (i + 1),
-            pp=stage_cfg.get("pp_train", ""),
-            mixup=stage_cfg.get("mixup", 0.0),
-        ),
+        batch_iter_fn=build.stage_stream(config, i),
         param_rules=[tuple(r) for r in config.param_rules],
         seed=config.seed + i,
         eval_fn=scorer.curve_fn(student_model) if stage_cfg.eval_every else None,
@@ -228,20 +214,6 @@ def _run_stages(config, workdir, mesh, scorer, student_model, student_params, re
   record.images_seen = images_seen
   record.student_attention = export.attention_json(student_model)
   return student_model, student_params
-
-
-def _models_at(config, stage_cfg, teacher_model, student_model) -> tuple[Any, Any]:
-  """The two models as a stage trains them: at the stage's own image_size (e.g. the deployment
-  resolution) they resample their stored position tables in the forward, so the same params
-  train there and the exported student keeps its grid."""
-  size = stage_cfg.get("image_size", 0)
-  base = config.data.image_size
-  if not size or size == base:
-    return teacher_model, student_model
-  ph, pw = student_model.patch_size
-  bh, bw = (base, base) if isinstance(base, int) else tuple(base)
-  grid = (bh // ph, bw // pw)
-  return teacher_model.clone(posemb_grid=grid), student_model.clone(posemb_grid=grid)
 
 
 def _report(config, workdir, scorer, student_model, student_params, record) -> None:

@@ -1,13 +1,13 @@
-"""models/from_config.py: models from a config, and what a config asks the driver to read from
+"""build.py: models from a config, and what a config asks the driver to read from
 teacher.init (architecture, input normalisation) — so that config files themselves read nothing."""
 
 import os
 
 import pytest
 
+from linvit_jax import build
 from linvit_jax import config_lib
 from linvit_jax.errors import ConfigError
-from linvit_jax.models import from_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HF_DINOV2 = os.path.join(ROOT, "tests", "data", "foreign", "hf_dinov2")  # declares mean/std, gelu
@@ -25,11 +25,11 @@ def test_convert_folder_config_reads_no_checkpoint(tmp_path):
   config = _convert_folder(init=str(tmp_path / "not_there.npz"))  # would fail if it were read
   assert config.teacher.architecture == "init" and "init_norm" in config.data.pp_train
   with pytest.raises(Exception, match="not_there.npz"):  # the driver's step reads it
-    from_config.resolve_from_init(config)
+    build.resolve_from_init(config)
 
 
 def test_resolve_reads_architecture_and_the_sources_normalisation():
-  resolved = from_config.resolve_from_init(_convert_folder(init=HF_DINOV2, align_augment="color"))
+  resolved = build.resolve_from_init(_convert_folder(init=HF_DINOV2, align_augment="color"))
   assert resolved.teacher.architecture == "config"  # what ran is written down resolved
   assert resolved.model.width == 32 and resolved.model.gelu_approximate is False
   assert "color_jitter" in resolved.align.pp_train  # a stage's own pp string is resolved too
@@ -44,36 +44,36 @@ def test_resolve_reads_architecture_and_the_sources_normalisation():
 
 
 def test_config_fields_keep_what_the_user_set():
-  resolved = from_config.resolve_from_init(_convert_folder(init=HF_DINOV2, gelu="tanh"))
+  resolved = build.resolve_from_init(_convert_folder(init=HF_DINOV2, gelu="tanh"))
   assert resolved.model.gelu_approximate is True  # the source says exact; gelu=tanh wins
-  resolved = from_config.resolve_from_init(_convert_folder(init=HF_DINOV2, norm="minus_one_one"))
+  resolved = build.resolve_from_init(_convert_folder(init=HF_DINOV2, norm="minus_one_one"))
   assert "value_range(-1,1)" in resolved.data.pp_train
 
 
 def test_init_norm_without_a_declared_normalisation():
   # A bare big_vision npz declares nothing: init_norm falls back to ImageNet's mean/std ...
   config = _convert_folder(init=BV_NPZ)
-  assert "|vgg_value_range|" in from_config.resolve_from_init(config).data.pp_eval
+  assert "|vgg_value_range|" in build.resolve_from_init(config).data.pp_eval
   # ... and norm=source (init_norm(required=True)) names the checkpoint instead.
   with pytest.raises(ConfigError, match=r"norm=source.*vit_w192_d4.*does not say"):
-    from_config.resolve_from_init(_convert_folder(init=BV_NPZ, norm="source"))
+    build.resolve_from_init(_convert_folder(init=BV_NPZ, norm="source"))
 
 
 def test_a_config_that_asks_nothing_is_returned_as_is():
   config = config_lib.base_config()
-  assert from_config.resolve_from_init(config) is config
+  assert build.resolve_from_init(config) is config
   config.teacher.architecture = "checkpoint"
   with pytest.raises(ConfigError, match="teacher.architecture='checkpoint'"):
-    from_config.resolve_from_init(config)
+    build.resolve_from_init(config)
   config.teacher.architecture = "config"
   config.data.pp_eval = "decode|init_norm"
   with pytest.raises(ConfigError, match="init_norm needs config.teacher.init"):
-    from_config.resolve_from_init(config)
+    build.resolve_from_init(config)
 
 
 def test_variant_decides_the_shape_fields():
-  model = config_lib.base_config().model
-  model.variant = "S/16"
-  teacher, student = from_config.build_models(model, "elu1")
+  config = config_lib.base_config()
+  config.model.variant = "S/16"
+  teacher, student = build.models(config, "elu1")
   assert (teacher.width, teacher.depth, teacher.num_heads) == (384, 12, 6)
   assert teacher.attention.kind == "softmax" and student.attention.kind == "linear"

@@ -13,10 +13,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from linvit_jax import build
 from linvit_jax import checkpoints as ckpt
 from linvit_jax import gfile
 from linvit_jax.checkpoints import CheckpointError
-from linvit_jax.models import from_config
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint as vit_ckpt
 from linvit_jax.models.variants import decode_variant
@@ -579,7 +579,7 @@ def test_scan_layout_mismatch_is_converted_not_an_error(saved_scan, model_scan, 
   robust.save_variant(path, scan=saved_scan)
   config = robust.config(path)
   config.model.scan = model_scan
-  kw = from_config.model_kwargs(config.model)
+  kw = build.model_kwargs(config.model)
   model = vit.Model(**kw, attention="softmax")
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 1)))["params"]
   loaded = vit.load(shapes, path, kw)

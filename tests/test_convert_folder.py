@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from linvit_jax import build
 from linvit_jax import checkpoints
 from linvit_jax.errors import ConfigError
-from linvit_jax.models import from_config
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
 
@@ -119,13 +119,12 @@ def test_convert_folder_rejects_bad_args(tmp_path):
     _config(path, str(tmp_path), ",norm=zero_one")
   config = _config(path, str(tmp_path), ",pool=gap")  # reads no checkpoint: the driver does
   with pytest.raises(ConfigError, match="pool_type='gap': the checkpoint's pool type is 'tok'"):
-    from_config.resolve_from_init(config)  # a cls-token checkpoint is 'tok'
+    build.resolve_from_init(config)  # a cls-token checkpoint is 'tok'
 
 
 @pytest.fixture(scope="module")
 def folder_run(tmp_path_factory):
   from linvit_jax import run as run_lib
-  from linvit_jax.data import sources
 
   tmp = tmp_path_factory.mktemp("convert")
   ckpt = str(tmp / "teacher.npz")
@@ -133,7 +132,7 @@ def folder_run(tmp_path_factory):
   _photos(str(tmp / "photos"))
   config = _config(ckpt, str(tmp / "photos"), ",softmax_layers=1,align_augment=color,align_mixup=1")
   workdir = str(tmp / "work")
-  real_iter_fn = sources.train_iter_fn
+  real_iter_fn = build.train_iter_fn
 
   def recording_iter_fn(config, batch_size, seed, pp="", mixup=0.0):
     STAGE_PPS.append(pp)
@@ -141,7 +140,7 @@ def folder_run(tmp_path_factory):
     return real_iter_fn(config, batch_size, seed, pp=pp, mixup=mixup)
 
   with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(sources, "train_iter_fn", recording_iter_fn)
+    mp.setattr(build, "train_iter_fn", recording_iter_fn)
     results = run_lib.run(config, workdir)
   return config, workdir, results, teacher_params
 

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from linvit_jax import api
+from linvit_jax import build
 from linvit_jax import checkpoints
 from linvit_jax import hub
 from linvit_jax.errors import UserError
-from linvit_jax.models import from_config
 from linvit_jax.models import vit_checkpoint
 
 pytest.importorskip("huggingface_hub")
@@ -89,7 +89,7 @@ def test_hub_name_as_init_of_a_config(cache, tmp_path):
   by_name = api.load_config("convert_folder", init="hf:facebook/dinov2-small", **kwargs)
   by_folder = api.load_config("convert_folder", init=os.path.join(FOREIGN, "hf_dinov2"), **kwargs)
   assert by_name.teacher.init == "hf:facebook/dinov2-small"  # recorded as given
-  resolved, expected = (from_config.resolve_from_init(c) for c in (by_name, by_folder))
+  resolved, expected = (build.resolve_from_init(c) for c in (by_name, by_folder))
   assert resolved.model.to_dict() == expected.model.to_dict()
   assert resolved.data.pp_eval == expected.data.pp_eval  # init_norm: the cached preprocessor
 

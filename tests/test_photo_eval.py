@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from linvit_jax import build
 from linvit_jax import config_lib
 from linvit_jax import export
 from linvit_jax import inference_pp
 from linvit_jax import photo_eval
-from linvit_jax.models import from_config
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
 from tests import test_student_any_size
@@ -201,7 +201,7 @@ def test_too_few_photos_are_said_not_hidden(teacher, photos, caplog):
 def _hf_export(folder):
   """A linear student of the tiny HF DINOv2 (its teacher's weights, elu1 attention), 28 px."""
   model_cfg = vit_checkpoint.model_config_from_init(config_lib.base_config().model.to_dict(), HF)
-  kw = from_config.model_kwargs(model_cfg)
+  kw = build.model_kwargs(model_cfg)
   teacher = vit.Model(**kw, attention="softmax")
   shapes = jax.eval_shape(teacher.init, jax.random.PRNGKey(0), np.zeros((1, 28, 28, 3)))
   params = vit.load(shapes["params"], HF, kw)

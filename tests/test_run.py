@@ -13,12 +13,12 @@ import jax
 import numpy as np
 import pytest
 
+from linvit_jax import build
 from linvit_jax import checkpoints
 from linvit_jax import errors
 from linvit_jax import metrics as metrics_lib
 from linvit_jax import run as run_lib
 from linvit_jax import train
-from linvit_jax.data import sources
 from tests.helpers import robust_common as robust
 from tests.helpers import robust_config as rc
 
@@ -35,7 +35,7 @@ def _no_compute(monkeypatch):
   def boom(*a, **k):
     raise ComputeStarted("the run got past its checks")
 
-  monkeypatch.setattr(sources, "_sample_images", boom)
+  monkeypatch.setattr(build, "_sample_images", boom)
 
 
 def _set(path: str, value):
@@ -301,7 +301,7 @@ CKPT_CASES = {
 def before_compile(monkeypatch):
   """Images without the data pipeline, and a jax.jit that must not be reached."""
   monkeypatch.setattr(
-      sources, "_sample_images", lambda config, n: np.zeros((n, 28, 28, 1), np.float32)
+      build, "_sample_images", lambda config, n: np.zeros((n, 28, 28, 1), np.float32)
   )
 
   def no_jit(*a, **k):

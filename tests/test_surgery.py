@@ -238,14 +238,15 @@ def test_run_writes_the_table_to_a_file_and_prints_one_line(teacher_and_student,
   """The table (one row per tensor, ~270 for a ViT-B) used to go to stdout."""
   import ml_collections as mlc
 
+  from linvit_jax import results as results_lib
   from linvit_jax import run as run_lib
 
   _, teacher, student = teacher_and_student
-  config = mlc.ConfigDict(
-      {"surgery": {"policy": "copy_same", "calibrate": False}, "student": {"dont_load": ()}}
+  config = mlc.ConfigDict({"surgery": {"policy": "copy_same"}, "student": {"dont_load": ()}})
+  _, copied = run_lib._transplant(
+      config, str(tmp_path), teacher, student, student, results_lib.Results()
   )
-  results = {}
-  run_lib._transplant(config, str(tmp_path), None, teacher, None, student, student, None, results)
+  assert not copied  # copy_same leaves the attention fresh: the driver calibrates it
   out = capsys.readouterr().out
   _, report = surgery.transplant(teacher, student, "copy_same")
   table = str(tmp_path / "surgery_report.txt")

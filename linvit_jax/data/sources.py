@@ -1,17 +1,16 @@
-"""A run's data, read from its config: the training stream, eval batches, the fidelity sample and
-the k-NN sets. The driver and the reporting ask here; nothing else reads `config.data`."""
+"""A run's data as plain arguments: the training stream, eval batches, views of the eval split,
+an image folder's split and the k-NN sets. build.py reads the config into these arguments; nothing
+here knows the config's schema (big_vision hands its input pipeline `config.input`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-import ml_collections as mlc
 import numpy as np
 
 from linvit_jax.data import image_folder
 from linvit_jax.data import input_pipeline
 from linvit_jax.data import pp_spec
-from linvit_jax.errors import ConfigError
 
 
 def _first(batches: Iterable[dict], limit: int) -> Iterator[dict]:
@@ -26,23 +25,31 @@ def _first(batches: Iterable[dict], limit: int) -> Iterator[dict]:
 
 
 def train_iter_fn(
-    config: mlc.ConfigDict, batch_size: int, seed: int, pp: str = "", mixup: float = 0.0
+    *,
+    dataset: str,
+    split: str,
+    pp: str,
+    batch_size: int,
+    seed: int,
+    data_dir: str | None,
+    shuffle_buffer: int,
+    compose: str,
+    mixup: float = 0.0,
 ) -> Callable[[int], Iterator[dict]]:
-  """`make(start_step)`: the training stream of global batches, resumable at any step; `pp`
-  (a stage's own pp string) replaces config.data.pp_train when given; `mixup` (a stage's Beta
-  concentration, 0: off) blends each image with its batch neighbour."""
+  """`make(start_step)`: the training stream of global batches, resumable at any step; `mixup`
+  (a Beta concentration, 0: off) blends each image with its batch neighbour."""
 
   def make(start_step: int) -> Iterator[dict]:
     return input_pipeline.make_train_iterator(
-        dataset=config.data.dataset,
-        split=config.data.train_split,
-        pp=pp or config.data.pp_train,
+        dataset=dataset,
+        split=split,
+        pp=pp,
         global_batch_size=batch_size,
         seed=seed,
-        data_dir=config.data.data_dir or None,
-        shuffle_buffer=config.data.shuffle_buffer,
+        data_dir=data_dir,
+        shuffle_buffer=shuffle_buffer,
         start_step=start_step,
-        compose=config.data.compose,
+        compose=compose,
         mixup=mixup,
     )
 
@@ -50,57 +57,55 @@ def train_iter_fn(
 
 
 def eval_batches(
-    config: mlc.ConfigDict, pp: str | None = None, max_examples: int = 0
+    *, dataset: str, split: str, pp: str, batch_size: int, data_dir: str | None, limit: int = 0
 ) -> Iterator[dict]:
-  """The eval split (padded, `_mask`), at most min(max_examples, data.eval_max_examples)."""
+  """The split's global batches (padded, `_mask`), sharded over processes, up to `limit`
+  examples (0: all)."""
   it = input_pipeline.make_eval_iterator(
-      dataset=config.data.eval_dataset or config.data.dataset,
-      split=config.data.eval_split,
-      pp=pp or config.data.pp_eval,
-      global_batch_size=config.data.eval_batch_size,
-      data_dir=config.data.data_dir or None,
+      dataset=dataset, split=split, pp=pp, global_batch_size=batch_size, data_dir=data_dir
   )
-  return _first(it, min(filter(None, (max_examples, config.data.eval_max_examples)), default=0))
+  return _first(it, limit)
 
 
-def labelled(config: mlc.ConfigDict) -> bool:
-  """Whether top-1 can be measured: the model has a head and the eval data carries labels."""
-  if not config.model.num_classes:
-    return False
-  batch = next(iter(eval_batches(config, max_examples=1)), None)
-  return batch is not None and config.data.label_key in batch
-
-
-def _sample_images(config: mlc.ConfigDict, n: int) -> np.ndarray:
-  dataset = config.data.eval_dataset or config.data.dataset
-  if config.eval.sample_pp:
-    it = input_pipeline.make_train_iterator(
-        dataset=dataset,
-        split=config.data.eval_split,
-        pp=config.eval.sample_pp,
-        global_batch_size=n,
-        seed=12345,
-        data_dir=config.data.data_dir or None,
-        shuffle_buffer=0,
-        process_index=0,
-        process_count=1,
-    )
-    return np.asarray(next(iter(it))["image"])
-  return eval_view_images(config, n)
-
-
-def eval_view_images(config: mlc.ConfigDict, n: int) -> np.ndarray:
-  """The first `n` eval images through `data.pp_eval` (what the exported student's `encode`
-  sees: one whole-image view per image), the same on every process."""
+def local_batches(
+    *, dataset: str, split: str, pp: str, batch_size: int, data_dir: str | None, limit: int = 0
+) -> Iterator[dict]:
+  """The split's batches on this process alone (the same on every process), up to `limit`
+  examples (0: all)."""
   it = input_pipeline.make_eval_iterator(
-      dataset=config.data.eval_dataset or config.data.dataset,
-      split=config.data.eval_split,
-      pp=config.data.pp_eval,
-      global_batch_size=max(n, 8),
-      data_dir=config.data.data_dir or None,
+      dataset=dataset,
+      split=split,
+      pp=pp,
+      global_batch_size=batch_size,
+      data_dir=data_dir,
       process_index=0,
       process_count=1,
   )
+  return _first(it, limit)
+
+
+def random_views(
+    *, dataset: str, split: str, pp: str, n: int, data_dir: str | None, seed: int = 12345
+) -> np.ndarray:
+  """`n` random views of the split (a training pass over it under a fixed seed, unshuffled), the
+  same on every process."""
+  it = input_pipeline.make_train_iterator(
+      dataset=dataset,
+      split=split,
+      pp=pp,
+      global_batch_size=n,
+      seed=seed,
+      data_dir=data_dir,
+      shuffle_buffer=0,
+      process_index=0,
+      process_count=1,
+  )
+  return np.asarray(next(iter(it))["image"])
+
+
+def first_images(*, dataset: str, split: str, pp: str, n: int, data_dir: str | None) -> np.ndarray:
+  """The first `n` images of the split through `pp` (one view each), the same on every process."""
+  it = local_batches(dataset=dataset, split=split, pp=pp, batch_size=max(n, 8), data_dir=data_dir)
   out = []
   for batch in it:
     out.append(batch["image"][np.asarray(batch["_mask"])])
@@ -109,62 +114,24 @@ def eval_view_images(config: mlc.ConfigDict, n: int) -> np.ndarray:
   return np.concatenate(out)[:n]
 
 
-def sample_images(config: mlc.ConfigDict) -> np.ndarray:
-  """The fidelity / calibration sample (max(8, eval.fidelity_images) images), the same on every
-  process: the first eval images, or with `eval.sample_pp` random views of the eval split under
-  a fixed seed. A dataset that cannot be read (a missing folder, an unprepared TFDS dataset, a
-  wrong data_dir) is the user's to fix: a ConfigError, one line."""
-  try:
-    return _sample_images(config, max(8, config.eval.fidelity_images))
-  except (FileNotFoundError, ValueError, AssertionError, OSError) as e:
-    reason = " ".join(str(e).split())
-    raise ConfigError(
-        f"config.data: cannot read {config.data.eval_dataset or config.data.dataset}"
-        f" split {config.data.eval_split!r} (data_dir "
-        f"{config.data.data_dir or 'default'!r}): {reason[:600]}"
-    ) from e
-
-
-def photo_paths(
-    config: mlc.ConfigDict, split: str, field: str = "eval.test.split"
-) -> tuple[list[str], list[str]]:
-  """(paths, names relative to the folder) of an image-folder split of the eval dataset (the data
-  block's folder), in file order; an empty split gives two empty lists. Not an image folder, or a
-  bad split: a ConfigError naming `field`."""
-  dataset = config.data.eval_dataset or config.data.dataset
+def image_folder_of(dataset: str, data_dir: str | None) -> str | None:
+  """The folder an image-folder dataset reads (`image_folder:PATH`, or data_dir); None when the
+  dataset is not an image folder."""
   if dataset != image_folder.NAME and not dataset.startswith(image_folder.NAME + ":"):
-    raise ConfigError(
-        f"config.{field}={split!r}: the test photos come from an image folder, the eval "
-        f"dataset is {dataset!r} (set eval.test.split='' for no test evaluation)"
-    )
-  folder = dataset[len(image_folder.NAME) + 1 :] or config.data.data_dir
-  try:
-    index = image_folder.scan(folder)
-    positions = image_folder.split_files(index.files, split)
-  except (FileNotFoundError, ValueError) as e:
-    raise ConfigError(f"config.{field}={split!r} of {folder}: {e}") from e
+    return None
+  return dataset[len(image_folder.NAME) + 1 :] or data_dir
+
+
+def photo_paths(folder: str, split: str) -> tuple[list[str], list[str]]:
+  """(paths, names relative to the folder) of an image folder's split, in file order; an empty
+  split gives two empty lists. A missing folder or a bad split raises FileNotFoundError or
+  ValueError."""
+  index = image_folder.scan(folder)
+  positions = image_folder.split_files(index.files, split)
   return [index.path(i) for i in positions], [index.files[i] for i in positions]
 
 
-def knn_pp(config: mlc.ConfigDict) -> str:
-  """eval.knn.pp, or the run's eval image ops plus the label."""
-  knn = config.eval.knn
-  if knn.pp:
-    return knn.pp
-  image_ops = pp_spec.inference_pp(config.data.pp_eval).rsplit("|", 1)[0]  # drop keep("image")
-  return f'{image_ops}|keep("image","{knn.label_key}")'
-
-
-def knn_batches(config: mlc.ConfigDict, split: str, limit: int) -> Iterator[dict]:
-  """The first `limit` examples (0: all) of eval.knn's dataset split, on this process alone."""
-  knn = config.eval.knn
-  it = input_pipeline.make_eval_iterator(
-      dataset=knn.dataset,
-      split=split,
-      pp=knn_pp(config),
-      global_batch_size=knn.batch_size,
-      data_dir=knn.data_dir or None,
-      process_index=0,
-      process_count=1,
-  )
-  return _first(it, limit)
+def with_label(pp_eval: str, label_key: str) -> str:
+  """An eval pp string's image ops, keeping the image and `label_key`."""
+  image_ops = pp_spec.inference_pp(pp_eval).rsplit("|", 1)[0]  # drop keep("image")
+  return f'{image_ops}|keep("image","{label_key}")'

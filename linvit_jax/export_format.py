@@ -1,0 +1,29 @@
+"""student_config.json, the file an export writes beside its params: its name, its format number
+and its model fields. Below both its writer (export.py) and a later run that starts from an
+exported student (build.student_attention reads the attention it was exported with)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from linvit_jax import gfile
+
+CONFIG_FILE = "student_config.json"
+FORMAT = 2
+
+
+def model_fields(student_config: Mapping[str, Any]) -> dict[str, Any]:
+  """The `vit.Model` fields of a student_config.json (format 2's "model", or format 1 whole)."""
+  if "model" in student_config and isinstance(student_config["model"], Mapping):
+    return dict(student_config["model"])
+  return dict(student_config)
+
+
+def exported_model_fields(params_path: str) -> dict[str, Any] | None:
+  """The model fields of the student_config.json beside `params_path` (an exported student's
+  params file); None when there is none (params alone, e.g. a big_vision checkpoint)."""
+  text = gfile.read_text(os.path.join(os.path.dirname(params_path), CONFIG_FILE))
+  return None if text is None else model_fields(json.loads(text))
