@@ -80,14 +80,14 @@ def test_deploy_res_adds_a_stage_at_that_size(tmp_path):
 
 
 def test_deploy_res_not_a_multiple_of_the_patch_is_refused_before_work(tmp_path):
+  from linvit_jax import build
   from linvit_jax import preflight
-  from linvit_jax.models import from_config
 
   path = str(tmp_path / "t.npz")
   _headless_checkpoint(path)
   _photos(str(tmp_path / "photos"))
   config = _config(path, str(tmp_path / "photos"), ",deploy_res=60,batch=8")
-  config = from_config.resolve_from_init(config)
+  config = build.resolve_from_init(config)
   with pytest.raises(
       ConfigError,
       match=r"config.align_deploy.image_size=60 \(convert_folder: "
@@ -97,15 +97,15 @@ def test_deploy_res_not_a_multiple_of_the_patch_is_refused_before_work(tmp_path)
 
 
 def test_a_run_with_deploy_res_trains_there_and_keeps_the_grid(tmp_path):
+  from linvit_jax import build
   from linvit_jax import run as run_lib
-  from linvit_jax.data import sources
 
   path = str(tmp_path / "t.npz")
   _headless_checkpoint(path)
   _photos(str(tmp_path / "photos"))
   config = _config(path, str(tmp_path / "photos"), ",deploy_res=64,knn=none,batch=8")
   shapes = []
-  real_iter_fn = sources.train_iter_fn
+  real_iter_fn = build.train_iter_fn
 
   def recording_iter_fn(config, batch_size, seed, pp="", mixup=0.0):
     make = real_iter_fn(config, batch_size, seed, pp=pp, mixup=mixup)
@@ -120,7 +120,7 @@ def test_a_run_with_deploy_res_trains_there_and_keeps_the_grid(tmp_path):
     return first_shape
 
   with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(sources, "train_iter_fn", recording_iter_fn)
+    mp.setattr(build, "train_iter_fn", recording_iter_fn)
     results = run_lib.run(config, str(tmp_path / "work"))
   assert shapes == [(32, 32), (32, 32), (64, 64)]
   assert "align_deploy" in results["timing_s"] and "fidelity_after_align_deploy" in results
