@@ -437,6 +437,54 @@ def _test_photos(load: Load) -> str:
   return "\n".join(lines)
 
 
+DEPLOY_STUDY = "docs/deploy_res_study.json"
+# (name in the JSON, label): the arms of the deploy_res study, the reference first.
+DEPLOY_ARMS = (("base", "default"), ("deploy448_half", "deploy_res=448"))
+
+
+def _deploy_res(load: Load) -> str:
+  study = load(DEPLOY_STUDY)
+  (ref, ref_label), (arm, arm_label) = DEPLOY_ARMS
+  rows = {(r["size"], r["view"]): r for r in study[ref]["test"]["rows"]}
+  lines = [
+      f"| size | view | cls cosine: {ref_label} → {arm_label} | patch cosine | dense drop-in "
+      "| probe ratio | enlarged |",
+      "|---|---|---|---|---|---|---|",
+  ]
+  for r in study[arm]["test"]["rows"]:
+    a = rows[(r["size"], r["view"])]
+
+    def pair(get, a=a, r=r) -> str:
+      x, y = get(a), get(r)
+      return f"{x:.3f} → {y:.3f} ({y - x:+.3f})"
+
+    lines.append(
+        f"| {r['size']} px | {r['view']} | {pair(lambda q: q['cls_cosine']['mean'])} "
+        f"| {pair(lambda q: q['patch_cosine']['mean'])} "
+        f"| {pair(lambda q: q['dense']['drop_in']['mean'])} "
+        f"| {pair(lambda q: q['dense']['probe_ratio'])} | {r['upsampled']} of {r['n']} |"
+    )
+  return "\n".join(lines)
+
+
+def _deploy_res_cost(load: Load) -> str:
+  study = load(DEPLOY_STUDY)
+  lines = [
+      "| arm | stage | steps | batch | size | minutes |",
+      "|---|---|---|---|---|---|",
+  ]
+  for name, label in DEPLOY_ARMS:
+    run = study[name]
+    for stage, s in run["stages"].items():
+      size = s["image_size"][0] if isinstance(s["image_size"], list) else s["image_size"]
+      minutes = run["timing_s"][stage] / 60
+      lines.append(
+          f"| {label} | {stage} | {s['steps']} | {s['batch_size']} | {size} px | {minutes:.1f} |"
+      )
+    lines.append(f"| {label} | whole run | | | | {run['timing_s']['total'] / 60:.1f} |")
+  return "\n".join(lines)
+
+
 TABLES: dict[str, Table] = {
     "default_seeds": Table(tuple(p for _, p, _ in DEFAULT_RUNS), _default_seeds),
     "default_cost": Table((DEFAULT_RUNS[0][1],), _default_cost),
@@ -448,6 +496,8 @@ TABLES: dict[str, Table] = {
     "levers_112_align": Table((LEVERS_112,), _levers_112_align),
     "distill_stability": Table((DISTILL_STABILITY,), _distill_stability),
     "test_photos": Table((TEST_PHOTOS,), _test_photos),
+    "deploy_res": Table((DEPLOY_STUDY,), _deploy_res),
+    "deploy_res_cost": Table((DEPLOY_STUDY,), _deploy_res_cost),
 }
 
 

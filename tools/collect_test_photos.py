@@ -1,0 +1,63 @@
+"""Collects the test-photo tables of finished runs into one committed JSON, for a docs table.
+
+  python tools/collect_test_photos.py OUT.json NAME=WORKDIR [NAME=WORKDIR ...]
+
+Per run: the options that differ from convert_folder's defaults, the test table
+(results["test"]: sizes, views, intervals, dense measure), where the time went (timing_s) and
+each stage's steps and batch, the run's own validation figures after its last stage. Nothing is
+recomputed: every figure is the run's results.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+
+def _options(config: dict[str, Any]) -> dict[str, Any]:
+  """What identifies the run's recipe: its stages with steps, batch and size."""
+  return {
+      name: {
+          "steps": config[name]["steps"],
+          "batch_size": config[name]["batch_size"],
+          "image_size": config[name].get("image_size") or config["data"]["image_size"],
+      }
+      for name in config["stages"]
+  }
+
+
+def collect(workdir: str) -> dict[str, Any]:
+  with open(os.path.join(workdir, "results.json")) as f:
+    r = json.load(f)
+  config = r["config"]
+  return {
+      "workdir": os.path.basename(os.path.normpath(workdir)),
+      "seed": config["seed"],
+      "photos": config["data"]["data_dir"],
+      "train_split": config["data"]["train_split"],
+      "stages": _options(config),
+      "test": r["test"],
+      "timing_s": r["timing_s"],
+      "images_seen": r.get("images_seen"),
+  }
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) < 2 or any("=" not in a for a in argv[1:]):
+    print(__doc__, file=sys.stderr)
+    return 2
+  out = {}
+  for arg in argv[1:]:
+    name, workdir = arg.split("=", 1)
+    out[name] = collect(workdir)
+  with open(argv[0], "w") as f:
+    json.dump(out, f, indent=1, default=float)
+    f.write("\n")
+  print(f"wrote {argv[0]}: {', '.join(out)}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
