@@ -77,8 +77,8 @@ class _Fake:
                   eval_split="test", train_examples=12, eval_examples=6)  # fmt: skip
     self.config = ns(eval=ns(knn=self.knn), model={"width": 4}, data=ns(image_size=5))
     monkeypatch.setenv(feature_cache.ENV_VAR, str(tmp_path / "cache"))
-    monkeypatch.setattr(report.sources, "knn_batches", self.batches)
-    monkeypatch.setattr(report.sources, "knn_pp", lambda config: "resize(5)")
+    monkeypatch.setattr(report.build, "knn_batches", self.batches)
+    monkeypatch.setattr(report.build, "knn_pp", lambda config: "resize(5)")
     monkeypatch.setattr(report.evaluate, "pooled_features", self.features)
 
   def batches(self, config, split, limit):

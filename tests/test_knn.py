@@ -120,7 +120,7 @@ def test_knn_set_doubles_as_a_fidelity_sample(monkeypatch):
 
   monkeypatch.setenv(feature_cache.ENV_VAR, "")  # batches here are split names, not arrays
   monkeypatch.setattr(report.evaluate, "pooled_features", fake_features)
-  monkeypatch.setattr(report.sources, "knn_batches", lambda config, split, n: split)
+  monkeypatch.setattr(report.build, "knn_batches", lambda config, split, n: split)
   monkeypatch.setattr(report.evaluate, "knn_top1", lambda *a, **k: 0.5)
   knn = type("K", (), {})()
   knn.dataset, knn.k, knn.temperature, knn.label_key = "fake", 5, 0.07, "labels"
