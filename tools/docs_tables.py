@@ -442,29 +442,33 @@ DEPLOY_STUDY = "docs/deploy_res_study.json"
 DEPLOY_ARMS = (("base", "default"), ("deploy448_half", "deploy_res=448"))
 
 
-def _deploy_res(load: Load) -> str:
-  study = load(DEPLOY_STUDY)
-  (ref, ref_label), (arm, arm_label) = DEPLOY_ARMS
-  rows = {(r["size"], r["view"]): r for r in study[ref]["test"]["rows"]}
-  lines = [
-      f"| size | view | cls cosine: {ref_label} → {arm_label} | patch cosine | dense drop-in "
-      "| probe ratio | enlarged |",
-      "|---|---|---|---|---|---|---|",
-  ]
-  for r in study[arm]["test"]["rows"]:
-    a = rows[(r["size"], r["view"])]
+def _test_pairs(ref: tuple[str, str], arm: tuple[str, str]) -> Callable[[Load], str]:
+  """A table of run `arm`'s test rows beside run `ref`'s (both in DEPLOY_STUDY), with the change."""
 
-    def pair(get, a=a, r=r) -> str:
-      x, y = get(a), get(r)
-      return f"{x:.3f} → {y:.3f} ({y - x:+.3f})"
+  def render(load: Load) -> str:
+    study = load(DEPLOY_STUDY)
+    rows = {(r["size"], r["view"]): r for r in study[ref[0]]["test"]["rows"]}
+    lines = [
+        f"| size | view | cls cosine: {ref[1]} → {arm[1]} | patch cosine | dense drop-in "
+        "| probe ratio | enlarged |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in study[arm[0]]["test"]["rows"]:
+      a = rows[(r["size"], r["view"])]
 
-    lines.append(
-        f"| {r['size']} px | {r['view']} | {pair(lambda q: q['cls_cosine']['mean'])} "
-        f"| {pair(lambda q: q['patch_cosine']['mean'])} "
-        f"| {pair(lambda q: q['dense']['drop_in']['mean'])} "
-        f"| {pair(lambda q: q['dense']['probe_ratio'])} | {r['upsampled']} of {r['n']} |"
-    )
-  return "\n".join(lines)
+      def pair(get, a=a, r=r) -> str:
+        x, y = get(a), get(r)
+        return f"{x:.3f} → {y:.3f} ({y - x:+.3f})"
+
+      lines.append(
+          f"| {r['size']} px | {r['view']} | {pair(lambda q: q['cls_cosine']['mean'])} "
+          f"| {pair(lambda q: q['patch_cosine']['mean'])} "
+          f"| {pair(lambda q: q['dense']['drop_in']['mean'])} "
+          f"| {pair(lambda q: q['dense']['probe_ratio'])} | {r['upsampled']} of {r['n']} |"
+      )
+    return "\n".join(lines)
+
+  return render
 
 
 def _deploy_res_cost(load: Load) -> str:
@@ -473,7 +477,7 @@ def _deploy_res_cost(load: Load) -> str:
       "| arm | stage | steps | batch | size | minutes |",
       "|---|---|---|---|---|---|",
   ]
-  for name, label in DEPLOY_ARMS:
+  for name, label in DEPLOY_ARMS + (("base_seed1", "default, seed 1"),):
     run = study[name]
     for stage, s in run["stages"].items():
       size = s["image_size"][0] if isinstance(s["image_size"], list) else s["image_size"]
@@ -496,7 +500,10 @@ TABLES: dict[str, Table] = {
     "levers_112_align": Table((LEVERS_112,), _levers_112_align),
     "distill_stability": Table((DISTILL_STABILITY,), _distill_stability),
     "test_photos": Table((TEST_PHOTOS,), _test_photos),
-    "deploy_res": Table((DEPLOY_STUDY,), _deploy_res),
+    "deploy_res": Table((DEPLOY_STUDY,), _test_pairs(*DEPLOY_ARMS)),
+    "default_seed_spread": Table(
+        (DEPLOY_STUDY,), _test_pairs(("base", "seed 0"), ("base_seed1", "seed 1"))
+    ),
     "deploy_res_cost": Table((DEPLOY_STUDY,), _deploy_res_cost),
 }
 
