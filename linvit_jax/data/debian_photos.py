@@ -1,0 +1,186 @@
+"""Natural photographs from installed Debian packages, gathered into one folder for evidence runs.
+
+  python -m linvit_jax.data.debian_photos OUT_DIR [--max_side 1920] [--with_samples]
+
+The 21 sample photos (sample_photos.py) are small (most under 600 px) and a third of them are
+grayscale microscopy or texture: too few and too small to test a student at 448–896 px. Three
+Debian packages ship larger natural photographs, installable offline from the distribution's
+mirror (`apt-get install plasma-workspace-wallpapers opencv-doc mate-backgrounds`):
+
+* plasma-workspace-wallpapers: 30 KDE wallpapers, up to 5120×2880; the 12 listed in
+  `PLASMA_PHOTOS` are photographs (the others are renders and illustrations), written as
+  `wall_<Name>.jpg` from each wallpaper's largest image;
+* opencv-doc: OpenCV's sample data; the 22 in `OPENCV_PHOTOS` are photographs of scenes and
+  objects (calibration boards, stereo pairs, renders, logos and paintings are left out),
+  `cv_<name>.jpg`;
+* mate-backgrounds: the 12 photographs of `/usr/share/backgrounds/mate/nature`, `mate_<name>.jpg`.
+
+Every photo is written as RGB JPEG (quality 95), shrunk (never enlarged) so its longer side is at
+most `max_side`: a fixed recipe, so the same packages give the same files and, because held-out
+splits hash the file name, the same train / validation / test split on every machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+from collections.abc import Sequence
+
+from linvit_jax.errors import UserError
+
+PLASMA_DIR = "/usr/share/wallpapers"
+OPENCV_DIR = "/usr/share/doc/opencv-doc/examples/data"
+MATE_DIR = "/usr/share/backgrounds/mate/nature"
+
+PLASMA_PHOTOS = (
+    "BytheWater",
+    "ColdRipple",
+    "ColorfulCups",
+    "DarkestHour",
+    "EveningGlow",
+    "FallenLeaf",
+    "Grey",
+    "MilkyWay",
+    "OneStandsOut",
+    "Path",
+    "Volna",
+    "summer_1am",
+)
+OPENCV_PHOTOS = (
+    "HappyFish.jpg",
+    "aero1.jpg",
+    "aero3.jpg",
+    "aloeL.jpg",
+    "apple.jpg",
+    "baboon.jpg",
+    "basketball1.png",
+    "board.jpg",
+    "box_in_scene.png",
+    "building.jpg",
+    "butterfly.jpg",
+    "ela_original.jpg",
+    "fruits.jpg",
+    "graf1.png",
+    "home.jpg",
+    "leuvenA.jpg",
+    "messi5.jpg",
+    "orange.jpg",
+    "rubberwhale1.png",
+    "smarties.png",
+    "squirrel_cls.jpg",
+    "stuff.jpg",
+)
+_IMAGE_EXTS = (".jpg", ".jpeg", ".png")
+
+
+def _plasma_sources(root: str) -> list[tuple[str, str]]:
+  out = []
+  for name in PLASMA_PHOTOS:
+    files = [
+        f
+        for f in glob.glob(os.path.join(root, name, "contents", "images", "*"))
+        if f.lower().endswith(_IMAGE_EXTS)
+    ]
+    if files:  # the largest rendition: most pixels for high-resolution tests
+      out.append((max(files, key=os.path.getsize), f"wall_{name}.jpg"))
+  return out
+
+
+def _opencv_sources(root: str) -> list[tuple[str, str]]:
+  paths = [(os.path.join(root, n), n) for n in OPENCV_PHOTOS]
+  return [(p, f"cv_{os.path.splitext(n)[0]}.jpg") for p, n in paths if os.path.isfile(p)]
+
+
+def _mate_sources(root: str) -> list[tuple[str, str]]:
+  if not os.path.isdir(root):
+    return []
+  names = sorted(n for n in os.listdir(root) if n.lower().endswith(_IMAGE_EXTS))
+  return [(os.path.join(root, n), f"mate_{os.path.splitext(n)[0]}.jpg") for n in names]
+
+
+def find_sources(
+    plasma_dir: str = PLASMA_DIR, opencv_dir: str = OPENCV_DIR, mate_dir: str = MATE_DIR
+) -> list[tuple[str, str]]:
+  """(source path, output file name) of every listed photograph that is installed, in order."""
+  return _plasma_sources(plasma_dir) + _opencv_sources(opencv_dir) + _mate_sources(mate_dir)
+
+
+def write_debian_photos(
+    out_dir: str,
+    *,
+    max_side: int = 1920,
+    sources: Sequence[tuple[str, str]] | None = None,
+) -> list[str]:
+  """Writes the installed photographs into out_dir as RGB JPEGs; returns the paths, sorted.
+
+  Args:
+    out_dir: destination folder (created); files of the same name are overwritten.
+    max_side: the longer side of each written photo at most (photos are never enlarged).
+    sources: (path, output name) pairs; default: `find_sources()`.
+
+  Raises:
+    FileNotFoundError: none of the three packages is installed.
+  """
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  if max_side < 1:
+    raise ValueError(f"max_side must be positive, got {max_side}")
+  sources = find_sources() if sources is None else list(sources)
+  if not sources:
+    raise FileNotFoundError(
+        "none of the photographs is installed: apt-get install plasma-workspace-wallpapers "
+        f"opencv-doc mate-backgrounds (looked in {PLASMA_DIR}, {OPENCV_DIR}, {MATE_DIR})"
+    )
+  os.makedirs(out_dir, exist_ok=True)
+  paths = []
+  for src, name in sources:
+    with Image.open(src) as im:
+      im = im.convert("RGB")
+      scale = max_side / max(im.size)
+      if scale < 1:
+        size = (max(1, round(im.width * scale)), max(1, round(im.height * scale)))
+        im = im.resize(size, Image.Resampling.LANCZOS)
+      path = os.path.join(out_dir, name)
+      im.save(path, quality=95)
+    paths.append(path)
+  return sorted(paths)
+
+
+def main(argv: list[str] | None = None) -> int:
+  """The command line; a wrong argument or nothing installed is one `error:` line and exit 2."""
+  parser = argparse.ArgumentParser(
+      prog="python -m linvit_jax.data.debian_photos", description=__doc__.splitlines()[0]
+  )
+  parser.add_argument("out_dir")
+  parser.add_argument("--max_side", type=int, default=1920, help="longer side at most (px)")
+  parser.add_argument(
+      "--with_samples", action="store_true", help="also write the 21 sample photos (sample_photos)"
+  )
+  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+  try:
+    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+      raise UserError(f"OUT_DIR '{args.out_dir}' is a file, not a folder")
+    if args.max_side < 1:
+      raise UserError(f"--max_side must be positive, got {args.max_side}")
+    try:
+      paths = write_debian_photos(args.out_dir, max_side=args.max_side)
+      if args.with_samples:
+        from linvit_jax.data import sample_photos  # pylint: disable=g-import-not-at-top
+
+        paths += sample_photos.write_sample_photos(args.out_dir)
+    except ImportError as e:
+      raise UserError(str(e)) from e
+    except OSError as e:
+      where = f"cannot write {e.filename!r}: " if e.filename else ""
+      raise UserError(f"{where}{e.strerror or e}") from e
+  except UserError as e:
+    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    return 2
+  print(f"wrote {len(paths)} photos to {args.out_dir}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

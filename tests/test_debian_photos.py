@@ -1,0 +1,78 @@
+"""debian_photos: the listed photographs of fake package folders, written shrunk, named and split-stable."""
+
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from linvit_jax.data import debian_photos
+
+
+def _image(path, size, mode="RGB"):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  rng = np.random.default_rng(len(path))
+  channels = 3 if mode == "RGB" else 1
+  pixels = rng.integers(0, 255, (size[1], size[0], channels), dtype=np.uint8).squeeze()
+  Image.fromarray(pixels, mode).save(path)
+
+
+@pytest.fixture
+def packages(tmp_path):
+  plasma, opencv, mate = (str(tmp_path / n) for n in ("wallpapers", "opencv", "mate"))
+  # A listed wallpaper with two renditions, an unlisted one (a render), a listed opencv photo, an
+  # unlisted opencv file (a calibration board) and a grayscale mate photo.
+  _image(f"{plasma}/Path/contents/images/400x300.jpg", (400, 300))
+  _image(f"{plasma}/Path/contents/images/2400x1200.png", (2400, 1200))
+  _image(f"{plasma}/Cluster/contents/images/800x600.jpg", (800, 600))
+  _image(f"{opencv}/fruits.jpg", (480, 512))
+  _image(f"{opencv}/left01.jpg", (640, 480))
+  _image(f"{mate}/Storm.png", (500, 1000), mode="L")
+  return dict(plasma_dir=plasma, opencv_dir=opencv, mate_dir=mate)
+
+
+def test_only_listed_photographs_with_stable_names(packages):
+  found = debian_photos.find_sources(**packages)
+  names = [name for _, name in found]
+  assert names == ["wall_Path.jpg", "cv_fruits.jpg", "mate_Storm.jpg"]
+  assert found[0][0].endswith("2400x1200.png")  # the largest rendition
+
+
+def test_written_rgb_jpegs_shrunk_never_enlarged(packages, tmp_path):
+  out = str(tmp_path / "out")
+  paths = debian_photos.write_debian_photos(
+      out, max_side=1000, sources=debian_photos.find_sources(**packages)
+  )
+  assert [os.path.basename(p) for p in paths] == sorted(
+      ["wall_Path.jpg", "cv_fruits.jpg", "mate_Storm.jpg"]
+  )
+  sizes = {os.path.basename(p): Image.open(p).size for p in paths}
+  modes = {Image.open(p).mode for p in paths}
+  assert sizes["wall_Path.jpg"] == (1000, 500)  # 2400x1200 shrunk to a 1000-px longer side
+  assert sizes["cv_fruits.jpg"] == (480, 512)  # smaller than max_side: kept
+  assert sizes["mate_Storm.jpg"] == (500, 1000)
+  assert modes == {"RGB"}  # the grayscale PNG too
+
+
+def test_nothing_installed_is_a_clear_error(tmp_path, capsys, monkeypatch):
+  empty = str(tmp_path / "none")
+  with pytest.raises(FileNotFoundError, match="apt-get install"):
+    debian_photos.write_debian_photos(
+        str(tmp_path / "o"),
+        sources=debian_photos.find_sources(empty, empty, empty),
+    )
+  monkeypatch.setattr(debian_photos, "find_sources", lambda: [])
+  assert debian_photos.main([str(tmp_path / "o2")]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: ") and "mate-backgrounds" in err
+  assert not os.path.exists(tmp_path / "o2")
+
+
+def test_cli_writes_the_folder(packages, tmp_path, monkeypatch, capsys):
+  found = debian_photos.find_sources(**packages)
+  monkeypatch.setattr(debian_photos, "find_sources", lambda: found)
+  out = str(tmp_path / "cli")
+  assert debian_photos.main([out, "--max_side", "600"]) == 0
+  assert "wrote 3 photos" in capsys.readouterr().out
+  assert max(Image.open(os.path.join(out, "wall_Path.jpg")).size) == 600
+  assert debian_photos.main([out, "--max_side", "0"]) == 2
