@@ -4,7 +4,8 @@
 
 Per run: the options that differ from convert_folder's defaults, the test table
 (results["test"]: sizes, views, intervals, dense measure), where the time went (timing_s) and
-each stage's steps and batch, the run's own validation figures after its last stage. Nothing is
+each stage's steps, batch and seconds a step, k-NN retention and speed, the run's own validation
+figures after its last stage. Nothing is
 recomputed: every figure is the run's results.json.
 """
 
@@ -28,6 +29,15 @@ def _options(config: dict[str, Any]) -> dict[str, Any]:
   }
 
 
+def _step_seconds(r: dict[str, Any]) -> dict[str, float]:
+  out = {}
+  for stage, rows in (r.get("histories") or {}).items():
+    rates = sorted(row["steps_per_sec"] for row in rows if row.get("steps_per_sec"))
+    if rates:  # the first logged rate includes compiling; the median ignores it
+      out[stage] = 1.0 / rates[len(rates) // 2]
+  return out
+
+
 def collect(workdir: str) -> dict[str, Any]:
   with open(os.path.join(workdir, "results.json")) as f:
     r = json.load(f)
@@ -41,6 +51,12 @@ def collect(workdir: str) -> dict[str, Any]:
       "test": r["test"],
       "timing_s": r["timing_s"],
       "images_seen": r.get("images_seen"),
+      # k-NN retention and the report's speed at res (absent in runs that skipped them).
+      "knn": {k: v for k, v in (r.get("knn") or {}).items() if not isinstance(v, (dict, list))},
+      "student_images_per_s": r.get("student_images_per_s"),
+      "teacher_images_per_s": r.get("teacher_images_per_s"),
+      # Seconds per step of each stage: 1 / the median of its logged rates.
+      "step_seconds": _step_seconds(r),
   }
 
 

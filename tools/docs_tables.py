@@ -417,14 +417,17 @@ def _ci(stat: dict[str, Any]) -> str:
 
 
 def _test_photos(load: Load) -> str:
-  r = load(TEST_PHOTOS)
+  return _test_rows(load(TEST_PHOTOS)["rows"])
+
+
+def _test_rows(rows: Sequence[dict[str, Any]]) -> str:
   lines = [
       "| size | view | cls cosine [95 % CI] | patch cosine [95 % CI] | worst photo (patch) "
       "| enlarged | student ÷ teacher images/s | dense drop-in [95 % CI] "
       "| probe student / teacher |",
       "|---|---|---|---|---|---|---|---|---|",
   ]
-  for row in r["rows"]:
+  for row in rows:
     d = row["dense"]
     speed = row["student_images_per_s"] / row["teacher_images_per_s"]
     lines.append(
@@ -489,6 +492,110 @@ def _deploy_res_cost(load: Load) -> str:
   return "\n".join(lines)
 
 
+FULL_STUDY = "docs/default_full_study.json"
+
+
+def _study_test(study_path: str, name: str) -> Callable[[Load], str]:
+  """Run `name`'s test table (sizes × views, intervals, dense measure, speed) from a study JSON."""
+
+  def render(load: Load) -> str:
+    return _test_rows(load(study_path)[name]["test"]["rows"])
+
+  return render
+
+
+# Issue 39's goals on the test photos: (size, what, threshold, how to read a row).
+GOALS = (
+    (224, "cls cosine", 0.96, lambda r: r["cls_cosine"]["mean"]),
+    (224, "patch cosine", 0.96, lambda r: r["patch_cosine"]["mean"]),
+    (448, "cls cosine", 0.95, lambda r: r["cls_cosine"]["mean"]),
+    (448, "patch cosine", 0.95, lambda r: r["patch_cosine"]["mean"]),
+    (896, "cls cosine", 0.92, lambda r: r["cls_cosine"]["mean"]),
+    (896, "patch cosine", 0.92, lambda r: r["patch_cosine"]["mean"]),
+    (896, "student ÷ teacher images/s", 4.0,
+     lambda r: r["student_images_per_s"] / r["teacher_images_per_s"]),
+    (None, "dense drop-in (share of patches)", 0.85, lambda r: r["dense"]["drop_in"]["mean"]),
+    (None, "dense probe, student ÷ teacher", 0.95, lambda r: r["dense"]["probe_ratio"]),
+)  # fmt: skip
+
+
+def _goals(study_path: str, name: str) -> Callable[[Load], str]:
+  """Issue 39's goals against run `name` of a study: whole views (the photo as it is resized),
+  the dense goals at every size, k-NN retention and the run's minutes."""
+
+  def render(load: Load) -> str:
+    run = load(study_path)[name]
+    rows = {(r["size"], r["view"]): r for r in run["test"]["rows"]}
+    sizes = sorted({size for size, _ in rows})
+    lines = [
+        "| size | measure (whole views) | goal | measured [95 % CI] | |",
+        "|---|---|---|---|---|",
+    ]
+    for size, what, goal, get in GOALS:
+      for at in [size] if size else sizes:
+        row = rows[(at, "whole")]
+        value = get(row)
+        stat = {"cls cosine": "cls_cosine", "patch cosine": "patch_cosine"}.get(what)
+        shown = _ci(row[stat]) if stat else (
+            _ci(row["dense"]["drop_in"]) if what.startswith("dense drop-in") else f"{value:.3f}"
+        )  # fmt: skip
+        verdict = "met" if value >= goal else "not met"
+        lines.append(f"| {at} px | {what} | ≥ {goal:g} | {shown} | {verdict} |")
+    knn = run["knn"]
+    if knn.get("retention") is not None:
+      verdict = "met" if knn["retention"] >= 0.99 else "not met"
+      lines.append(
+          f"| {run['test']['res']} px | k-NN retention ({knn['dataset']}, "
+          f"{knn['eval_examples']} queries) | ≥ 99 % | {100 * knn['retention']:.1f} % "
+          f"({100 * knn['teacher_top1']:.1f} → {100 * knn['student_top1']:.1f} %) | {verdict} |"
+      )
+    total = run["timing_s"]["total"] / 60
+    verdict = "met" if total <= 105 else "not met"
+    lines.append(f"| | the whole run on 2 CPU cores | ≤ 105 min | {total:.0f} min | {verdict} |")
+    return "\n".join(lines)
+
+  return render
+
+
+def _study_cost(study_path: str, name: str) -> Callable[[Load], str]:
+  """Where run `name`'s time went: each timed part's minutes and share, each stage's step cost."""
+
+  def render(load: Load) -> str:
+    run = load(study_path)[name]
+    timing = run["timing_s"]
+    total = timing["total"]
+    labels = {
+        "convert_and_evaluate": "surgery, calibration and the first fidelity report",
+        "knn": "k-NN check (teacher and student features)",
+        "test_photos": "test photos at 3 sizes × 2 views, dense measure",
+        "speed_resolution_plots": "speed, resolution sweep, plots",
+    }
+    lines = ["| part | steps × batch at size | s / step (median) | minutes | share |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    named = 0.0
+    for part, seconds in timing.items():
+      if part == "total":
+        continue
+      named += seconds
+      stage = run["stages"].get(part)
+      shape = (
+          f"{stage['steps']} × {stage['batch_size']} at {stage['image_size']} px" if stage else ""
+      )
+      step = run["step_seconds"].get(part)
+      lines.append(
+          f"| {'stage `' + part + '`' if stage else labels.get(part, part)} | {shape} "
+          f"| {f'{step:.2f}' if step else ''} | {seconds / 60:.1f} | {100 * seconds / total:.0f} % |"
+      )
+    rest = total - named
+    lines.append(
+        f"| the rest (export, model card, writing) | | | {rest / 60:.1f} | {100 * rest / total:.0f} % |"
+    )
+    lines.append(f"| **whole run** | | | **{total / 60:.1f}** | 100 % |")
+    return "\n".join(lines)
+
+  return render
+
+
 TABLES: dict[str, Table] = {
     "default_seeds": Table(tuple(p for _, p, _ in DEFAULT_RUNS), _default_seeds),
     "default_cost": Table((DEFAULT_RUNS[0][1],), _default_cost),
@@ -505,6 +612,9 @@ TABLES: dict[str, Table] = {
         (DEPLOY_STUDY,), _test_pairs(("base", "seed 0"), ("base_seed1", "seed 1"))
     ),
     "deploy_res_cost": Table((DEPLOY_STUDY,), _deploy_res_cost),
+    "default_full_test": Table((FULL_STUDY,), _study_test(FULL_STUDY, "full")),
+    "default_full_goals": Table((FULL_STUDY,), _goals(FULL_STUDY, "full")),
+    "default_full_cost": Table((FULL_STUDY,), _study_cost(FULL_STUDY, "full")),
 }
 
 
