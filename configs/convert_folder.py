@@ -12,7 +12,9 @@ export. What each default measured: README, "Real pretrained ViTs", and docs/lev
 
 The teacher and the photos:
   init: a big_vision .npz, or a Hugging Face / timm model folder or .safetensors file; it alone
-    decides the architecture (read by the driver when the run starts, not here)
+    decides the architecture (read by the driver when the run starts, not here), and how many
+    channels the photos are decoded to (a grayscale teacher's: 1; then norm= must not be
+    ImageNet's RGB mean/std: minus_one_one, or the source's declared one)
   images: a folder of jpg/png photos, searched recursively; no label is read
   res: the training and evaluation resolution, a multiple of the teacher's patch
   gelu: exact | tanh; empty: the source's, else exact

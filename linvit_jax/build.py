@@ -137,9 +137,6 @@ def resolve_from_init(config: mlc.ConfigDict) -> mlc.ConfigDict:
     raise ConfigError(f"config: {what} needs config.teacher.init")
   resolved = config.copy_and_resolve_references()
   with resolved.unlocked():
-    if config.teacher.architecture == "init":
-      resolved.model = mlc.ConfigDict(_model_from_init(config))
-      resolved.teacher.architecture = "config"  # resolved: config.json says what ran
     if wants_norm:
       source = vit_checkpoint.infer_vit_config(config.teacher.init).get("preprocessing")
       for block, field in pp_fields:
@@ -147,7 +144,56 @@ def resolve_from_init(config: mlc.ConfigDict) -> mlc.ConfigDict:
             lambda m: _norm_op(source, bool(m.group(1)), config.teacher.init),
             config[block][field],
         )
+    if config.teacher.architecture == "init":
+      resolved.model = mlc.ConfigDict(_model_from_init(config))
+      resolved.teacher.architecture = "config"  # resolved: config.json says what ran
+      # A grayscale (or other non-RGB) teacher: the pp decodes as many channels as its patch
+      # embedding takes. RGB teachers keep their pp strings as written.
+      channels = vit_checkpoint.input_channels(config.teacher.init)
+      if channels != 3:
+        for block, field in pp_fields:
+          if resolved[block][field]:
+            resolved[block][field] = decode_channels(
+                resolved[block][field], channels, f"config.{block}.{field}", config.teacher.init
+            )
   return resolved
+
+
+_DECODE = re.compile(r"(?<![\w.])decode(?:\(([^)]*)\))?(?![\w(])")
+_CHANNELS_ARG = re.compile(r"channels\s*=\s*(\d+)")
+_IMAGENET_NORM = re.compile(r"vgg_value_range(?!\(\s*mean)")
+
+
+def decode_channels(pp: str, channels: int, field: str, init: str) -> str:
+  """`pp` with each `decode` op asked for `channels` channels (what the teacher's patch embedding
+  takes); an explicit other `decode(channels=...)`, or an op that decodes RGB by itself, is an
+  error naming both."""
+  if "decode_jpeg_and_inception_crop" in pp:
+    raise ConfigError(
+        f"{field}: decode_jpeg_and_inception_crop gives 3-channel images, but {init!r} takes "
+        f"{channels}-channel ones; use decode(channels={channels})|inception_crop(...)"
+    )
+
+  def fix(m: re.Match) -> str:
+    args = (m.group(1) or "").strip()
+    given = _CHANNELS_ARG.search(args)
+    if given:
+      if int(given.group(1)) != channels:
+        raise ConfigError(
+            f"{field}: {m.group(0)} decodes {given.group(1)}-channel images, but {init!r} takes "
+            f"{channels}-channel ones (its embedding/kernel)"
+        )
+      return m.group(0)
+    return f"decode(channels={channels}{', ' + args if args else ''})"
+
+  if _IMAGENET_NORM.search(pp):
+    raise ConfigError(
+        f"{field}: {init!r} takes {channels}-channel images and ImageNet's RGB mean/std "
+        f"(vgg_value_range without mean=, the default when the source declares no "
+        f"normalisation) cannot normalise them; pass norm=minus_one_one (convert_folder) or "
+        f"vgg_value_range(mean=..., std=...) with {channels} value(s)"
+    )
+  return _DECODE.sub(fix, pp)
 
 
 def _model_from_init(config: mlc.ConfigDict) -> dict[str, Any]:

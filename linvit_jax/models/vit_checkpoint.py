@@ -465,6 +465,16 @@ def infer_vit_config(path: str) -> dict[str, Any]:
   )
 
 
+def input_channels(path: str) -> int:
+  """The number of image channels a checkpoint's patch embedding takes (C of [ph, pw, C, D]):
+  3 for RGB models, 1 for grayscale ones (e.g. a Fashion-MNIST ViT)."""
+  params = foreign.read(path).params if foreign.is_foreign(path) else load_npz(path)
+  emb = flatten(fix_old_checkpoints(params)).get("embedding/kernel")
+  if emb is None or np.ndim(emb) != 4:
+    raise_problems(path, ["no patch embedding 'embedding/kernel' [ph, pw, C, D]"])
+  return int(np.shape(emb)[2])
+
+
 def model_config_from_init(
     model_cfg: Mapping[str, Any], init: str, head_skipped: bool = False
 ) -> dict[str, Any]:
