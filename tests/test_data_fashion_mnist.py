@@ -107,3 +107,20 @@ def test_preparing_is_serialised_across_processes(tmp_path):
   thread.join(timeout=10)
   assert entered and entered[0] >= released
   assert (tmp_path / f".{fashion_mnist.NAME}.lock").exists()
+
+
+def test_write_folder_writes_the_idx_images_as_grayscale_pngs(tmp_path):
+  from PIL import Image
+
+  out = str(tmp_path / "fm")
+  assert fashion_mnist.main([out, "--split", "test", "--start", "9997", "--count", "3"]) == 0
+  idx = fashion_mnist.read_idx(
+      os.path.join(fashion_mnist.source_dir(), "t10k-images-idx3-ubyte.gz")
+  )
+  assert sorted(os.listdir(out)) == ["fm_9997.png", "fm_9998.png", "fm_9999.png"]
+  for i in (9997, 9998, 9999):
+    image = Image.open(os.path.join(out, f"fm_{i}.png"))
+    assert image.mode == "L"
+    np.testing.assert_array_equal(np.asarray(image), idx[i])
+  with pytest.raises(ValueError, match=r"images \[9999, 10001\) are outside the 10000 of 'test'"):
+    fashion_mnist.write_folder(out, "test", 9999, 2)

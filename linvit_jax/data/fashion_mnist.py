@@ -190,3 +190,45 @@ def prepare_lock(directory: str):
       yield
     finally:
       fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def write_folder(
+    out_dir: str, split: str = "train", start: int = 58_000, count: int = 2_000
+) -> int:
+  """Writes images [start, start + count) of `split` as grayscale PNGs `fm_<index>.png` into
+  `out_dir`, no labels: an image folder for convert_folder on the shipped Fashion-MNIST teacher.
+  The default is the end of the train split, apart from the k-NN check's references (its first
+  1,000) and its queries (the test split). Returns how many were written."""
+  images_file, _ = _FILES[split]
+  directory = source_dir()
+  _check_files(directory)
+  images = read_idx(os.path.join(directory, images_file))
+  if not 0 <= start < start + count <= len(images):
+    raise ValueError(
+        f"images [{start}, {start + count}) are outside the {len(images)} of {split!r}"
+    )
+  os.makedirs(out_dir, exist_ok=True)
+  for i in range(start, start + count):
+    with open(os.path.join(out_dir, f"fm_{i}.png"), "wb") as f:
+      f.write(encode_png_gray(images[i]))
+  return count
+
+
+def main(argv: list[str] | None = None) -> int:
+  import argparse
+
+  parser = argparse.ArgumentParser(
+      description="Write Fashion-MNIST images as a folder of grayscale PNGs (no labels)."
+  )
+  parser.add_argument("out_dir")
+  parser.add_argument("--split", default="train", choices=sorted(_FILES))
+  parser.add_argument("--start", type=int, default=58_000)
+  parser.add_argument("--count", type=int, default=2_000)
+  args = parser.parse_args(argv)
+  n = write_folder(args.out_dir, args.split, args.start, args.count)
+  print(f"wrote {n} images to {args.out_dir}")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
