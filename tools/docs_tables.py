@@ -596,6 +596,38 @@ def _study_cost(study_path: str, name: str) -> Callable[[Load], str]:
   return render
 
 
+FIXTURE_STUDY = "docs/fixture_conversions.json"
+
+
+def _cls_patch(row: dict[str, Any]) -> str:
+  cls = f"{row['cls_cosine']['mean']:.3f}" if "cls_cosine" in row else "no cls"
+  return f"{cls} / {row['patch_cosine']['mean']:.3f}"
+
+
+def _fixtures(load: Load) -> str:
+  """The default recipe on each tiny Hugging Face / timm fixture (tools/convert_fixtures.py)."""
+  study = load(FIXTURE_STUDY)
+  lines = [
+      "| fixture | pool | registers | pooled cosine, validation: converted → after align "
+      "| test cls / patch cosine, whole, 28 px | the same at the largest size | k-NN retention "
+      "| reloaded `encode` | minutes |",
+      "|---|---|---|---|---|---|---|---|---|",
+  ]
+  for f in study["fixtures"]:
+    rows = {(r["size"], r["view"]): r for r in f["test"]["rows"]}
+    small, large = rows[(28, "whole")], rows[(max(s for s, _ in rows), "whole")]
+    knn = f["knn"].get("retention")
+    lines.append(
+        f"| `{f['fixture']}` | {f['pool_type']} | {f['reg_tokens']} "
+        f"| {f['pooled_cosine']['converted']:.3f} → {f['pooled_cosine']['after_align']:.3f} "
+        f"| {_cls_patch(small)} | {_cls_patch(large)} ({large['size']} px) "
+        f"| {'' if knn is None else f'{100 * knn:.1f} %'} "
+        f"| {'×'.join(map(str, f['reloaded_feature_shape']))}"
+        f"{'' if f['reloaded_feature_finite'] else ' (non-finite)'} | {f['minutes']:.1f} |"
+    )
+  return "\n".join(lines)
+
+
 TABLES: dict[str, Table] = {
     "default_seeds": Table(tuple(p for _, p, _ in DEFAULT_RUNS), _default_seeds),
     "default_cost": Table((DEFAULT_RUNS[0][1],), _default_cost),
@@ -615,6 +647,8 @@ TABLES: dict[str, Table] = {
     "default_full_test": Table((FULL_STUDY,), _study_test(FULL_STUDY, "full")),
     "default_full_goals": Table((FULL_STUDY,), _goals(FULL_STUDY, "full")),
     "default_full_cost": Table((FULL_STUDY,), _study_cost(FULL_STUDY, "full")),
+    "fixture_conversions": Table((FIXTURE_STUDY,), _fixtures),
+    "fmnist_full_test": Table((FULL_STUDY,), _study_test(FULL_STUDY, "fmnist")),
 }
 
 
