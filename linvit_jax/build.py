@@ -176,7 +176,9 @@ def decode_channels(pp: str, channels: int, field: str, init: str) -> str:
 
   def fix(m: re.Match) -> str:
     args = (m.group(1) or "").strip()
-    given = _CHANNELS_ARG.search(args)
+    first = args.split(",")[0].strip()
+    # decode(1) names the channels positionally, as big_vision's configs often do.
+    given = _CHANNELS_ARG.search(args) or (re.fullmatch(r"(\d+)", first) if first else None)
     if given:
       if int(given.group(1)) != channels:
         raise ConfigError(

@@ -7,43 +7,20 @@ import os
 import jax
 import numpy as np
 import pytest
-from PIL import Image
 
 from linvit_jax import build
 from linvit_jax import checkpoints
 from linvit_jax.errors import ConfigError
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
+from tests.helpers import tiny_teacher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REAL = os.path.join(ROOT, "..", "shared", "fixtures", "real", "dinov2s14_focus_bv")
-TINY = dict(
-    num_classes=None,
-    patch_size=(8, 8),
-    width=32,
-    depth=2,
-    mlp_dim=64,
-    num_heads=2,
-    pool_type="tok",
-    posemb="learn",
-)
-
-
-def _headless_checkpoint(path, **kw):
-  model = vit.Model(**{**TINY, **kw})
-  params = model.init(jax.random.PRNGKey(0), np.zeros((1, 32, 32, 3), np.float32))["params"]
-  checkpoints.save_npz(path, jax.device_get(params))
-  return params
-
-
-def _photos(folder, n=8, seed=0):
-  rs = np.random.RandomState(seed)
-  os.makedirs(folder, exist_ok=True)
-  for i in range(n):
-    h, w = rs.randint(40, 90, size=2)
-    smooth = rs.rand(h // 8 + 2, w // 8 + 2, 3)
-    img = Image.fromarray((smooth * 255).astype(np.uint8)).resize((w, h), Image.BICUBIC)
-    img.save(os.path.join(folder, f"photo_{i}.{'png' if i % 2 else 'jpg'}"))
+TINY = tiny_teacher.TINY
+_headless_checkpoint = tiny_teacher.headless_checkpoint
+_photos = tiny_teacher.smooth_photos
+_config = tiny_teacher.convert_folder_config
 
 
 def test_infer_vit_config_reads_architecture(tmp_path):
@@ -101,13 +78,6 @@ def test_real_vit_s14_inferred_and_matches_reference():
   params = vit.load(shapes, REAL + ".npz", kw)
   _, out = jax.jit(model.apply)({"params": params}, images)
   np.testing.assert_allclose(out["encoded"], ref["bv_encoded_exact_gelu"][:2], atol=2e-3)
-
-
-def _config(init, images, extra=""):
-  import configs.convert_folder as cf
-
-  arg = f"init={init},images={images},res=32,tiny=True,batch=4,max_images=16{extra}"
-  return cf.get_config(arg)
 
 
 def test_convert_folder_rejects_bad_args(tmp_path):

@@ -5,56 +5,28 @@ naming the field and the fix."""
 
 import os
 
-import jax
 import numpy as np
 import pytest
-from PIL import Image
 
 from linvit_jax import build
-from linvit_jax import checkpoints
 from linvit_jax.errors import ConfigError
-from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
+from tests.helpers import tiny_teacher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FMNIST_TEACHER = os.path.join(ROOT, "linvit_jax", "assets", "teacher_fmnist_vit.npz")
 BIG_VISION = os.path.join(ROOT, "tests", "data", "vit_w192_d4_p16_i64_tok_learn.npz")
-TINY = dict(
-    num_classes=None,
-    patch_size=(8, 8),
-    width=32,
-    depth=2,
-    mlp_dim=64,
-    num_heads=2,
-    pool_type="tok",
-    posemb="learn",
-)
 
 
 def _checkpoint(path: str, channels: int) -> dict:
-  model = vit.Model(**TINY)
-  images = np.zeros((1, 32, 32, channels), np.float32)
-  params = model.init(jax.random.PRNGKey(0), images)["params"]
-  checkpoints.save_npz(path, jax.device_get(params))
-  return params
+  return tiny_teacher.headless_checkpoint(path, channels)
 
 
 def _photos(folder: str, n: int = 8) -> None:
-  """Half grayscale PNGs, half RGB JPEGs: decode(channels=1) turns the latter to luma."""
-  rs = np.random.RandomState(0)
-  os.makedirs(folder, exist_ok=True)
-  for i in range(n):
-    h, w = rs.randint(40, 90, size=2)
-    smooth = (rs.rand(h // 8 + 2, w // 8 + 2, 3) * 255).astype(np.uint8)
-    img = Image.fromarray(smooth).resize((w, h), Image.BICUBIC)
-    name = f"p{i}.png" if i % 2 else f"p{i}.jpg"
-    (img.convert("L") if i % 2 else img).save(os.path.join(folder, name))
+  tiny_teacher.smooth_photos(folder, n, gray_odd=True)
 
 
-def _config(init: str, images: str, extra: str = ""):
-  import configs.convert_folder as cf
-
-  return cf.get_config(f"init={init},images={images},res=32,tiny=True,batch=4,max_images=16{extra}")
+_config = tiny_teacher.convert_folder_config
 
 
 def test_input_channels_reads_the_patch_embedding():
@@ -68,8 +40,10 @@ def test_decode_channels_rewrites_bare_decodes_and_names_what_cannot_feed_the_te
   assert build.decode_channels("decode(precise=True)|resize(8)", 1, "f", "t") == (
       "decode(channels=1, precise=True)|resize(8)"
   )
-  same = "decode(channels=1)|resize(8)"
-  assert build.decode_channels(same, 1, "f", "t") == same
+  for same in ("decode(channels=1)|resize(8)", "decode(1)|resize(8)", "decode(1, precise=True)"):
+    assert build.decode_channels(same, 1, "f", "t") == same  # positional channels, as in big_vision
+  with pytest.raises(ConfigError, match=r"decode\(3\) decodes 3-channel"):
+    build.decode_channels("decode(3)|resize(8)", 1, "f", "t")
   with pytest.raises(ConfigError, match=r"config.data.pp_eval: decode\(channels=3\) decodes 3-ch"):
     build.decode_channels("decode(channels=3)|resize(8)", 1, "config.data.pp_eval", "t.npz")
   with pytest.raises(ConfigError, match="decode_jpeg_and_inception_crop gives 3-channel"):
@@ -119,6 +93,6 @@ def test_a_grayscale_teacher_converts_end_to_end_and_its_student_reads_photos(tm
   np.testing.assert_array_equal(
       student.params["embedding"]["kernel"], teacher["embedding"]["kernel"]
   )  # copied verbatim, not re-made for 3 channels
-  photo = os.path.join(str(tmp_path / "photos"), "p0.jpg")  # an RGB file: decoded to luma
+  photo = os.path.join(str(tmp_path / "photos"), "photo_0.jpg")  # an RGB file: decoded to luma
   features = student.encode([photo, photo])
-  assert features.shape == (2, TINY["width"]) and np.all(np.isfinite(features))
+  assert features.shape == (2, tiny_teacher.TINY["width"]) and np.all(np.isfinite(features))
