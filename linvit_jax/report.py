@@ -291,6 +291,7 @@ def test_photos(config, teacher_model, teacher_params, student_model, student_pa
       min_photos=test.min_photos,
       seed=config.seed,
       test_names=names,
+      cache=feature_cache.FeatureCache.from_env(),
   )
   return {"split": test.split, "val_split": config.data.eval_split, **out}
 
