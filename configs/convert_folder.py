@@ -59,6 +59,8 @@ The align stage (ignored when distill_fraction=1):
   align_w_blocks: the weight of every block output's loss
   align_top_weight: the last block's weight over the first
   align_w_attn_tf: the weight of the teacher-forced attention outputs
+  align_w_structure: the weight of the final patch tokens' deviations from their photo's mean
+    token (what tells parts apart; distill.token_structure_loss; 0: off)
   align_augment: "" | color (DINO's colour jitter and grayscale on the align views)
   align_mixup: p > 0: label-free mixup of the align views, Beta(p, p) (0: off; default 1)
   deploy_res: a resolution the student will run at (a multiple of the patch; 0: res only): the
@@ -108,6 +110,7 @@ OPTIONS = dict(
     align_w_blocks=1.0,
     align_top_weight=1.0,
     align_w_attn_tf=1.0,
+    align_w_structure=0.0,
     distill_augment="",
     align_augment="",
     distill_mixup=0.0,
@@ -242,6 +245,7 @@ def _align(arg, steps: int, size: int, norm: str) -> dict:
       w_blocks=arg.align_w_blocks,
       blocks_top_weight=arg.align_top_weight,
       w_attn_tf=arg.align_w_attn_tf,
+      w_structure=arg.align_w_structure,
       pp_train=train_pp(size, norm, arg.align_augment) if arg.align_augment or not at_res else "",
       mixup=arg.align_mixup if batch > 1 else 0.0,  # a view has no batch neighbour to blend
       **({} if at_res else {"image_size": size}),

@@ -248,6 +248,7 @@ def stage_losses(kind: str) -> dict:
         w_blocks=0.0,  # the teacher's residual stream after every block (the student's own)
         blocks_top_weight=1.0,  # w_blocks' weight of the last block over the first (linear ramp)
         w_attn_tf=0.0,  # teacher-forced attention outputs (nmse), every layer
+        w_structure=0.0,  # final patch tokens minus their image's mean (distill.token_structure_loss)
         label_loss="softmax_xent",  # softmax_xent | sigmoid_xent
     )
   if kind == "align":  # label-free, and what trains is chosen
@@ -258,6 +259,7 @@ def stage_losses(kind: str) -> dict:
         w_blocks=1.0,
         blocks_top_weight=1.0,  # the last block's weight over the first (linear ramp; 1: mean)
         w_attn_tf=1.0,
+        w_structure=0.0,  # final patch tokens minus their image's mean (token_structure_loss)
         trainable="all",  # "all" | "attention" | a path regex (re.fullmatch)
     )
   if kind == "distill_attention":  # its loss weights are the `distill` block's

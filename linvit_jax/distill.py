@@ -319,6 +319,24 @@ def feature_alignment_loss(
   return w_nmse * nmse + w_cosine * (1.0 - cos), {"nmse": nmse, "cosine": cos}
 
 
+def token_structure_loss(
+    student_tokens: Array, teacher_tokens: Array, prefix: int, eps: float = EPS
+) -> tuple[Array, dict[str, Array]]:
+  """1 − mean cosine of each patch token's deviation from its image's mean patch token, the
+  student's [B,N,D] final tokens vs the teacher's (the first `prefix` tokens, cls and registers,
+  left out).
+
+  A real ViT's patch tokens share a large per-image component (the shared DINOv2-style ViT-S/14:
+  the mean patch token is ~0.8 of a token's norm), so a final-token cosine of 0.91 can hide a
+  cosine of 0.85 on what tells one patch from another: the parts a dense head reads. This term
+  weighs that deviation alone. Returns (loss, {"structure_cosine"})."""
+  s, t = probe.f32(student_tokens[:, prefix:]), probe.f32(teacher_tokens[:, prefix:])
+  s = s - jnp.mean(s, axis=1, keepdims=True)
+  t = t - jnp.mean(t, axis=1, keepdims=True)
+  cos = jnp.mean(probe.cosine(s, t, eps))
+  return 1.0 - cos, {"structure_cosine": cos}
+
+
 def block_alignment_loss(
     student_out: Mapping[str, Any],
     targets: Mapping[str, Array],

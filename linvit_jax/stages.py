@@ -44,15 +44,17 @@ def _supervised(
     stage_cfg: mlc.ConfigDict, config: mlc.ConfigDict, teacher_model, student_model, w_label: float
 ):
   """Labels (w_label), teacher logits (w_logit_kd), and the teacher's features: final tokens
-  (w_feature), every block's output (w_blocks), teacher-forced attention outputs (w_attn_tf).
+  (w_feature), every block's output (w_blocks), teacher-forced attention outputs (w_attn_tf), the
+  final patch tokens' deviations from their image's mean (w_structure).
   Terms with weight 0 cost nothing; with w_label=0 no label is read."""
   key = config.data.label_key
   w_kd, w_feat = stage_cfg.w_logit_kd, stage_cfg.w_feature
   w_blocks, w_attn_tf = stage_cfg.w_blocks, stage_cfg.w_attn_tf
   top_weight = stage_cfg.blocks_top_weight  # checked by preflight (and by depth_weights)
+  w_structure = stage_cfg.get("w_structure", 0.0)  # configs recorded before the field: off
   label_loss = _label_loss(stage_cfg.label_loss) if w_label else None
   kd_t = stage_cfg.kd_temperature
-  needs_teacher = bool(w_kd or w_feat or w_blocks or w_attn_tf)
+  needs_teacher = bool(w_kd or w_feat or w_blocks or w_attn_tf or w_structure)
   has_head = bool(student_model.num_classes)
   if w_label and not has_head:
     raise ValueError(
@@ -79,7 +81,8 @@ def _supervised(
     if needs_teacher:
       if frozen is None:
         raise ValueError(
-            "w_logit_kd / w_feature / w_blocks / w_attn_tf need a teacher " "(config.teacher.init)"
+            "w_logit_kd / w_feature / w_blocks / w_attn_tf / w_structure need a teacher "
+            "(config.teacher.init)"
         )
       if w_blocks or w_attn_tf:  # per-layer targets: one forward with the sown intermediates
         targets = probe.teacher_targets(teacher_model, frozen, images)
@@ -93,6 +96,12 @@ def _supervised(
         l, feat_metrics = distill.feature_alignment_loss(out, targets)
         metrics.update({f"feature/{k}": v for k, v in feat_metrics.items()})
         loss = loss + w_feat * l
+      if w_structure:
+        l, m = distill.token_structure_loss(
+            out["encoded"], targets["encoded"], student_model.num_prefix_tokens
+        )
+        metrics.update(m)
+        loss = loss + w_structure * l
       if w_blocks:
         l, block_metrics = distill.block_alignment_loss(out, targets, top_weight=top_weight)
         metrics.update(block_metrics)

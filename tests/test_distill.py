@@ -506,3 +506,47 @@ def test_block_alignment_weights_the_top_blocks_up():
   per_top = 3 * flat  # the mean over 3 blocks, 2 of them exact
   np.testing.assert_allclose(top, per_top / 2, rtol=1e-5)  # weight 3/6 on the top block
   assert m["block_cosine/layer_02"] < m["block_cosine/layer_00"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_token_structure_loss_reads_what_tells_patches_apart():
+  """Zero for the teacher's own tokens and for any per-image shift of them (the shared component
+  is not its business); large for a student that has the teacher's mean token and nothing else,
+  though its plain cosine is high; the cls/register prefix is left out."""
+  rng = np.random.default_rng(0)
+  common = 4.0 * rng.normal(size=(2, 1, 16))
+  t = (common + rng.normal(size=(2, 1 + 9, 16))).astype(np.float32)
+  loss, m = distill.token_structure_loss(t, t, prefix=1)
+  assert float(loss) == pytest.approx(0.0, abs=1e-6) and float(m["structure_cosine"]) == (
+      pytest.approx(1.0, abs=1e-6)
+  )
+  shifted = t + rng.normal(size=(2, 1, 16)).astype(np.float32)  # one shift per image
+  assert float(distill.token_structure_loss(shifted, t, prefix=1)[0]) == pytest.approx(0, abs=1e-5)
+  blurred = t.copy()
+  blurred[:, 1:] = 0.8 * t[:, 1:].mean(axis=1, keepdims=True) + 0.2 * t[:, 1:]
+  blurred[:, 1:] += 0.3 * rng.normal(size=blurred[:, 1:].shape)
+  plain = float(probe.cosine(blurred[:, 1:], t[:, 1:]).mean())
+  structure = float(distill.token_structure_loss(blurred, t, prefix=1)[1]["structure_cosine"])
+  assert plain > 0.9 and structure < plain - 0.2
+  wrong_cls = t.copy()
+  wrong_cls[:, 0] = -wrong_cls[:, 0]
+  assert float(distill.token_structure_loss(wrong_cls, t, prefix=1)[0]) == pytest.approx(
+      0, abs=1e-6
+  )
+
+
+def test_an_align_stage_with_w_structure_adds_exactly_that_term(tiny):
+  from linvit_jax import stages
+
+  teacher, t_params, student, s_params, images = tiny
+  config = config_lib.base_config()
+  losses = {}
+  for w in (0.0, 0.5):
+    cfg = config_lib.align_stage(steps=2, batch_size=4, w_structure=w)
+    loss_fn, _ = stages.build("align", config_lib.mlc.ConfigDict(cfg), config, teacher, student,
+                              s_params)  # fmt: skip
+    losses[w] = loss_fn(s_params, t_params, {"image": images}, jax.random.PRNGKey(0))
+  (plain, m0), (with_term, m1) = losses[0.0], losses[0.5]
+  assert "structure_cosine" not in m0 and 0.0 < float(m1["structure_cosine"]) < 1.0
+  np.testing.assert_allclose(
+      float(with_term) - float(plain), 0.5 * (1 - float(m1["structure_cosine"])), rtol=1e-4
+  )
