@@ -248,7 +248,6 @@ def stage_losses(kind: str) -> dict:
         w_blocks=0.0,  # the teacher's residual stream after every block (the student's own)
         blocks_top_weight=1.0,  # w_blocks' weight of the last block over the first (linear ramp)
         w_attn_tf=0.0,  # teacher-forced attention outputs (nmse), every layer
-        w_structure=0.0,  # final patch tokens minus their image's mean (distill.token_structure_loss)
         label_loss="softmax_xent",  # softmax_xent | sigmoid_xent
     )
   if kind == "align":  # label-free, and what trains is chosen
@@ -259,7 +258,6 @@ def stage_losses(kind: str) -> dict:
         w_blocks=1.0,
         blocks_top_weight=1.0,  # the last block's weight over the first (linear ramp; 1: mean)
         w_attn_tf=1.0,
-        w_structure=0.0,  # final patch tokens minus their image's mean (token_structure_loss)
         trainable="all",  # "all" | "attention" | a path regex (re.fullmatch)
     )
   if kind == "distill_attention":  # its loss weights are the `distill` block's
@@ -295,6 +293,12 @@ def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> di
   mixup = kw.pop("mixup", 0.0)
   start_weight = kw.pop("start_weight", 0.0)
   image_size = kw.pop("image_size", 0)
+  # w > 0: the final patch tokens' deviations from their image's mean token matched
+  # (distill.token_structure_loss; train / finetune / align). A field only when on: every run
+  # recorded before it existed keeps its config, and resumes.
+  w_structure = kw.pop("w_structure", 0.0)
+  if w_structure and kind not in ("train", "finetune", "align"):
+    raise ValueError(f"a {kind} stage has no field w_structure (train, finetune and align do)")
   unknown = sorted(set(kw) - set(losses))
   if unknown:
     raise ValueError(
@@ -318,6 +322,7 @@ def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> di
       optimizer=optimizer(lr, **opt_kw),
       **stage_bookkeeping(steps),
       **{**losses, **kw},
+      **({"w_structure": w_structure} if w_structure else {}),
   )
 
 

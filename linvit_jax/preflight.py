@@ -363,14 +363,7 @@ _RUN_IDENTITY = (
     "teacher.dont_load",
 )
 # Stage fields added after runs were recorded, at the value that reproduces those runs.
-# (w_structure: only the kinds whose schema has it, train / finetune / align.)
-_STAGE_FIELDS_ADDED = {
-    "pp_train": "",
-    "start_weight": 0.0,
-    "mixup": 0.0,
-    "image_size": 0,
-    "w_structure": 0.0,
-}
+_STAGE_FIELDS_ADDED = {"pp_train": "", "start_weight": 0.0, "mixup": 0.0, "image_size": 0}
 _STAGE_BOOKKEEPING = (
     "checkpoint_every",
     "max_to_keep",
@@ -392,19 +385,13 @@ def check_same_run(workdir: str, config: mlc.ConfigDict) -> None:
     return
   new = json.loads(config.to_json_best_effort())
 
-  def lookup(tree: Any, key: str) -> Any:
+  def get(tree: Any, key: str) -> Any:
     for part in key.split("."):
       tree = tree.get(part) if isinstance(tree, dict) else None
-    return tree
-
-  def get(tree: Any, key: str) -> Any:
-    tree = lookup(tree, key)
     if isinstance(tree, dict) and key in new.get("stages", []):  # bookkeeping may change
       tree = {k: v for k, v in tree.items() if k not in _STAGE_BOOKKEEPING}
-      # A run recorded before a stage field existed ran with that field's default (a field this
-      # stage's kind has: the new config's block says which).
-      now = lookup(new, key) or {}
-      tree = {**{k: v for k, v in _STAGE_FIELDS_ADDED.items() if k in now}, **tree}
+      # A run recorded before a stage field existed ran with that field's default.
+      tree = {**_STAGE_FIELDS_ADDED, **tree}
     return tree
 
   def diff(a: Any, b: Any, key: str) -> None:  # down to the leaves that differ

@@ -126,7 +126,6 @@ def test_a_run_recorded_before_stage_pp_train_existed_still_resumes(tmp_path):
     del old[name]["pp_train"]  # what config.json held before the fields were added
     del old[name]["start_weight"]
     del old[name]["mixup"]
-    old[name].pop("w_structure", None)  # (train / finetune / align kinds only)
   (tmp_path / "config.json").write_text(json.dumps(old))
   preflight.check_same_run(str(tmp_path), config)  # their defaults are what that run did
   stage = config.stages[0]
@@ -177,18 +176,17 @@ def test_mixup_is_checked_before_compute_naming_the_stage():
   preflight.validate(config)
 
 
-def test_w_structure_on_a_resumed_stage_that_ran_without_it_is_a_different_run(tmp_path):
-  """A distill_attention stage has no w_structure: the recorded-default rule adds it only where
-  the stage's kind has the field; turning it on in an align stage is another run."""
-  import json
-
+def test_w_structure_is_a_field_only_when_on_and_turning_it_on_is_another_run(tmp_path):
+  """Off, an align stage holds no w_structure (runs recorded before it keep their config);
+  on, it is part of the run; a stage kind without the loss refuses it."""
   config = config_lib.base_config()
   config.align = config_lib.align_stage(steps=2, batch_size=2)
   config.stages = tuple(config.stages) + ("align",)
-  old = json.loads(config.to_json_best_effort())
-  del old["align"]["w_structure"]
-  (tmp_path / "config.json").write_text(json.dumps(old))
+  assert "w_structure" not in config.align
+  (tmp_path / "config.json").write_text(config.to_json_best_effort())
   preflight.check_same_run(str(tmp_path), config)
-  config.align.w_structure = 0.5
-  with pytest.raises(ConfigError, match=r"align.w_structure: 0.0 there, 0.5 now"):
+  config.align = config_lib.align_stage(steps=2, batch_size=2, w_structure=0.5)
+  with pytest.raises(ConfigError, match=r"align.w_structure: null there, 0.5 now"):
     preflight.check_same_run(str(tmp_path), config)
+  with pytest.raises(ValueError, match="distill_attention stage has no field w_structure"):
+    config_lib.stage("distill_attention", steps=2, batch_size=2, lr=1e-3, w_structure=1.0)
