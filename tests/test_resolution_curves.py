@@ -58,7 +58,8 @@ def test_the_last_checkpoint_is_the_exported_student(tiny_run):
 
 def test_cli_writes_the_json_and_the_plot(tiny_run, tmp_path):
   out, png = str(tmp_path / "c.json"), str(tmp_path / "c.png")
-  assert resolution_curves.main([tiny_run, "--factors", "1", "--out", out, "--plot", png]) == 0
+  relative = os.path.relpath(tiny_run)  # as a user types it (orbax wants absolute paths)
+  assert resolution_curves.main([relative, "--factors", "1", "--out", out, "--plot", png]) == 0
   with open(out) as f:
     assert json.load(f)["sizes"] == [32]
   assert os.path.getsize(png) > 1000
@@ -67,3 +68,16 @@ def test_cli_writes_the_json_and_the_plot(tiny_run, tmp_path):
 def test_a_folder_that_is_not_a_run_is_named(tmp_path):
   with pytest.raises(SystemExit, match="not a finished run"):
     resolution_curves.measure(str(tmp_path))
+
+
+def test_token_structure_measures_the_shared_part_and_the_deviations(tiny_run, tmp_path):
+  from tools import token_structure
+
+  out = str(tmp_path / "s.json")
+  assert token_structure.main([tiny_run, "--factors", "1", "--out", out]) == 0
+  with open(out) as f:
+    result = json.load(f)
+  (row,) = result["rows"]
+  assert row["size"] == 32 and result["n_photos"] >= 1
+  assert 0.0 < row["mean_token_share"] <= 1.0 + 1e-6  # |mean| ≤ mean |x|
+  assert -1.0 <= row["deviation_cosine"] <= 1.0 + 1e-6 and -1.0 <= row["patch_cosine"] <= 1 + 1e-6

@@ -28,6 +28,7 @@ import difflib
 import json
 import pathlib
 import re
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -596,6 +597,82 @@ def _study_cost(study_path: str, name: str) -> Callable[[Load], str]:
   return render
 
 
+def _seed_spread(study_path: str, names: Sequence[str]) -> Callable[[Load], str]:
+  """The same recipe under several seeds (runs `names` of a study, same folder and split): each
+  whole-view measure per seed, their mean and sample standard deviation, and the k-NN retention."""
+  measures = (
+      ("cls cosine", lambda r: r["cls_cosine"]["mean"]),
+      ("patch cosine", lambda r: r["patch_cosine"]["mean"]),
+      ("dense drop-in", lambda r: r["dense"]["drop_in"]["mean"]),
+      ("probe ratio", lambda r: r["dense"]["probe_ratio"]),
+  )
+
+  def render(load: Load) -> str:
+    study = load(study_path)
+    runs = [study[n] for n in names]
+    seeds = [str(run["seed"]) for run in runs]
+    lines = [
+        f"| size | measure (whole views) | {' | '.join('seed ' + s for s in seeds)} "
+        "| mean ± sd over seeds |",
+        "|---|---|" + "---|" * len(runs) + "---|",
+    ]
+
+    def row(label: str, values: list[float], fmt: str) -> str:
+      sd = statistics.stdev(values) if len(values) > 1 else 0.0
+      shown = " | ".join(format(v, fmt) for v in values)
+      return f"{label} | {shown} | {format(statistics.mean(values), fmt)} ± {format(sd, fmt)} |"
+
+    sizes = sorted({r["size"] for r in runs[0]["test"]["rows"]})
+    for size in sizes:
+      picked = [
+          next(r for r in run["test"]["rows"] if (r["size"], r["view"]) == (size, "whole"))
+          for run in runs
+      ]
+      for what, get in measures:
+        lines.append(row(f"| {size} px | {what}", [get(r) for r in picked], ".3f"))
+    retention = [100 * run["knn"]["retention"] for run in runs]
+    lines.append(row("| | k-NN retention (%)", retention, ".1f"))
+    return "\n".join(lines)
+
+  return render
+
+
+RESOLUTION_CURVES = "docs/vits14_full_default_seed2_resolution_curves.json"
+
+
+def _resolution_curves(load: Load) -> str:
+  """Every kept checkpoint of a run at every size (tools/resolution_curves.py): one row per
+  checkpoint, cls / patch cosine per size, the best row per size in bold."""
+  curves = load(RESOLUTION_CURVES)
+  sizes, view = curves["sizes"], curves["views"][0]
+  at = {(p["stage"], p["step"], p["size"]): p for p in curves["points"] if p["view"] == view}
+  checkpoints = sorted({(p["images_seen"], p["stage"], p["step"]) for p in curves["points"]})
+  best = {
+      (size, key): max(p[key] for (_, _, s), p in at.items() if s == size)
+      for size in sizes
+      for key in ("cls_cosine", "patch_cosine")
+  }
+
+  def cell(p: dict[str, Any], size: int, key: str) -> str:
+    text = f"{p[key]:.3f}"
+    return f"**{text}**" if p[key] == best[(size, key)] else text
+
+  lines = [
+      "| images seen | stage, step | "
+      + " | ".join(f"{size} px cls / patch" for size in sizes)
+      + " |",
+      "|---|---|" + "---|" * len(sizes),
+  ]
+  for seen, stage, step in checkpoints:
+    cells = [
+        f"{cell(at[(stage, step, size)], size, 'cls_cosine')} / "
+        f"{cell(at[(stage, step, size)], size, 'patch_cosine')}"
+        for size in sizes
+    ]
+    lines.append(f"| {seen:,} | `{stage}` {step} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
 FIXTURE_STUDY = "docs/fixture_conversions.json"
 
 
@@ -649,6 +726,9 @@ TABLES: dict[str, Table] = {
     "default_full_cost": Table((FULL_STUDY,), _study_cost(FULL_STUDY, "full")),
     "fixture_conversions": Table((FIXTURE_STUDY,), _fixtures),
     "fmnist_full_test": Table((FULL_STUDY,), _study_test(FULL_STUDY, "fmnist")),
+    "default_full_seeds": Table(
+        (FULL_STUDY,), _seed_spread(FULL_STUDY, ("full", "full_seed1", "full_seed2"))
+    ),
 }
 
 

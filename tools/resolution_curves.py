@@ -59,7 +59,7 @@ def restore_params(workdir: str, stage: str, step: int) -> Any:
   """The student params of one checkpoint, as numpy arrays (no target tree: read as saved)."""
   import orbax.checkpoint as ocp
 
-  folder = os.path.join(workdir, stage, "checkpoints")
+  folder = os.path.abspath(os.path.join(workdir, stage, "checkpoints"))  # orbax: absolute only
   options = ocp.CheckpointManagerOptions(read_only=True)
   with ocp.CheckpointManager(folder, options=options) as manager:
     state = manager.restore(step, args=ocp.args.StandardRestore())
