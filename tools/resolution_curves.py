@@ -66,12 +66,11 @@ def restore_params(workdir: str, stage: str, step: int) -> Any:
   return state["params"]
 
 
-def measure(
-    workdir: str, factors: tuple[float, ...] = (1, 2, 4), views: tuple[str, ...] = ("whole",)
-) -> dict[str, Any]:
+def validation_setup(workdir: str) -> tuple[Any, int, Any, Any, Any, list[str], str]:
+  """(config, res, exported student, teacher model, teacher params, validation photo paths, the
+  pp's value ops) of a finished run: what a measurement on its validation photos starts from."""
   import linvit_jax
   from linvit_jax import build
-  from linvit_jax import inference_pp
   from linvit_jax import photo_eval
   from linvit_jax.data import pp_spec
 
@@ -82,6 +81,16 @@ def measure(
   teacher, teacher_params = photo_eval.load_teacher(config.teacher.init, student, res)
   paths, _ = build.photo_paths(config, config.data.eval_split, "data.eval_split")
   values = photo_eval.value_ops(pp_spec.inference_pp(config.data.pp_eval))
+  return config, res, student, teacher, teacher_params, paths, values
+
+
+def measure(
+    workdir: str, factors: tuple[float, ...] = (1, 2, 4), views: tuple[str, ...] = ("whole",)
+) -> dict[str, Any]:
+  from linvit_jax import inference_pp
+  from linvit_jax import photo_eval
+
+  config, res, student, teacher, teacher_params, paths, values = validation_setup(workdir)
   prefix, has_cls = teacher.num_prefix_tokens, teacher.pool_type == "tok"
   sizes = [int(round(f * res)) for f in factors]
   checkpoints = [

@@ -34,20 +34,13 @@ def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def measure(workdir: str, factors: tuple[float, ...] = (1, 2)) -> dict[str, Any]:
-  import linvit_jax
-  from linvit_jax import build
   from linvit_jax import inference_pp
   from linvit_jax import photo_eval
-  from linvit_jax.data import pp_spec
   from tools import resolution_curves
 
-  config = resolution_curves._config(workdir)
-  size = config.data.image_size
-  res = int(size[0] if isinstance(size, (tuple, list)) else size)
-  student = linvit_jax.load_student(workdir)
-  teacher, teacher_params = photo_eval.load_teacher(config.teacher.init, student, res)
-  paths, _ = build.photo_paths(config, config.data.eval_split, "data.eval_split")
-  values = photo_eval.value_ops(pp_spec.inference_pp(config.data.pp_eval))
+  config, res, student, teacher, teacher_params, paths, values = resolution_curves.validation_setup(
+      workdir
+  )
   prefix = teacher.num_prefix_tokens
   t_tok = photo_eval._Tokens(teacher, teacher_params, res)
   s_tok = photo_eval._Tokens(student.model, student.params, res)
