@@ -66,6 +66,15 @@ def _config(tmp_path, knn_folder, **knn):
   return c
 
 
+def _cache_entries(directory, what: str) -> int:
+  """How many entries under `directory` hold features of kind `what` (their stored key parts)."""
+  count = 0
+  for name in os.listdir(directory):
+    with np.load(os.path.join(directory, name), allow_pickle=False) as data:
+      count += json.loads(str(data[feature_cache._PARTS]))["what"] == what
+  return count
+
+
 def test_knn_on_a_labelled_folder_in_the_report(tmp_path, monkeypatch):
   monkeypatch.setenv(feature_cache.ENV_VAR, str(tmp_path / "cache"))
   _labelled_folder(str(tmp_path / "labelled"))
@@ -73,7 +82,8 @@ def test_knn_on_a_labelled_folder_in_the_report(tmp_path, monkeypatch):
   results = run_lib.run(config, str(tmp_path / "work"))
   knn = results["knn"]
   assert knn["teacher_features_cached"] is False
-  assert len(os.listdir(tmp_path / "cache")) == 2  # the teacher's features, one entry per split
+  # The teacher's k-NN features, one entry per split (photo evaluation keeps its own entries).
+  assert _cache_entries(tmp_path / "cache", "pooled_features(head_input)") == 2
   assert knn["dataset"].endswith("labelled") and knn["k"] == 5
   assert knn["train_examples"] + knn["eval_examples"] == 24
   assert knn["teacher_top1"] == 1.0  # two colours: trivially separable for any feature
