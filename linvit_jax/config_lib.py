@@ -274,6 +274,10 @@ def stage_losses(kind: str) -> dict:
 ALIGN_RECIPE = dict(lr=2e-4, trainable="all", update_scale="param_rms", warmup=0.25)
 
 
+# The stage kinds that read w_structure (a field only when on).
+STRUCTURE_KINDS = ("train", "finetune", "align")
+
+
 def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> dict:
   """One stage block with exactly the fields its kind reads. kind: train (labels, from the current
   params), distill_attention (only attention + feature-map params train, teacher-forced losses
@@ -297,7 +301,7 @@ def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> di
   # (distill.token_structure_loss; train / finetune / align). A field only when on: every run
   # recorded before it existed keeps its config, and resumes.
   w_structure = kw.pop("w_structure", 0.0)
-  if w_structure and kind not in ("train", "finetune", "align"):
+  if w_structure and kind not in STRUCTURE_KINDS:
     raise ValueError(f"a {kind} stage has no field w_structure (train, finetune and align do)")
   unknown = sorted(set(kw) - set(losses))
   if unknown:
@@ -364,8 +368,9 @@ def stage_blocks(config: mlc.ConfigDict) -> list[str]:
 
 
 def stage_fields(kind: str) -> set[str]:
-  """Every field of a `kind` stage block (what `stage` writes)."""
-  return set(stage(kind, steps=1, batch_size=1, lr=1.0))
+  """Every field a `kind` stage block may hold (what `stage` writes, fields only-when-on included)."""
+  optional = {"w_structure"} if kind in STRUCTURE_KINDS else set()
+  return set(stage(kind, steps=1, batch_size=1, lr=1.0)) | optional
 
 
 def distill() -> dict:

@@ -312,7 +312,12 @@ def test_convert_folder_align_options_reach_the_stage(tmp_path):
   assert a.optimizer.update_scale == "param_rms" and a.trainable == "all"
   assert (a.w_feature, a.blocks_top_weight, a.w_blocks, a.w_attn_tf) == (4.0, 3.0, 0.5, 0.0)
   assert "w_structure" not in a  # off unless asked: no field (configs of earlier runs unchanged)
-  assert _config(path, str(tmp_path), extra + ",align_w_structure=2").align.w_structure == 2.0
+  structured = _config(path, str(tmp_path), extra + ",align_w_structure=2")
+  assert structured.align.w_structure == 2.0
+  from linvit_jax import preflight
+
+  for name in structured.stages:  # the run's own check accepts the field it asked for
+    preflight.check_stage_fields(name, structured[name])
   from linvit_jax import optim
 
   assert optim.optimizer_settings(config.distill_attention.optimizer)["update_scale"] == "absolute"

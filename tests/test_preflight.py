@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import ml_collections as mlc
 import pytest
 
 from linvit_jax import config_lib
@@ -186,7 +187,12 @@ def test_w_structure_is_a_field_only_when_on_and_turning_it_on_is_another_run(tm
   (tmp_path / "config.json").write_text(config.to_json_best_effort())
   preflight.check_same_run(str(tmp_path), config)
   config.align = config_lib.align_stage(steps=2, batch_size=2, w_structure=0.5)
+  preflight.check_stage_fields("align", config.align)  # a field of the kind when on
   with pytest.raises(ConfigError, match=r"align.w_structure: null there, 0.5 now"):
     preflight.check_same_run(str(tmp_path), config)
+  block = mlc.ConfigDict(config_lib.stage("distill_attention", steps=2, batch_size=2, lr=1e-3))
+  block.w_structure = 1.0  # written by hand: the kind does not read it
+  with pytest.raises(ConfigError, match=r"distill.w_structure: a distill_attention stage does not"):
+    preflight.check_stage_fields("distill", block)
   with pytest.raises(ValueError, match="distill_attention stage has no field w_structure"):
     config_lib.stage("distill_attention", steps=2, batch_size=2, lr=1e-3, w_structure=1.0)
