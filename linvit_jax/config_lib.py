@@ -10,6 +10,7 @@ A config file imports this module only (its option checks are reached through `c
 from __future__ import annotations
 
 import difflib
+import math
 import numbers
 import os
 from collections.abc import Mapping
@@ -301,6 +302,8 @@ def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> di
   # (distill.token_structure_loss; train / finetune / align). A field only when on: every run
   # recorded before it existed keeps its config, and resumes.
   w_structure = kw.pop("w_structure", 0.0)
+  if not (float(w_structure) >= 0.0 and math.isfinite(float(w_structure))):
+    raise ValueError(f"w_structure={w_structure!r}: a loss weight is finite and >= 0")
   if w_structure and kind not in STRUCTURE_KINDS:
     raise ValueError(f"a {kind} stage has no field w_structure (train, finetune and align do)")
   unknown = sorted(set(kw) - set(losses))

@@ -239,8 +239,14 @@ def _stage_field_hint(argv: list[str], overrides: list[str]) -> str:
     if hasattr(node, "get") and node.get("kind") and field not in node:
       from linvit_jax import config_lib
 
-      where = "; its loss weights are config.distill's" if node.kind == "distill_attention" else ""
       fields = sorted(config_lib.stage_fields(node.kind))
+      if field in fields:  # a field written only when on (w_structure)
+        return (
+            f"; {field!r} is written into a {node.kind} stage only when on: set it with the "
+            f"config's own option (convert_folder: align_{field}=W) or config_lib.stage(..., "
+            f"{field}=W)"
+        )
+      where = "; its loss weights are config.distill's" if node.kind == "distill_attention" else ""
       return f"; a {node.kind} stage does not read {field!r}{where} (its fields: {fields})"
   return ""
 

@@ -47,9 +47,10 @@ Nothing is chosen on the test photos: the parts and probes are fitted on validat
 Cache. With `cache` (the run's and the CLI's: feature_cache at $LINVIT_CACHE_DIR), the teacher's
 tokens of a batch are kept under its params' digest, its model fields and the sha256 of the
 batch's pixels: a second evaluation of the same teacher on the same photos (the next experiment
-on the same folder) runs only the student, except the first two teacher batches at each size,
-which always run so that `teacher_images_per_s` is measured (from one batch, the other the
-compile). "teacher_cache" says {"hits", "computed", "saved_seconds"}.
+on the same folder) runs only the student, except the first three teacher batches at each size,
+which always run so that `teacher_images_per_s` is measured (from two batches, the first being
+the compile; "teacher_timed_images" says on how many images). "teacher_cache" says {"hits",
+"computed", "saved_seconds"}.
 
 Intervals: every number is a mean over test photos with a percentile bootstrap 95 % interval
 (`bootstrap` resamples of the photos, seed `seed`), the worst photo and its name, and n. Fewer
@@ -62,6 +63,7 @@ Results (plain JSON types):
              "size_seconds" (the whole size: both models, validation and test photos, compiles),
              "teacher_images_per_s", "student_images_per_s" (the forwards after the first at
              that size, padded rows counted; None with one batch only),
+             "teacher_timed_images" (the images the teacher's speed rests on),
              "cls_cosine" (cls-token models), "patch_cosine": STAT,
              "dense": {"drop_in": STAT, "probe_teacher": STAT, "probe_student": STAT,
                        "probe_ratio": float} (when there are validation photos)}]}
@@ -96,7 +98,7 @@ _MAX_BATCH = 8
 _FIT_PATCHES = 20_000
 # Teacher batches per size always computed (the first compiles, the second is timed) when the
 # rest come from the feature cache.
-_TIMED_CALLS = 2
+_TIMED_CALLS = 3  # the compile and two timed batches: a speed from more than one batch
 _KMEANS_STEPS = 30
 _EPS = 1e-6  # probe.EPS: the cosine's guard on the norm product
 # The pp ops that fix the geometry: replaced by the views here; everything else is kept.
@@ -297,12 +299,20 @@ class _Tokens:
     seconds, images = self.timing.get(size, (0.0, 0))
     return images / seconds if images else None
 
+  def timed_images(self, size: int) -> int:
+    return int(self.timing.get(size, (0.0, 0))[1])
+
+  def swap_params(self, params: Any) -> None:
+    """Other params of the same tree (another checkpoint): the compiled forwards are kept."""
+    self.params, self._sized = params, {}
+
 
 class _CachedTokens:
   """The teacher's tokens of one batch, from `cache` when an earlier evaluation computed them for
   the same params, model and pixels (feature_cache's key: a changed photo, pp or weight misses).
   The first `_TIMED_CALLS` batches at each size always run, so the teacher's images/s (the speed
-  goal's denominator) stays measured, compile excluded, when every other batch is a hit."""
+  goal's denominator) stays measured on two batches, compile excluded, when every other batch
+  is a hit."""
 
   def __init__(self, tokens: _Tokens, cache: Any):
     from linvit_jax import feature_cache
@@ -357,6 +367,9 @@ class _CachedTokens:
 
   def images_per_s(self, size: int) -> float | None:
     return self.inner.images_per_s(size)
+
+  def timed_images(self, size: int) -> int:
+    return self.inner.timed_images(size)
 
   def summary(self) -> dict[str, Any]:
     return {"hits": self.hits, "computed": self.misses, "saved_seconds": self.saved_seconds}
@@ -503,6 +516,7 @@ def evaluate_photos(
       row["size_seconds"] = seconds
       row["teacher_images_per_s"] = t_tok.images_per_s(size)
       row["student_images_per_s"] = s_tok.images_per_s(size)
+      row["teacher_timed_images"] = t_tok.timed_images(size)
       rows.append(row)
   out["rows"] = rows
   if cache is not None:

@@ -363,7 +363,13 @@ _RUN_IDENTITY = (
     "teacher.dont_load",
 )
 # Stage fields added after runs were recorded, at the value that reproduces those runs.
-_STAGE_FIELDS_ADDED = {"pp_train": "", "start_weight": 0.0, "mixup": 0.0, "image_size": 0}
+_STAGE_FIELDS_ADDED = {
+    "pp_train": "",
+    "start_weight": 0.0,
+    "mixup": 0.0,
+    "image_size": 0,
+    "w_structure": 0.0,  # a field only when on: absent and 0.0 are the same run
+}
 _STAGE_BOOKKEEPING = (
     "checkpoint_every",
     "max_to_keep",

@@ -86,6 +86,18 @@ def test_cli_override_of_an_unread_field_names_the_kind(tmp_path):
   assert "config.distill's" in last and not os.path.exists(tmp_path / "w")
 
 
+def test_the_hint_for_a_field_written_only_when_on_says_how_to_set_it():
+  from linvit_jax import main
+
+  argv = ["--config", "configs/demo.py:tiny=True"]
+  hint = main._stage_field_hint(argv, ["--config.finetune.w_structure=1"])
+  assert "'w_structure' is written into a finetune stage only when on" in hint
+  assert "does not read" not in hint  # the kind reads it: the old hint contradicted itself
+  assert "a finetune stage does not read 'w_bogus'" in main._stage_field_hint(
+      argv, ["--config.finetune.w_bogus=1"]
+  )
+
+
 def test_composed_images_with_a_label_loss_are_refused():
   config = config_lib.base_config()
   config.stages = ("finetune",)
@@ -188,11 +200,13 @@ def test_w_structure_is_a_field_only_when_on_and_turning_it_on_is_another_run(tm
   preflight.check_same_run(str(tmp_path), config)
   config.align = config_lib.align_stage(steps=2, batch_size=2, w_structure=0.5)
   preflight.check_stage_fields("align", config.align)  # a field of the kind when on
-  with pytest.raises(ConfigError, match=r"align.w_structure: null there, 0.5 now"):
+  with pytest.raises(ConfigError, match=r"align.w_structure: 0.0 there, 0.5 now"):
     preflight.check_same_run(str(tmp_path), config)
   block = mlc.ConfigDict(config_lib.stage("distill_attention", steps=2, batch_size=2, lr=1e-3))
   block.w_structure = 1.0  # written by hand: the kind does not read it
   with pytest.raises(ConfigError, match=r"distill.w_structure: a distill_attention stage does not"):
     preflight.check_stage_fields("distill", block)
+  with pytest.raises(ValueError, match="finite and >= 0"):
+    config_lib.align_stage(steps=2, batch_size=2, w_structure=-1.0)
   with pytest.raises(ValueError, match="distill_attention stage has no field w_structure"):
     config_lib.stage("distill_attention", steps=2, batch_size=2, lr=1e-3, w_structure=1.0)

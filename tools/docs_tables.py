@@ -642,33 +642,29 @@ RESOLUTION_CURVES = "docs/vits14_full_default_seed2_resolution_curves.json"
 
 def _resolution_curves(load: Load) -> str:
   """Every kept checkpoint of a run at every size (tools/resolution_curves.py): one row per
-  checkpoint, cls / patch cosine per size, the best row per size in bold."""
+  checkpoint, cls (cls-token models) / patch cosine per size, the best row per size in bold."""
   curves = load(RESOLUTION_CURVES)
   sizes, view = curves["sizes"], curves["views"][0]
   at = {(p["stage"], p["step"], p["size"]): p for p in curves["points"] if p["view"] == view}
   checkpoints = sorted({(p["images_seen"], p["stage"], p["step"]) for p in curves["points"]})
+  keys = [k for k in ("cls_cosine", "patch_cosine") if k in curves["points"][0]]
   best = {
       (size, key): max(p[key] for (_, _, s), p in at.items() if s == size)
       for size in sizes
-      for key in ("cls_cosine", "patch_cosine")
+      for key in keys
   }
 
   def cell(p: dict[str, Any], size: int, key: str) -> str:
     text = f"{p[key]:.3f}"
     return f"**{text}**" if p[key] == best[(size, key)] else text
 
+  names = " / ".join(k.split("_")[0] for k in keys)
   lines = [
-      "| images seen | stage, step | "
-      + " | ".join(f"{size} px cls / patch" for size in sizes)
-      + " |",
+      "| images seen | stage, step | " + " | ".join(f"{size} px {names}" for size in sizes) + " |",
       "|---|---|" + "---|" * len(sizes),
   ]
   for seen, stage, step in checkpoints:
-    cells = [
-        f"{cell(at[(stage, step, size)], size, 'cls_cosine')} / "
-        f"{cell(at[(stage, step, size)], size, 'patch_cosine')}"
-        for size in sizes
-    ]
+    cells = [" / ".join(cell(at[(stage, step, size)], size, k) for k in keys) for size in sizes]
     lines.append(f"| {seen:,} | `{stage}` {step} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
 

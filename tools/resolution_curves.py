@@ -13,9 +13,12 @@ photo, both models' position tables resampled) on the run's validation split
 (`config.data.eval_split`) — the photos the run chooses on, never its test photos. The teacher's
 tokens are computed once per size and view; each checkpoint costs one student forward per photo.
 
-Writes {"workdir", "res", "sizes", "views", "n_photos", "points": [{"stage", "step",
-"images_seen", "size", "view", "cls_cosine", "patch_cosine"} (means over photos)]} to --out
-(default WORKDIR/resolution_curves.json) and a plot (default WORKDIR/resolution_curves.png).
+Writes {"workdir", "res", "sizes", "views", "n_photos", "split", "stage_starts" (images seen
+when each stage begins), "points": [{"stage", "step", "images_seen", "size", "view",
+"cls_cosine", "patch_cosine"} (means over photos)]} to --out (default
+WORKDIR/resolution_curves.json) and a plot (default WORKDIR/resolution_curves.png). A run whose
+checkpoints are not the params its stages hand on (the hybrid swap, EMA / tail averages, start
+weights, LoRA) is refused: its curve would describe models the run never had.
 """
 
 from __future__ import annotations
@@ -66,9 +69,12 @@ def restore_params(workdir: str, stage: str, step: int) -> Any:
   return state["params"]
 
 
-def validation_setup(workdir: str) -> tuple[Any, int, Any, Any, Any, list[str], str]:
+def validation_setup(
+    workdir: str, teacher_init: str = ""
+) -> tuple[Any, int, Any, Any, Any, list[str], str]:
   """(config, res, exported student, teacher model, teacher params, validation photo paths, the
-  pp's value ops) of a finished run: what a measurement on its validation photos starts from."""
+  pp's value ops) of a finished run: what a measurement on its validation photos starts from.
+  `teacher_init` replaces the recorded config.teacher.init (a relative path is the run's cwd's)."""
   import linvit_jax
   from linvit_jax import build
   from linvit_jax import photo_eval
@@ -78,21 +84,70 @@ def validation_setup(workdir: str) -> tuple[Any, int, Any, Any, Any, list[str], 
   size = config.data.image_size
   res = int(size[0] if isinstance(size, (tuple, list)) else size)
   student = linvit_jax.load_student(workdir)
-  teacher, teacher_params = photo_eval.load_teacher(config.teacher.init, student, res)
+  init = teacher_init or config.teacher.init
+  if not os.path.exists(init):
+    raise SystemExit(
+        f"error: the teacher {init!r} does not exist here (the run recorded it relative to its "
+        "own working directory): pass --teacher PATH"
+    )
+  teacher, teacher_params = photo_eval.load_teacher(init, student, res)
   paths, _ = build.photo_paths(config, config.data.eval_split, "data.eval_split")
+  if not paths:
+    raise SystemExit(
+        f"error: the run's validation split {config.data.eval_split!r} holds no photos"
+    )
   values = photo_eval.value_ops(pp_spec.inference_pp(config.data.pp_eval))
   return config, res, student, teacher, teacher_params, paths, values
 
 
+def raw_params_differ(config: Any) -> list[str]:
+  """Why a run's checkpoints are not what its student hands on (empty: they are): the hybrid swap
+  replaces attention after distill_attention, and averages / start weights / LoRA merges change
+  the params a stage hands on."""
+  reasons = []
+  if config.student.get("softmax_layers", 0):
+    reasons.append(f"student.softmax_layers={config.student.softmax_layers} (the hybrid swap)")
+  for stage in config.stages:
+    block = config[stage]
+    for field in ("start_weight", "lora_rank"):
+      if block.get(field, 0):
+        reasons.append(f"{stage}.{field}={block[field]}")
+    for field in ("ema_decay", "average_last"):
+      if block.get("optimizer", {}).get(field, 0):
+        reasons.append(f"{stage}.optimizer.{field}={block.optimizer[field]}")
+  return reasons
+
+
+def sizes_for(res: int, factors: tuple[float, ...], patch: tuple[int, ...]) -> list[int]:
+  """res·factor for each factor, each a multiple of the patch (else SystemExit)."""
+  sizes = [int(round(f * res)) for f in factors]
+  bad = [s for s in sizes if s % patch[0] or s % patch[1]]
+  if bad:
+    raise SystemExit(f"error: sizes {bad} are not multiples of the patch {tuple(patch)}")
+  return sizes
+
+
 def measure(
-    workdir: str, factors: tuple[float, ...] = (1, 2, 4), views: tuple[str, ...] = ("whole",)
+    workdir: str,
+    factors: tuple[float, ...] = (1, 2, 4),
+    views: tuple[str, ...] = ("whole",),
+    teacher_init: str = "",
 ) -> dict[str, Any]:
   from linvit_jax import inference_pp
   from linvit_jax import photo_eval
 
-  config, res, student, teacher, teacher_params, paths, values = validation_setup(workdir)
+  config, res, student, teacher, teacher_params, paths, values = validation_setup(
+      workdir, teacher_init
+  )
+  reasons = raw_params_differ(config)
+  if reasons:
+    raise SystemExit(
+        "error: this run's checkpoints are not the params its stages hand on ("
+        + "; ".join(reasons)
+        + "): their curve would describe models the run never had"
+    )
   prefix, has_cls = teacher.num_prefix_tokens, teacher.pool_type == "tok"
-  sizes = [int(round(f * res)) for f in factors]
+  sizes = sizes_for(res, factors, teacher.patch_size)
   checkpoints = [
       (stage, step) for stage in config.stages for step in checkpoint_steps(workdir, stage)
   ]
@@ -102,22 +157,33 @@ def measure(
   for stage in config.stages:  # images seen at the start of each stage
     offsets[stage] = seen_before
     seen_before += int(config[stage].steps) * int(config[stage].batch_size)
+  t0 = time.time()
   t_tok = photo_eval._Tokens(teacher, teacher_params, res)
-  points = []
-  for size in sizes:
-    t0 = time.time()
+  chunks, teacher_tokens, batches = {}, {}, {}
+  for size in sizes:  # the photos' views and the teacher's tokens: once per size
     pps = {v: inference_pp.Preprocess(photo_eval.view_pp(v, size, values)) for v in views}
-    batch = photo_eval._batch_size(teacher, size)
-    chunks = [
+    batches[size] = batch = photo_eval._batch_size(teacher, size)
+    chunks[size] = [
         photo_eval._views(paths[i : i + batch], pps, size)[0] for i in range(0, len(paths), batch)
     ]
-    teacher_tokens = {v: np.concatenate([t_tok(c[v], batch) for c in chunks]) for v in views}
-    for stage, step in checkpoints:
-      params = restore_params(workdir, stage, step)
+    teacher_tokens[size] = {
+        v: np.concatenate([t_tok(c[v], batch) for c in chunks[size]]) for v in views
+    }
+  print(f"teacher at {sizes} px: {time.time() - t0:.0f} s", flush=True)
+  # One student forward for every checkpoint (one compile per size): its params are swapped in.
+  s_tok = None
+  points = []
+  for stage, step in checkpoints:
+    t0 = time.time()
+    params = restore_params(workdir, stage, step)
+    if s_tok is None:
       s_tok = photo_eval._Tokens(student.model, params, res)
+    else:
+      s_tok.swap_params(params)
+    for size in sizes:
       for view in views:
-        s = np.concatenate([s_tok(c[view], batch) for c in chunks])
-        t = teacher_tokens[view]
+        s = np.concatenate([s_tok(c[view], batches[size]) for c in chunks[size]])
+        t = teacher_tokens[size][view]
         point = {
             "stage": stage,
             "step": step,
@@ -129,7 +195,7 @@ def measure(
         if has_cls:
           point["cls_cosine"] = float(photo_eval._cosine(s[:, 0], t[:, 0]).mean())
         points.append(point)
-    print(f"{size} px: {len(checkpoints)} checkpoints in {time.time() - t0:.0f} s", flush=True)
+    print(f"{stage} {step}: {len(sizes)} sizes in {time.time() - t0:.0f} s", flush=True)
   return {
       "workdir": workdir,
       "res": res,
@@ -137,6 +203,7 @@ def measure(
       "views": list(views),
       "n_photos": len(paths),
       "split": config.data.eval_split,
+      "stage_starts": offsets,
       "points": points,
   }
 
@@ -156,11 +223,8 @@ def plot(curves: dict[str, Any], path: str) -> None:
         pts.sort(key=lambda p: p["images_seen"])
         label = f"{size} px" + (f" {view}" if len(curves["views"]) > 1 else "")
         ax.plot([p["images_seen"] for p in pts], [p[key] for p in pts], "o-", label=label)
-    stage_starts = sorted(
-        {p["images_seen"] for p in curves["points"] if p["stage"] != "distill_attention"}
-    )
-    if stage_starts:
-      ax.axvline(min(stage_starts), color="gray", lw=0.5, ls="--")
+    for start in sorted(curves.get("stage_starts", {}).values())[1:]:  # where each stage begins
+      ax.axvline(start, color="gray", lw=0.5, ls="--")
     ax.set_xlabel("training images seen")
     ax.set_ylabel(key.replace("_", " "))
     ax.grid(alpha=0.3)
@@ -178,10 +242,11 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--views", default="whole")
   parser.add_argument("--out", default="")
   parser.add_argument("--plot", default="")
+  parser.add_argument("--teacher", default="", help="the teacher checkpoint (default: recorded)")
   args = parser.parse_args(argv)
   factors = tuple(float(f) for f in args.factors.split(","))
   views = tuple(v for v in args.views.split(",") if v)
-  curves = measure(args.workdir, factors, views)
+  curves = measure(args.workdir, factors, views, args.teacher)
   out = args.out or os.path.join(args.workdir, "resolution_curves.json")
   with open(out, "w") as f:
     json.dump(curves, f, indent=1)

@@ -33,20 +33,22 @@ def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
   )
 
 
-def measure(workdir: str, factors: tuple[float, ...] = (1, 2)) -> dict[str, Any]:
+def measure(
+    workdir: str, factors: tuple[float, ...] = (1, 2), teacher_init: str = ""
+) -> dict[str, Any]:
   from linvit_jax import inference_pp
   from linvit_jax import photo_eval
   from tools import resolution_curves
 
   config, res, student, teacher, teacher_params, paths, values = resolution_curves.validation_setup(
-      workdir
+      workdir, teacher_init
   )
   prefix = teacher.num_prefix_tokens
+  sizes = resolution_curves.sizes_for(res, factors, teacher.patch_size)
   t_tok = photo_eval._Tokens(teacher, teacher_params, res)
   s_tok = photo_eval._Tokens(student.model, student.params, res)
   rows = []
-  for factor in factors:
-    at = int(round(factor * res))
+  for at in sizes:
     pps = {"whole": inference_pp.Preprocess(photo_eval.view_pp("whole", at, values))}
     tokens, _ = photo_eval._forward_all(t_tok, s_tok, paths, pps, at)
     t, s = (x[:, prefix:] for x in tokens["whole"])
@@ -68,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("workdir")
   parser.add_argument("--factors", default="1,2")
   parser.add_argument("--out", default="")
+  parser.add_argument("--teacher", default="", help="the teacher checkpoint (default: recorded)")
   args = parser.parse_args(argv)
-  out = measure(args.workdir, tuple(float(f) for f in args.factors.split(",")))
+  out = measure(args.workdir, tuple(float(f) for f in args.factors.split(",")), args.teacher)
   path = args.out or os.path.join(args.workdir, "token_structure.json")
   with open(path, "w") as f:
     json.dump(out, f, indent=1)
