@@ -669,6 +669,36 @@ def _resolution_curves(load: Load) -> str:
   return "\n".join(lines)
 
 
+STRUCTURE_RUN = "docs/vits14_full_default_w_structure1_results.json"
+
+
+def _structure_pair(load: Load) -> str:
+  """Seed 0 of the full default (default_full_study.json "full") beside the same run with
+  align_w_structure=1 (its results.json): whole views on the same test photos."""
+  base, arm = load(FULL_STUDY)["full"], load(STRUCTURE_RUN)
+
+  def whole(run: dict[str, Any], size: int) -> dict[str, Any]:
+    return next(r for r in run["test"]["rows"] if (r["size"], r["view"]) == (size, "whole"))
+
+  lines = [
+      "| whole view, seed 0 → w_structure 1 | cls cosine | patch cosine | dense drop-in "
+      "| probe ratio |",
+      "|---|---|---|---|---|",
+  ]
+  for size in sorted({r["size"] for r in base["test"]["rows"]}):
+    a, b = whole(base, size), whole(arm, size)
+    cells = [
+        f"{a['cls_cosine']['mean']:.3f} → {b['cls_cosine']['mean']:.3f}",
+        f"{a['patch_cosine']['mean']:.3f} → {b['patch_cosine']['mean']:.3f}",
+        f"{a['dense']['drop_in']['mean']:.3f} → {b['dense']['drop_in']['mean']:.3f}",
+        f"{a['dense']['probe_ratio']:.3f} → {b['dense']['probe_ratio']:.3f}",
+    ]
+    lines.append(f"| {size} px (n = {a['patch_cosine']['n']}) | " + " | ".join(cells) + " |")
+  knn = lambda run: 100 * run["knn"]["retention"]  # noqa: E731
+  lines.append(f"| k-NN retention (%) | {knn(base):.1f} → {knn(arm):.1f} | | | |")
+  return "\n".join(lines)
+
+
 FIXTURE_STUDY = "docs/fixture_conversions.json"
 
 
@@ -725,6 +755,7 @@ TABLES: dict[str, Table] = {
     "default_full_seeds": Table(
         (FULL_STUDY,), _seed_spread(FULL_STUDY, ("full", "full_seed1", "full_seed2"))
     ),
+    "w_structure_pair": Table((FULL_STUDY, STRUCTURE_RUN), _structure_pair),
 }
 
 
