@@ -756,6 +756,7 @@ TABLES: dict[str, Table] = {
         (FULL_STUDY,), _seed_spread(FULL_STUDY, ("full", "full_seed1", "full_seed2"))
     ),
     "w_structure_pair": Table((FULL_STUDY, STRUCTURE_RUN), _structure_pair),
+    "default_full_resolution_curves": Table((RESOLUTION_CURVES,), _resolution_curves),
 }
 
 
