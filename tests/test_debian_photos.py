@@ -76,3 +76,24 @@ def test_cli_writes_the_folder(packages, tmp_path, monkeypatch, capsys):
   assert "wrote 3 photos" in capsys.readouterr().out
   assert max(Image.open(os.path.join(out, "wall_Path.jpg")).size) == 600
   assert debian_photos.main([out, "--max_side", "0"]) == 2
+
+
+def test_lomiri_set_is_listed_photos_only_and_disjoint(tmp_path, monkeypatch, capsys):
+  root = str(tmp_path / "backgrounds")
+  _image(f"{root}/sunset_by_Aitzol_Berasategi.jpg", (900, 600))
+  _image(f"{root}/Fossa_by_Jasper_Roks.jpg", (900, 600))  # a render: not listed
+  found = debian_photos.find_lomiri_sources(root)
+  assert [name for _, name in found] == ["lomiri_sunset.jpg"]
+  names = {name for _, name in found} | {
+      f"lomiri_{n.split('_by_')[0]}.jpg" for n in debian_photos.LOMIRI_PHOTOS
+  }
+  assert len(names) == len(debian_photos.LOMIRI_PHOTOS)  # one output name per photo
+  assert not any(n.startswith(("wall_", "cv_", "mate_")) for n in names)
+  monkeypatch.setattr(debian_photos, "find_lomiri_sources", lambda: found)
+  out = str(tmp_path / "lomiri")
+  assert debian_photos.main([out, "--set", "lomiri"]) == 0
+  assert os.listdir(out) == ["lomiri_sunset.jpg"]
+  monkeypatch.setattr(debian_photos, "find_lomiri_sources", lambda: [])
+  assert debian_photos.main([str(tmp_path / "none"), "--set", "lomiri"]) == 2
+  err = capsys.readouterr().err
+  assert "apt-get install lomiri-wallpapers" in err and not os.path.exists(tmp_path / "none")

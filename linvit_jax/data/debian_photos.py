@@ -1,6 +1,6 @@
 """Natural photographs from installed Debian packages, gathered into one folder for evidence runs.
 
-  python -m linvit_jax.data.debian_photos OUT_DIR [--max_side 1920] [--with_samples]
+  python -m linvit_jax.data.debian_photos OUT_DIR [--max_side 1920] [--with_samples] [--set lomiri]
 
 The 21 sample photos (sample_photos.py) are small (most under 600 px) and a third of them are
 grayscale microscopy or texture: too few and too small to test a student at 448–896 px. Three
@@ -14,6 +14,12 @@ mirror (`apt-get install plasma-workspace-wallpapers opencv-doc mate-backgrounds
   objects (calibration boards, stereo pairs, renders, logos and paintings are left out),
   `cv_<name>.jpg`;
 * mate-backgrounds: the 12 photographs of `/usr/share/backgrounds/mate/nature`, `mate_<name>.jpg`.
+
+A second, disjoint set (`--set lomiri`) is for a run that trains on other photos than the default
+folder: the 15 photographs among the Ubuntu wallpaper-contest images of `lomiri-wallpapers-16.04`
+and `lomiri-wallpapers-20.04` (`apt-get install lomiri-wallpapers`, which installs both), listed in
+`LOMIRI_PHOTOS` (the renders beside them are left out), written as `lomiri_<name>.jpg`. None of
+them is in the first set.
 
 Every photo is written as RGB JPEG (quality 95), shrunk (never enlarged) so its longer side is at
 most `max_side`: a fixed recipe, so the same packages give the same files and, because held-out
@@ -33,6 +39,7 @@ from linvit_jax.errors import UserError
 PLASMA_DIR = "/usr/share/wallpapers"
 OPENCV_DIR = "/usr/share/doc/opencv-doc/examples/data"
 MATE_DIR = "/usr/share/backgrounds/mate/nature"
+LOMIRI_DIR = "/usr/share/backgrounds"
 
 PLASMA_PHOTOS = (
     "BytheWater",
@@ -72,6 +79,25 @@ OPENCV_PHOTOS = (
     "squirrel_cls.jpg",
     "stuff.jpg",
 )
+# Photographs only: the contest's renders and illustrations (Fossa, Infinite-Sea, Painting-Colors,
+# umang, and the plain backgrounds of /usr/share/backgrounds) are left out.
+LOMIRI_PHOTOS = (
+    "Bridge_by_Sander_Klootwijk.jpg",
+    "Dragonfly_by_Bolly.jpg",
+    "Kleiber_by_Lukas_Baubkus.jpg",
+    "Picture_0B_by_freespace.jpg",
+    "Picture_1A_by_freespace.jpg",
+    "Wine_by_Jakkub_Mede.jpg",
+    "aitzgorri_by_Aitzol_Berasategi.jpg",
+    "analogpattern_by_Peter_Nerlich.jpg",
+    "free_by_Peter_Nerlich.jpg",
+    "friends_by_Aitzol_Berasategi.jpg",
+    "greentock_by_Peter_Nerlich.jpg",
+    "life_by_Aitzol_Berasategi.jpg",
+    "picosdeeuropa_by_Aitzol_Berasategi.jpg",
+    "seeding_by_Clements_Engelhardt.jpg",
+    "sunset_by_Aitzol_Berasategi.jpg",
+)
 _IMAGE_EXTS = (".jpg", ".jpeg", ".png")
 
 
@@ -105,6 +131,19 @@ def find_sources(
 ) -> list[tuple[str, str]]:
   """(source path, output file name) of every listed photograph that is installed, in order."""
   return _plasma_sources(plasma_dir) + _opencv_sources(opencv_dir) + _mate_sources(mate_dir)
+
+
+def find_lomiri_sources(lomiri_dir: str = LOMIRI_DIR) -> list[tuple[str, str]]:
+  """(source path, output file name) of every listed contest photograph that is installed."""
+  paths = [(os.path.join(lomiri_dir, n), n) for n in LOMIRI_PHOTOS]
+  return [(p, f"lomiri_{n.split('_by_')[0]}.jpg") for p, n in paths if os.path.isfile(p)]
+
+
+# Each set's Debian packages, for the error when none of its photos is installed.
+_SET_PACKAGES = {
+    "photos": "plasma-workspace-wallpapers opencv-doc mate-backgrounds",
+    "lomiri": "lomiri-wallpapers",
+}
 
 
 def write_debian_photos(
@@ -154,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
       prog="python -m linvit_jax.data.debian_photos", description=__doc__.splitlines()[0]
   )
   parser.add_argument("out_dir")
+  parser.add_argument(
+      "--set",
+      choices=sorted(_SET_PACKAGES),
+      default="photos",
+      help="photos: the default folder's (plasma, opencv, mate); lomiri: a disjoint set",
+  )
   parser.add_argument("--max_side", type=int, default=1920, help="longer side at most (px)")
   parser.add_argument(
       "--with_samples", action="store_true", help="also write the 21 sample photos (sample_photos)"
@@ -165,7 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_side < 1:
       raise UserError(f"--max_side must be positive, got {args.max_side}")
     try:
-      paths = write_debian_photos(args.out_dir, max_side=args.max_side)
+      sources = find_sources() if args.set == "photos" else find_lomiri_sources()
+      if not sources:
+        raise UserError(
+            f"none of the '{args.set}' photographs is installed: apt-get install "
+            f"{_SET_PACKAGES[args.set]}"
+        )
+      paths = write_debian_photos(args.out_dir, max_side=args.max_side, sources=sources)
       if args.with_samples:
         from linvit_jax.data import sample_photos  # pylint: disable=g-import-not-at-top
 
