@@ -1,6 +1,8 @@
 """Collects the test-photo tables of finished runs into one committed JSON, for a docs table.
 
-  python tools/collect_test_photos.py OUT.json NAME=WORKDIR [NAME=WORKDIR ...]
+  python tools/collect_test_photos.py OUT.json NAME=WORKDIR [NAME=WORKDIR ...] [--update]
+
+--update keeps the runs already in OUT.json that are not named (their workdirs may be gone).
 
 Per run: the options that differ from convert_folder's defaults, the test table
 (results["test"]: sizes, views, intervals, dense measure), where the time went (timing_s) and
@@ -47,6 +49,8 @@ def collect(workdir: str) -> dict[str, Any]:
       "seed": config["seed"],
       "photos": config["data"]["data_dir"],
       "train_split": config["data"]["train_split"],
+      # Where the validation and test photos come from when not the training folder.
+      "eval_dataset": config["data"].get("eval_dataset", ""),
       "stages": _options(config),
       "test": r["test"],
       "timing_s": r["timing_s"],
@@ -61,10 +65,15 @@ def collect(workdir: str) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+  update = "--update" in argv
+  argv = [a for a in argv if a != "--update"]
   if len(argv) < 2 or any("=" not in a for a in argv[1:]):
     print(__doc__, file=sys.stderr)
     return 2
   out = {}
+  if update and os.path.exists(argv[0]):
+    with open(argv[0]) as f:
+      out = json.load(f)
   for arg in argv[1:]:
     name, workdir = arg.split("=", 1)
     out[name] = collect(workdir)
