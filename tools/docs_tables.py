@@ -597,15 +597,23 @@ def _study_cost(study_path: str, name: str) -> Callable[[Load], str]:
   return render
 
 
+# The whole-view measures the seed and folder tables compare (a test row -> its value).
+WHOLE_MEASURES = (
+    ("cls cosine", lambda r: r["cls_cosine"]["mean"]),
+    ("patch cosine", lambda r: r["patch_cosine"]["mean"]),
+    ("dense drop-in", lambda r: r["dense"]["drop_in"]["mean"]),
+    ("probe ratio", lambda r: r["dense"]["probe_ratio"]),
+)
+
+
+def _whole(run: dict[str, Any], size: int) -> dict[str, Any]:
+  """Run `run`'s test row of the whole view at `size`."""
+  return next(r for r in run["test"]["rows"] if (r["size"], r["view"]) == (size, "whole"))
+
+
 def _seed_spread(study_path: str, names: Sequence[str]) -> Callable[[Load], str]:
   """The same recipe under several seeds (runs `names` of a study, same folder and split): each
   whole-view measure per seed, their mean and sample standard deviation, and the k-NN retention."""
-  measures = (
-      ("cls cosine", lambda r: r["cls_cosine"]["mean"]),
-      ("patch cosine", lambda r: r["patch_cosine"]["mean"]),
-      ("dense drop-in", lambda r: r["dense"]["drop_in"]["mean"]),
-      ("probe ratio", lambda r: r["dense"]["probe_ratio"]),
-  )
 
   def render(load: Load) -> str:
     study = load(study_path)
@@ -624,11 +632,8 @@ def _seed_spread(study_path: str, names: Sequence[str]) -> Callable[[Load], str]
 
     sizes = sorted({r["size"] for r in runs[0]["test"]["rows"]})
     for size in sizes:
-      picked = [
-          next(r for r in run["test"]["rows"] if (r["size"], r["view"]) == (size, "whole"))
-          for run in runs
-      ]
-      for what, get in measures:
+      picked = [_whole(run, size) for run in runs]
+      for what, get in WHOLE_MEASURES:
         lines.append(row(f"| {size} px | {what}", [get(r) for r in picked], ".3f"))
     retention = [100 * run["knn"]["retention"] for run in runs]
     lines.append(row("| | k-NN retention (%)", retention, ".1f"))
@@ -677,16 +682,13 @@ def _structure_pair(load: Load) -> str:
   align_w_structure=1 (its results.json): whole views on the same test photos."""
   base, arm = load(FULL_STUDY)["full"], load(STRUCTURE_RUN)
 
-  def whole(run: dict[str, Any], size: int) -> dict[str, Any]:
-    return next(r for r in run["test"]["rows"] if (r["size"], r["view"]) == (size, "whole"))
-
   lines = [
       "| whole view, seed 0 → w_structure 1 | cls cosine | patch cosine | dense drop-in "
       "| probe ratio |",
       "|---|---|---|---|---|",
   ]
   for size in sorted({r["size"] for r in base["test"]["rows"]}):
-    a, b = whole(base, size), whole(arm, size)
+    a, b = _whole(base, size), _whole(arm, size)
     cells = [
         f"{a['cls_cosine']['mean']:.3f} → {b['cls_cosine']['mean']:.3f}",
         f"{a['patch_cosine']['mean']:.3f} → {b['patch_cosine']['mean']:.3f}",
@@ -697,6 +699,38 @@ def _structure_pair(load: Load) -> str:
   knn = lambda run: 100 * run["knn"]["retention"]  # noqa: E731
   lines.append(f"| k-NN retention (%) | {knn(base):.1f} → {knn(arm):.1f} | | | |")
   return "\n".join(lines)
+
+
+def _other_folder(names: Sequence[str], other: str) -> Callable[[Load], str]:
+  """The default trained on another folder (run `other` of FULL_STUDY: other training photos,
+  the same validation and test photos) beside the default folder's seeds (runs `names`)."""
+
+  def render(load: Load) -> str:
+    study = load(FULL_STUDY)
+    runs, arm = [study[n] for n in names], study[other]
+    lines = [
+        "| size | measure (whole views) | default folder, seed 0 | default folder, seeds "
+        f"{', '.join(str(r['seed']) for r in runs)}: min – max | other folder, seed {arm['seed']} "
+        "| other − seed 0 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for size in sorted({r["size"] for r in runs[0]["test"]["rows"]}):
+      for what, get in WHOLE_MEASURES:
+        values = [get(_whole(run, size)) for run in runs]
+        mine = get(_whole(arm, size))
+        lines.append(
+            f"| {size} px | {what} | {values[0]:.3f} | {min(values):.3f} – {max(values):.3f} "
+            f"| {mine:.3f} | {mine - values[0]:+.3f} |"
+        )
+    knn = [100 * run["knn"]["retention"] for run in runs]
+    mine = 100 * arm["knn"]["retention"]
+    lines.append(
+        f"| | k-NN retention (%) | {knn[0]:.1f} | {min(knn):.1f} – {max(knn):.1f} | {mine:.1f} "
+        f"| {mine - knn[0]:+.1f} |"
+    )
+    return "\n".join(lines)
+
+  return render
 
 
 FIXTURE_STUDY = "docs/fixture_conversions.json"
@@ -756,6 +790,9 @@ TABLES: dict[str, Table] = {
         (FULL_STUDY,), _seed_spread(FULL_STUDY, ("full", "full_seed1", "full_seed2"))
     ),
     "w_structure_pair": Table((FULL_STUDY, STRUCTURE_RUN), _structure_pair),
+    "default_full_other_folder": Table(
+        (FULL_STUDY,), _other_folder(("full", "full_seed1", "full_seed2"), "full_lomiri")
+    ),
     "default_full_resolution_curves": Table((RESOLUTION_CURVES,), _resolution_curves),
 }
 
