@@ -733,6 +733,52 @@ def _other_folder(names: Sequence[str], other: str) -> Callable[[Load], str]:
   return render
 
 
+def _rerun(load: Load) -> str:
+  """Seed 0 of the full default (FULL_STUDY "full") against the same command run again
+  ("full_rerun", another machine): every whole-view measure, the k-NN retention."""
+  study = load(FULL_STUDY)
+  first, again = study["full"], study["full_rerun"]
+  lines = [
+      "| size | measure (whole views) | seed 0, first run | seed 0, run again | change |",
+      "|---|---|---|---|---|",
+  ]
+  for size in sorted({r["size"] for r in first["test"]["rows"]}):
+    for what, get in WHOLE_MEASURES:
+      a, b = get(_whole(first, size)), get(_whole(again, size))
+      lines.append(f"| {size} px | {what} | {a:.4f} | {b:.4f} | {b - a:+.4f} |")
+  a, b = (100 * run["knn"]["retention"] for run in (first, again))
+  lines.append(f"| | k-NN retention (%) | {a:.2f} | {b:.2f} | {b - a:+.2f} |")
+  return "\n".join(lines)
+
+
+def _rerun_cost(load: Load) -> str:
+  """Where the time went on one machine: the other-folder run (FULL_STUDY "full_lomiri", the
+  first on a fresh machine: no cached teacher features) and the default run after it
+  ("full_rerun": the teacher's k-NN features and test / validation photo tokens cached)."""
+  study = load(FULL_STUDY)
+  runs = (study["full_lomiri"], study["full_rerun"])
+  parts = [p for p in runs[0]["timing_s"] if p != "total"]
+  lines = [
+      "| part | other folder, nothing cached (min) | default folder, run after it (min) | ratio |",
+      "|---|---|---|---|",
+  ]
+  for part in parts + ["total"]:
+    a, b = (run["timing_s"].get(part, 0.0) / 60 for run in runs)
+    name = f"**{part}**" if part == "total" else part
+    lines.append(f"| {name} | {a:.1f} | {b:.1f} | {b / a:.2f} |")
+  cache = [run["test"]["teacher_cache"] for run in runs]
+  lines.append(
+      "| teacher photo tokens: cached / computed | "
+      + " | ".join(f"{c['hits']} / {c['computed']}" for c in cache)
+      + " | |"
+  )
+  knn = [run["knn"].get("teacher_features_cached") for run in runs]
+  lines.append(
+      "| teacher k-NN features cached | " + " | ".join("yes" if k else "no" for k in knn) + " | |"
+  )
+  return "\n".join(lines)
+
+
 FIXTURE_STUDY = "docs/fixture_conversions.json"
 
 
@@ -794,6 +840,8 @@ TABLES: dict[str, Table] = {
         (FULL_STUDY,), _other_folder(("full", "full_seed1", "full_seed2"), "full_lomiri")
     ),
     "default_full_resolution_curves": Table((RESOLUTION_CURVES,), _resolution_curves),
+    "default_full_rerun": Table((FULL_STUDY,), _rerun),
+    "default_full_rerun_cost": Table((FULL_STUDY,), _rerun_cost),
 }
 
 
