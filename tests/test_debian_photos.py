@@ -84,9 +84,8 @@ def test_lomiri_set_is_listed_photos_only_and_disjoint(tmp_path, monkeypatch, ca
   _image(f"{root}/Fossa_by_Jasper_Roks.jpg", (900, 600))  # a render: not listed
   found = debian_photos.find_lomiri_sources(root)
   assert [name for _, name in found] == ["lomiri_sunset.jpg"]
-  names = {name for _, name in found} | {
-      f"lomiri_{n.split('_by_')[0]}.jpg" for n in debian_photos.LOMIRI_PHOTOS
-  }
+  assert debian_photos.lomiri_name("sunset_by_Aitzol_Berasategi.jpg") == "lomiri_sunset.jpg"
+  names = {debian_photos.lomiri_name(n) for n in debian_photos.LOMIRI_PHOTOS}
   assert len(names) == len(debian_photos.LOMIRI_PHOTOS)  # one output name per photo
   assert not any(n.startswith(("wall_", "cv_", "mate_")) for n in names)
   monkeypatch.setattr(debian_photos, "find_lomiri_sources", lambda: found)

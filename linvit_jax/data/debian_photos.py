@@ -133,10 +133,16 @@ def find_sources(
   return _plasma_sources(plasma_dir) + _opencv_sources(opencv_dir) + _mate_sources(mate_dir)
 
 
+def lomiri_name(file_name: str) -> str:
+  """The written name of a contest photo: its title without the author ('sunset_by_X.jpg' ->
+  'lomiri_sunset.jpg')."""
+  return f"lomiri_{file_name.split('_by_')[0]}.jpg"
+
+
 def find_lomiri_sources(lomiri_dir: str = LOMIRI_DIR) -> list[tuple[str, str]]:
   """(source path, output file name) of every listed contest photograph that is installed."""
   paths = [(os.path.join(lomiri_dir, n), n) for n in LOMIRI_PHOTOS]
-  return [(p, f"lomiri_{n.split('_by_')[0]}.jpg") for p, n in paths if os.path.isfile(p)]
+  return [(p, lomiri_name(n)) for p, n in paths if os.path.isfile(p)]
 
 
 # Each set's Debian packages, for the error when none of its photos is installed.
