@@ -611,6 +611,11 @@ def _whole(run: dict[str, Any], size: int) -> dict[str, Any]:
   return next(r for r in run["test"]["rows"] if (r["size"], r["view"]) == (size, "whole"))
 
 
+def _sizes(run: dict[str, Any]) -> list[int]:
+  """The sizes run `run`'s test table measured, smallest first."""
+  return sorted({r["size"] for r in run["test"]["rows"]})
+
+
 def _seed_spread(study_path: str, names: Sequence[str]) -> Callable[[Load], str]:
   """The same recipe under several seeds (runs `names` of a study, same folder and split): each
   whole-view measure per seed, their mean and sample standard deviation, and the k-NN retention."""
@@ -630,8 +635,7 @@ def _seed_spread(study_path: str, names: Sequence[str]) -> Callable[[Load], str]
       shown = " | ".join(format(v, fmt) for v in values)
       return f"{label} | {shown} | {format(statistics.mean(values), fmt)} ± {format(sd, fmt)} |"
 
-    sizes = sorted({r["size"] for r in runs[0]["test"]["rows"]})
-    for size in sizes:
+    for size in _sizes(runs[0]):
       picked = [_whole(run, size) for run in runs]
       for what, get in WHOLE_MEASURES:
         lines.append(row(f"| {size} px | {what}", [get(r) for r in picked], ".3f"))
@@ -687,7 +691,7 @@ def _structure_pair(load: Load) -> str:
       "| probe ratio |",
       "|---|---|---|---|---|",
   ]
-  for size in sorted({r["size"] for r in base["test"]["rows"]}):
+  for size in _sizes(base):
     a, b = _whole(base, size), _whole(arm, size)
     cells = [
         f"{a['cls_cosine']['mean']:.3f} → {b['cls_cosine']['mean']:.3f}",
@@ -714,7 +718,7 @@ def _other_folder(names: Sequence[str], other: str) -> Callable[[Load], str]:
         "| other − seed 0 |",
         "|---|---|---|---|---|---|",
     ]
-    for size in sorted({r["size"] for r in runs[0]["test"]["rows"]}):
+    for size in _sizes(runs[0]):
       for what, get in WHOLE_MEASURES:
         values = [get(_whole(run, size)) for run in runs]
         mine = get(_whole(arm, size))
@@ -742,7 +746,7 @@ def _rerun(load: Load) -> str:
       "| size | measure (whole views) | seed 0, first run | seed 0, run again | change |",
       "|---|---|---|---|---|",
   ]
-  for size in sorted({r["size"] for r in first["test"]["rows"]}):
+  for size in _sizes(first):
     for what, get in WHOLE_MEASURES:
       a, b = get(_whole(first, size)), get(_whole(again, size))
       lines.append(f"| {size} px | {what} | {a:.4f} | {b:.4f} | {b - a:+.4f} |")
