@@ -141,6 +141,7 @@ def train_pp(res: int, norm: str, augment: str) -> str:
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, **OPTIONS)
   config_lib.check_options("convert_folder", arg)
+  config_lib.say_budget("convert_folder", arg, OPTIONS)  # a dropped stage, unread options: said
   # The architecture, and the input normalisation a source declares, are read from `init` by the
   # driver (teacher.architecture="init", the pp op `init_norm`): this file reads no checkpoint.
   # norm="": the source's mean/std, else ImageNet's; "source": the source's, or an error.

@@ -33,7 +33,65 @@ RANGES = {
     "deploy_fraction": (lambda v, arg: 0 < v < 1, "expected in (0, 1), a share of the align steps"),
     "eval_images": (lambda v, arg: v >= 1, "expected >= 1"),
     "res": (lambda v, arg: v >= 1, "expected a positive multiple of the teacher's patch"),
+    "softmax_layers": (
+        lambda v, arg: v >= 0,
+        "expected a count of layers >= 0 (0: none; at most the teacher's depth - 1)",
+    ),
+    "num_features": (lambda v, arg: v >= 0, "expected >= 0 (0: the feature map's default)"),
+    "window": (lambda v, arg: v == 0 or (v > 0 and v % 2 == 1), "expected 0 (off) or an odd size"),
+    "sinks": (lambda v, arg: v >= 0, "expected >= 0 (0: off)"),
+    "compose": (lambda v, arg: 0 <= v <= 1, "expected a fraction in [0, 1] (0: off)"),
+    "knn_train": (lambda v, arg: v >= 1, "expected >= 1"),
+    "knn_eval": (lambda v, arg: v >= 1, "expected >= 1"),
+    "lr_distill": (lambda v, arg: math.isfinite(v) and v > 0, "expected a learning rate > 0"),
+    "lr_align": (lambda v, arg: math.isfinite(v) and v > 0, "expected a learning rate > 0"),
+    "align_warmup": (lambda v, arg: 0 <= v < 1, "expected a fraction in [0, 1) of align's steps"),
 }
+
+
+def align_steps(arg: Any) -> int:
+  """The align stage's steps that convert_folder's budget leaves (before deploy_res's share)."""
+  return (arg.max_images - int(arg.max_images * arg.distill_fraction)) // arg.batch
+
+
+def ignored_options(arg: Any, defaults: dict[str, Any]) -> list[str]:
+  """The options set away from their defaults that this run will not read: align's and
+  deploy_res's when no align stage runs, the k-NN set's when knn is off."""
+  no_align = arg.distill_fraction >= 1 or (align_steps(arg) == 0 and not arg.tiny)
+  unread = []
+  for name, default in defaults.items():
+    if arg[name] == default:
+      continue
+    if no_align and name.startswith(("align_", "deploy_", "lr_align")):
+      unread.append(name)
+    elif arg.knn in ("", "none") and name.startswith("knn_"):
+      unread.append(name)
+  return unread
+
+
+def budget_note(arg: Any, defaults: dict[str, Any] | None = None) -> str:
+  """One line when the budget drops the align stage that distill_fraction < 1 asks for, or when
+  options are set that the run will not read; else ""."""
+  unread = ignored_options(arg, defaults) if defaults else []
+  if unread:
+    reasons = [
+        why
+        for why, found in (
+            ("no align stage runs", any(not n.startswith("knn_") for n in unread)),
+            ("knn is off", any(n.startswith("knn_") for n in unread)),
+        )
+        if found
+    ]
+    why = "; ".join(reasons)
+    return f"options {', '.join(unread)} are set but not read ({why})"
+  if arg.tiny or arg.distill_fraction >= 1 or align_steps(arg) > 0:
+    return ""
+  need = math.ceil(arg.batch / (1 - arg.distill_fraction))
+  return (
+      f"max_images={arg.max_images} leaves the align stage no step (distill_fraction="
+      f"{arg.distill_fraction} and batch={arg.batch}): the run distils only; max_images >= "
+      f"{need} keeps align (distill_fraction=1 says distillation only)"
+  )
 
 
 def convert_folder(arg: Any) -> None:
@@ -60,6 +118,14 @@ def convert_folder(arg: Any) -> None:
     if arg[field] and arg.batch < 2:
       raise ValueError(
           f"{field}={arg[field]} blends images within a batch: batch={arg.batch} (set {field}=0)"
+      )
+  if arg.deploy_res and arg.deploy_res != arg.res and not arg.tiny:
+    at_deploy = int(align_steps(arg) * arg.deploy_fraction)
+    if at_deploy == 0:
+      raise ValueError(
+          f"deploy_res={arg.deploy_res} trains the last deploy_fraction={arg.deploy_fraction} of "
+          f"align's steps there, but the budget leaves align {align_steps(arg)} step(s) and that "
+          "share none: raise max_images or deploy_fraction, or set deploy_res=0"
       )
   if "://" not in arg.images and not os.path.isdir(arg.images):
     raise ValueError(f"images={arg.images!r} is not a folder")

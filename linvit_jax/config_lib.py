@@ -10,6 +10,7 @@ A config file imports this module only (its option checks are reached through `c
 from __future__ import annotations
 
 import difflib
+import logging
 import math
 import numbers
 import os
@@ -29,9 +30,13 @@ class OptionError(UserError, ValueError):
 
 
 def _unknown(key: str, defaults: Mapping[str, Any]) -> OptionError:
-  close = difflib.get_close_matches(key, list(defaults), n=1)
-  hint = f"; did you mean {close[0]!r}?" if close else ""
-  return OptionError(f"unknown config arg {key!r}{hint} (known: {', '.join(sorted(defaults))})")
+  close = difflib.get_close_matches(key, list(defaults), n=3)
+  hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+  if len(defaults) <= 12:
+    known = f"known: {', '.join(sorted(defaults))}"
+  else:  # a list of dozens of names hides the one line that matters
+    known = f"the config file's docstring lists its {len(defaults)} options"
+  return OptionError(f"unknown config arg {key!r}{hint} ({known})")
 
 
 def _parse_text(key: str, value: str, default: Any) -> Any:
@@ -154,6 +159,16 @@ def check_options(config: str, arg: mlc.ConfigDict) -> None:
   from linvit_jax import config_checks
 
   config_checks.CHECKS[config](arg)
+
+
+def say_budget(config: str, arg: mlc.ConfigDict, defaults: Mapping[str, Any]) -> None:
+  """Logs one warning when shipped config `config`'s budget drops a stage its options ask for,
+  or options are set that the run will not read (config_checks.budget_note)."""
+  from linvit_jax import config_checks
+
+  note = config_checks.budget_note(arg, dict(defaults)) if config == "convert_folder" else ""
+  if note:
+    logging.warning(note)
 
 
 # Every optimizer field and its default (big_vision's semantics: optim.make_optimizer). A config's

@@ -61,3 +61,17 @@ def disk_error_code(e: BaseException | None) -> int | None:
         return code
     e = e.__cause__ or e.__context__
   return None
+
+
+# An `error:` line longer than this is shortened in the middle (its start says what is wrong, its
+# end usually says the fix).
+MAX_LINE = 400
+
+
+def one_line(text: str, limit: int = MAX_LINE) -> str:
+  """`text` on one line (whitespace collapsed), at most `limit` characters."""
+  text = " ".join(str(text).split())
+  if len(text) <= limit:
+    return text
+  tail = limit // 4
+  return f"{text[: limit - tail - 3]} … {text[-tail:]}"

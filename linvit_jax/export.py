@@ -31,6 +31,7 @@ import json
 import os
 import re
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -669,6 +670,7 @@ class Student:
     self._sized: dict[tuple[int, int], Any] = {}
     self._pps: dict[tuple[int, int], Any] = {}
     self._tf_pp = None
+    self._bounds: tuple[float, ...] | None = None
 
   def __repr__(self) -> str:
     m = self.model
@@ -804,6 +806,7 @@ class Student:
             f"{tuple(images.shape)} (raw images: uint8 arrays, paths or bytes)"
         )
       size = self._check(images.shape[1:3])
+      self._check_normalised(images)
       if image_size is not None and self._check(image_size) != size:
         raise ExportError(
             f"image_size={image_size} but the preprocessed batch is {size[0]}×{size[1]}: a "
@@ -814,6 +817,48 @@ class Student:
       return None, list(images), self._size(image_size)
     return None, _as_list(images), self._size(image_size)
 
+  def value_bounds(self) -> tuple[float, float] | None:
+    """(lowest, highest) value the student's own preprocessing gives a pixel (black and white
+    through its normalisation), or None when the export records no preprocessing this module
+    can run."""
+    if self._bounds is None:
+      try:
+        pp = inference_pp.Preprocess(self._pp_string())
+        black, white = (np.full((2, 2, self.channels), v, np.uint8) for v in (0, 255))
+        lo, hi = float(np.min(pp(black))), float(np.max(pp(white)))
+        self._bounds = (min(lo, hi), max(lo, hi))
+      except UserError:
+        self._bounds = ()
+    return self._bounds or None
+
+  def _check_normalised(self, images: Any) -> None:
+    """A float batch must hold normalised pixels: values outside what the preprocessing makes
+    (raw 0..255 pixels, say) are refused; a batch that looks like raw 0..1 pixels is warned of."""
+    bounds = self.value_bounds()
+    if bounds is None or not np.size(images):
+      return
+    lo, hi = bounds
+    values = np.asarray(images)
+    vmin, vmax = float(np.min(values)), float(np.max(values))
+    slack = 0.05 * (hi - lo)  # resampling may overshoot the range a little
+    fix = (
+        "pass raw pixels as uint8 HxWxC arrays (or paths / bytes), which are preprocessed here, "
+        "or preprocess() them first"
+    )
+    if not (np.isfinite(vmin) and np.isfinite(vmax)):
+      raise ExportError("the float batch holds NaN or infinite values")
+    if vmin < lo - slack or vmax > hi + slack:
+      raise ExportError(
+          f"a float batch is read as normalised pixels, but its values span [{vmin:.4g}, "
+          f"{vmax:.4g}] and this student's preprocessing makes [{lo:.4g}, {hi:.4g}]: {fix}"
+      )
+    if lo < -0.1 and vmin >= 0.0 and vmax <= 1.0:
+      warnings.warn(
+          f"a float batch with every value in [0, 1], where this student's normalised pixels "
+          f"span [{lo:.3g}, {hi:.3g}]: raw 0..1 pixels? If so, {fix}",
+          stacklevel=4,
+      )
+
   def tokens(
       self, images: Any, image_size: Any = None, batch_size: int | None = None
   ) -> np.ndarray:
@@ -821,7 +866,9 @@ class Student:
 
     `images`: paths, encoded bytes, uint8 HWC arrays (raw images: preprocessed here, at
     `image_size`), or a preprocessed float batch [B, H, W, C] (numpy or jax, any float dtype;
-    its H, W decide the size)."""
+    its H, W decide the size). A float batch must hold *normalised* pixels, as `preprocess`
+    makes them: raw pixels go in as uint8 (a float batch outside `value_bounds()` is refused, one
+    whose values all lie in [0, 1] is warned of)."""
     return self._run("encoded", images, image_size, batch_size)
 
   def encode(
@@ -887,6 +934,13 @@ def _read_config(folder: str) -> dict[str, Any]:
   if not isinstance(cfg, dict):
     raise ExportError(
         f"'{path}': expected a JSON object (the student's config), got a {type(cfg).__name__}"
+    )
+  if not model_fields(cfg):
+    # `{}` (or a config without its model) would otherwise be read as a default ViT and then be
+    # reported as a mismatch with the params: say what is missing instead.
+    raise ExportError(
+        f"'{path}': holds no model fields (width, depth, ...): the file is empty or damaged; "
+        "export the student again"
     )
   return cfg
 

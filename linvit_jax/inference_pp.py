@@ -225,6 +225,8 @@ def decode(image: Any, channels: int = 3) -> np.ndarray:
         "an image must be a path, encoded bytes or a uint8 HxW[xC] array (C = 1, 3 or 4); "
         f"got {a.dtype} {a.shape}"
     )
+  if not a.shape[0] or not a.shape[1]:  # resize would divide by the empty side
+    raise PreprocessError(f"an empty image ({a.shape[0]}×{a.shape[1]} pixels): nothing to encode")
   a = a if a.ndim == 3 else a[..., None]
   if a.shape[-1] == channels:
     return a

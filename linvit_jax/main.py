@@ -173,7 +173,7 @@ def _user_error_message(e: BaseException) -> str | None:
 
 
 def _fail(text: str) -> None:
-  sys.stderr.write(f"error: {' '.join(text.split())}\n")
+  sys.stderr.write(f"error: {errors.one_line(text)}\n")
   sys.exit(2)
 
 
@@ -304,7 +304,7 @@ def cli(command: Command = convert) -> None:
     message = _user_error_message(e)
     if message is None:
       raise
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {errors.one_line(message)}", file=sys.stderr)
     sys.exit(2)
 
 

@@ -23,6 +23,7 @@ from linvit_jax import config_lib
 from linvit_jax import distill
 from linvit_jax import gfile
 from linvit_jax import optim
+from linvit_jax import run_identity
 from linvit_jax import sharding
 from linvit_jax import surgery
 from linvit_jax import train
@@ -35,13 +36,16 @@ from linvit_jax.models import vit
 
 
 def check(config: mlc.ConfigDict, workdir: str) -> jax.sharding.Mesh:
-  """The checks of a run before any compute, in order; returns the device mesh it runs on."""
+  """The checks of a run that need no compute and write nothing, in order; returns the device
+  mesh it runs on. The workdir is created later, under its lock (run.run), once every input has
+  been checked: a refused run leaves no workdir behind."""
   validate(config)
   mesh = check_mesh(config)
   check_data(config)
+  run_identity.check_workdir_place(workdir, run_identity.image_folders(config))
   check_same_run(workdir, config)
   if jax.process_index() == 0:
-    prepare_workdir(workdir)
+    probe_workdir(workdir)
   return mesh
 
 
@@ -139,6 +143,7 @@ def validate(config: mlc.ConfigDict) -> None:
   depth = check("model.variant", vit.decode_variant, config.model.variant or None).get(
       "depth", config.model.depth
   )
+  check_softmax_layers(config, depth)
   attention = check("student.attention", build.student_attention, config)  # reads student.init's
   specs = check("student.attention", attn_lib.parse_layer_specs, attention, depth or 1)
   teacher_model, student_model = check("model", build.models, config, attention)
@@ -181,6 +186,25 @@ def validate(config: mlc.ConfigDict) -> None:
       check(f"{name}.pp_train", input_pipeline.get_preprocess_fn, config[name].pp_train)
   if config.data.pp_eval:
     check("data.pp_eval", input_pipeline.get_preprocess_fn, config.data.pp_eval)
+
+
+def check_softmax_layers(config: mlc.ConfigDict, depth: int | None) -> None:
+  """student.softmax_layers: a count in [0, depth - 1] (all layers softmax is the teacher; a
+  negative count would be read as a slice), swapped in after a distill_attention stage."""
+  k = config.student.get("softmax_layers", 0)
+  if isinstance(k, bool) or not isinstance(k, int):
+    raise ConfigError(f"config.student.softmax_layers={k!r}: expected a whole number of layers")
+  if k < 0 or (depth and k >= depth):
+    most = f"at most {depth - 1} for this {depth}-layer model" if depth else "at least 0"
+    raise ConfigError(
+        f"config.student.softmax_layers={k} (convert_folder: softmax_layers={k}): {most}, "
+        "and 0 for none (all layers softmax would be the teacher itself)"
+    )
+  if k and not any(config[n].kind == "distill_attention" for n in config.stages if n in config):
+    raise ConfigError(
+        f"config.student.softmax_layers={k}: the layers are chosen after the first "
+        "distill_attention stage, and config.stages has none"
+    )
 
 
 def check_resolution(
@@ -405,9 +429,11 @@ def check_same_run(workdir: str, config: mlc.ConfigDict) -> None:
       for k in sorted(set(a) | set(b)):
         diff(a.get(k), b.get(k), f"{key}.{k}")
     elif a != b:
-      diffs.append(f"{key}: {json.dumps(a)} there, {json.dumps(b)} now")
+      diffs.append(f"{key}: {_short_json(a)} there, {_short_json(b)} now")
 
-  keys = list(_RUN_IDENTITY) + list(new.get("stages", [])) + ["teacher.init"]
+  keys = list(_RUN_IDENTITY) + list(new.get("stages", []))
+  if run_identity.read(workdir) is None:  # a run recorded before identity.json: by name only
+    keys.append("teacher.init")
   diffs: list[str] = []
   for key in keys:
     a, b = get(old, key), get(new, key)
@@ -415,11 +441,34 @@ def check_same_run(workdir: str, config: mlc.ConfigDict) -> None:
       a, b = (os.path.basename(x) if isinstance(x, str) else x for x in (a, b))
     diff(a, b, key)
   if diffs:
-    more = f" (+{len(diffs) - 4} more)" if len(diffs) > 4 else ""
+    more = f" (+{len(diffs) - 2} more)" if len(diffs) > 2 else ""
     raise ConfigError(
-        f"workdir {workdir!r} holds a run of another config ({'; '.join(diffs[:4])}{more}); "
-        "resuming it would mix the two. Pass a new --workdir, or delete that one to start over."
+        f"workdir {workdir!r} holds a run of another config ({'; '.join(diffs[:2])}{more}); "
+        "resuming it would mix the two. Nothing in it was changed: pass a new --workdir, or "
+        "delete that one to start over."
     )
+
+
+def _short_json(value: Any) -> str:
+  text = json.dumps(value)
+  return text if len(text) <= 60 else f"{text[:40]}…{text[-12:]}"
+
+
+def probe_workdir(workdir: str) -> None:
+  """prepare_workdir's check, leaving nothing behind: the folders it had to create are removed
+  again (the run creates them under its lock once every other check has passed)."""
+  if gfile.is_remote(workdir):
+    return
+  created, path = [], os.path.abspath(workdir)
+  while not os.path.lexists(path) and os.path.dirname(path) != path:
+    created.append(path)
+    path = os.path.dirname(path)
+  prepare_workdir(workdir)
+  for folder in created:  # deepest first
+    try:
+      os.rmdir(folder)
+    except OSError:
+      break
 
 
 def prepare_workdir(workdir: str) -> None:

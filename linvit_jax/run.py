@@ -5,9 +5,11 @@ API), the ablation and the notebook all call `run`; each step's work lives in it
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -24,6 +26,7 @@ from linvit_jax import photo_eval
 from linvit_jax import preflight
 from linvit_jax import report
 from linvit_jax import results as results_lib
+from linvit_jax import run_identity
 from linvit_jax import sharding
 from linvit_jax import stages
 from linvit_jax import surgery
@@ -40,8 +43,7 @@ def run(config: mlc.ConfigDict, workdir: str) -> results_lib.Results:
   compile_cache.enable(config.compile_cache or None)
   config = build.resolve_from_init(config)  # what the config asks to read from init
   config, knn_skipped = preflight.resolve_knn(config)  # knn="auto": Fashion-MNIST if installed
-  mesh = preflight.check(config, workdir)  # every check that needs no compute
-  teacher_model, student_model = build.models(config)
+  mesh = preflight.check(config, workdir)  # every check that needs no compute; writes nothing
   sample = build.sample_images(config)
   if report.test_block(config):  # a bad test split fails now, not after the training
     test_paths, _, val_paths = report.test_sets(config)
@@ -50,6 +52,34 @@ def run(config: mlc.ConfigDict, workdir: str) -> results_lib.Results:
       logging.warning("test photos: %s", few)
   if config.eval.knn.dataset:
     preflight.check_knn_set(config)
+  # What the run is made from, by content (the teacher's bytes, the photos), read once: a rerun
+  # made from other inputs is refused before anything in the workdir is written.
+  identity = run_identity.of_run(config)
+  with _workdir(config, workdir, identity):
+    return _run(config, workdir, mesh, sample, identity, knn_skipped)
+
+
+@contextlib.contextmanager
+def _workdir(config: mlc.ConfigDict, workdir: str, identity: dict[str, Any]) -> Iterator[None]:
+  """The workdir, created and held (run_identity.locked) by process 0 for the run, once the
+  config and the identity recorded there (if any) agree with this run."""
+  if jax.process_index() != 0:
+    yield
+    return
+
+  def check() -> None:  # again under the lock: another run may have ended meanwhile
+    preflight.check_same_run(workdir, config)
+    run_identity.check(workdir, identity)
+
+  check()  # a refused rerun touches nothing, not even the lock file
+  preflight.prepare_workdir(workdir)
+  with run_identity.locked(workdir, check):
+    yield
+
+
+def _run(config, workdir, mesh, sample, identity, knn_skipped) -> results_lib.Results:
+  """run() once its inputs are checked and its workdir is held."""
+  teacher_model, student_model = build.models(config)
   labelled = build.labelled(config)
   # Never a silent k-NN skip: the summary and the model card say why and the fix.
   record = results_lib.Results(config.to_dict(), labelled=labelled, knn_skipped=knn_skipped or None)
@@ -59,6 +89,7 @@ def run(config: mlc.ConfigDict, workdir: str) -> results_lib.Results:
   teacher_params = _load_teacher(config, teacher_model, rng, sample)
   fresh, student_params = _init_student(config, student_model, rng, sample)
   if jax.process_index() == 0:  # written once the inputs load: a failed start blocks no rerun
+    run_identity.write(workdir, identity)
     gfile.write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=1))
   scorer = report.Scorer(config, mesh, labelled, teacher_model, teacher_params, sample)
 

@@ -68,12 +68,23 @@ def test_nothing_installed_is_a_clear_error(tmp_path, capsys, monkeypatch):
   assert not os.path.exists(tmp_path / "o2")
 
 
+def test_promised_counts_are_the_readmes():
+  assert debian_photos.PROMISED == {"photos": 46, "lomiri": 15}
+
+
 def test_cli_writes_the_folder(packages, tmp_path, monkeypatch, capsys):
   found = debian_photos.find_sources(**packages)
   monkeypatch.setattr(debian_photos, "find_sources", lambda: found)
   out = str(tmp_path / "cli")
-  assert debian_photos.main([out, "--max_side", "600"]) == 0
-  assert "wrote 3 photos" in capsys.readouterr().out
+  # 3 of the 46 promised: an error naming the count, and nothing written ...
+  assert debian_photos.main([out, "--max_side", "600"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: only 3 of the 46 'photos' photographs") and "--allow_partial" in err
+  assert not os.path.exists(out)
+  # ... unless asked for: written, with a warning that says the count.
+  assert debian_photos.main([out, "--max_side", "600", "--allow_partial"]) == 0
+  captured = capsys.readouterr()
+  assert "wrote 3 photos" in captured.out and "WARNING: wrote 3 of the 46" in captured.err
   assert max(Image.open(os.path.join(out, "wall_Path.jpg")).size) == 600
   assert debian_photos.main([out, "--max_side", "0"]) == 2
 
@@ -90,7 +101,9 @@ def test_lomiri_set_is_listed_photos_only_and_disjoint(tmp_path, monkeypatch, ca
   assert not any(n.startswith(("wall_", "cv_", "mate_")) for n in names)
   monkeypatch.setattr(debian_photos, "find_lomiri_sources", lambda: found)
   out = str(tmp_path / "lomiri")
-  assert debian_photos.main([out, "--set", "lomiri"]) == 0
+  assert debian_photos.main([out, "--set", "lomiri"]) == 2
+  assert "only 1 of the 15" in capsys.readouterr().err and not os.path.exists(out)
+  assert debian_photos.main([out, "--set", "lomiri", "--allow_partial"]) == 0
   assert os.listdir(out) == ["lomiri_sunset.jpg"]
   monkeypatch.setattr(debian_photos, "find_lomiri_sources", lambda: [])
   assert debian_photos.main([str(tmp_path / "none"), "--set", "lomiri"]) == 2

@@ -150,6 +150,24 @@ _SET_PACKAGES = {
     "photos": "plasma-workspace-wallpapers opencv-doc mate-backgrounds",
     "lomiri": "lomiri-wallpapers",
 }
+MATE_PHOTO_COUNT = 12  # the photographs mate-backgrounds ships in MATE_DIR (all of them are used)
+# What each set promises (the README quotes it): fewer installed is an error unless allowed.
+PROMISED = {
+    "photos": len(PLASMA_PHOTOS) + len(OPENCV_PHOTOS) + MATE_PHOTO_COUNT,
+    "lomiri": len(LOMIRI_PHOTOS),
+}
+
+
+def missing_packages(photo_set: str) -> list[str]:
+  """The packages of `photo_set` whose photographs are not all installed."""
+  if photo_set == "lomiri":
+    return [] if len(find_lomiri_sources()) == len(LOMIRI_PHOTOS) else ["lomiri-wallpapers"]
+  counts = (
+      ("plasma-workspace-wallpapers", len(_plasma_sources(PLASMA_DIR)), len(PLASMA_PHOTOS)),
+      ("opencv-doc", len(_opencv_sources(OPENCV_DIR)), len(OPENCV_PHOTOS)),
+      ("mate-backgrounds", len(_mate_sources(MATE_DIR)), MATE_PHOTO_COUNT),
+  )
+  return [name for name, found, promised in counts if found < promised]
 
 
 def write_debian_photos(
@@ -209,6 +227,11 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument(
       "--with_samples", action="store_true", help="also write the 21 sample photos (sample_photos)"
   )
+  parser.add_argument(
+      "--allow_partial",
+      action="store_true",
+      help="write the photographs that are installed even when some of the set's are missing",
+  )
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
   try:
     if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
@@ -222,7 +245,21 @@ def main(argv: list[str] | None = None) -> int:
             f"none of the '{args.set}' photographs is installed: apt-get install "
             f"{_SET_PACKAGES[args.set]}"
         )
+      promised, missing = PROMISED[args.set], missing_packages(args.set)
+      if len(sources) < promised and not args.allow_partial:
+        raise UserError(
+            f"only {len(sources)} of the {promised} '{args.set}' photographs are installed "
+            f"(incomplete: {' '.join(missing)}); apt-get install {' '.join(missing)}, or pass "
+            f"--allow_partial to write those {len(sources)} (another folder than the README's: "
+            "its held-out split and figures differ); nothing was written"
+        )
       paths = write_debian_photos(args.out_dir, max_side=args.max_side, sources=sources)
+      if len(sources) < promised:
+        print(
+            f"WARNING: wrote {len(sources)} of the {promised} '{args.set}' photographs "
+            f"(--allow_partial; not installed: {' '.join(missing)}): not the README's folder",
+            file=sys.stderr,
+        )
       if args.with_samples:
         from linvit_jax.data import sample_photos  # pylint: disable=g-import-not-at-top
 

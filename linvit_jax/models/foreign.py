@@ -600,10 +600,33 @@ def _divisors(n: int) -> str:
   return small + (", …" if n > 32 else "")
 
 
+def _declared_timm_heads(config: dict[str, Any]) -> tuple[int, str] | None:
+  """(heads, where the source says so) from a timm config.json, or None when it does not say."""
+  args = config.get("model_args") or {}
+  if args.get("num_heads"):
+    return int(args["num_heads"]), "config.json: model_args.num_heads"
+  m = re.match(r"vit_([a-z0-9]+)_", str(config.get("architecture", "")))
+  if m and m.group(1) in _TIMM_HEADS:
+    return _TIMM_HEADS[m.group(1)], f"config.json's architecture {config['architecture']!r}"
+  return None
+
+
+def _contradicts(given: int, declared: int, where: str, source: str) -> None:
+  raise CheckpointError(
+      f"--num_heads {given} contradicts '{source}', which declares {declared} heads ({where}): "
+      "the imported model would compute something else; drop --num_heads"
+  )
+
+
 def _timm_heads(width: int, config: dict[str, Any], num_heads: int | None, source: str) -> int:
-  """timm's heads: --num_heads, else config.json's model_args, else the architecture's size name."""
+  """timm's heads: --num_heads, else config.json's model_args, else the architecture's size name.
+  A --num_heads that contradicts what the source declares is refused: the import would write a
+  model whose outputs differ from the source's."""
   if num_heads:
     _check_heads(width, int(num_heads), source, None)
+    declared = _declared_timm_heads(config)
+    if declared and declared[0] != int(num_heads):
+      _contradicts(int(num_heads), *declared, source)
     return int(num_heads)
   args = config.get("model_args") or {}
   if args.get("num_heads"):
@@ -767,6 +790,14 @@ def _timm_map_head(t: _Tensors, heads: int) -> dict[str, Any]:
 # The one entry point.
 
 
+def _check_hf_heads(config: dict[str, Any], num_heads: int | None, source: str) -> None:
+  """A Hugging Face config always declares its heads: a --num_heads other than those is refused."""
+  vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else config
+  declared = vision.get("num_attention_heads")
+  if num_heads and declared and int(declared) != int(num_heads):
+    _contradicts(int(num_heads), int(declared), "config.json: num_attention_heads", source)
+
+
 def read(path: str, num_heads: int | None = None) -> Imported:
   """A Hugging Face / timm folder or a .safetensors file, in big_vision's layout (see module doc).
 
@@ -787,6 +818,7 @@ def read(path: str, num_heads: int | None = None) -> Imported:
           "folder has one; a big_vision checkpoint is an .npz file)"
       )
     if "model_type" in config:
+      _check_hf_heads(config, num_heads, path)
       return _from_hf(path, config)
     if "architecture" in config:
       tensors, weights = _read_folder_tensors(path)
@@ -797,6 +829,7 @@ def read(path: str, num_heads: int | None = None) -> Imported:
     )
   beside = _read_json(os.path.join(os.path.dirname(os.path.abspath(path)), "config.json"))
   if beside and "model_type" in beside:
+    _check_hf_heads(beside, num_heads, path)
     return _from_hf(os.path.dirname(os.path.abspath(path)), beside)
   tensors = read_safetensors(path)
   if "patch_embed.proj.weight" in tensors:

@@ -1,0 +1,309 @@
+"""Issue 52's walk, as regression tests: a workdir knows what made it (the teacher's bytes, the
+photos, the config), one run at a time, every option in range, no silent wrong model.
+
+Each refusal is one line naming what is wrong, and leaves the workdir byte for byte as it was.
+The runs stop at the surgery (the first real work after the inputs are checked and recorded), so
+these cases cost a second or two each. ROBUSTNESS.md lists them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from linvit_jax import config_files
+from linvit_jax import errors
+from linvit_jax import export
+from linvit_jax import import_weights
+from linvit_jax import inference_pp
+from linvit_jax import run as run_lib
+from linvit_jax import run_identity
+from tests.helpers import robust_common as robust
+from tests.helpers import robust_config as rc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HF_TEACHER = os.path.join(ROOT, "tests", "data", "foreign", "hf_dinov2_registers")
+CONVERT_FOLDER = os.path.join(ROOT, "configs", "convert_folder.py")
+
+
+class ComputeStarted(Exception):
+  """The run got past its checks and recorded its inputs."""
+
+
+@pytest.fixture
+def stop_at_surgery(monkeypatch):
+  def boom(*a, **k):
+    raise ComputeStarted
+
+  monkeypatch.setattr(run_lib.surgery, "transplant", boom)
+
+
+def _snapshot(folder) -> dict[str, bytes]:
+  out = {}
+  for dirpath, _, names in os.walk(folder):
+    for name in names:
+      path = os.path.join(dirpath, name)
+      with open(path, "rb") as f:
+        out[os.path.relpath(path, folder)] = f.read()
+  return out
+
+
+def _photos(folder, n: int, seed: int = 0) -> str:
+  os.makedirs(folder, exist_ok=True)
+  rs = np.random.RandomState(seed)
+  for i in range(n):
+    pixels = (rs.rand(6, 7, 3) * 255).astype(np.uint8)
+    Image.fromarray(pixels).resize((60, 50), Image.BICUBIC).save(os.path.join(folder, f"p{i}.png"))
+  return str(folder)
+
+
+def _folder_config(images: str, **options):
+  arg = {"init": HF_TEACHER, "images": images, "res": 28, "tiny": True, "batch": 4, **options}
+  arg.setdefault("max_images", 8)
+  arg.setdefault("knn", "none")
+  return config_files.load(CONVERT_FOLDER, arg)
+
+
+def _refused(config, workdir, *parts):
+  """run.run refuses `config` in workdir with one line holding `parts`; nothing there changes."""
+  before = _snapshot(workdir) if os.path.isdir(workdir) else None
+  with pytest.raises(errors.ConfigError) as info:
+    run_lib.run(config, str(workdir))
+  text = str(info.value)
+  assert "\n" not in text and len(text) <= errors.MAX_LINE, text
+  for part in parts:
+    assert part in text, (part, text)
+  after = _snapshot(workdir) if os.path.isdir(workdir) else None
+  assert after == before
+  return text
+
+
+# ------------------------------------------------------------------------ a run's identity
+
+
+def test_teacher_of_the_same_name_in_another_folder_is_refused(tmp_path, stop_at_surgery):
+  first, second = tmp_path / "a" / "teacher.npz", tmp_path / "b" / "teacher.npz"
+  os.makedirs(first.parent)
+  os.makedirs(second.parent)
+  rc.make_teacher(str(first), seed=0)
+  rc.make_teacher(str(second), seed=1)  # the same basename, other weights
+  workdir = tmp_path / "w"
+  with pytest.raises(ComputeStarted):
+    run_lib.run(robust.config(str(first)), str(workdir))
+  recorded = run_identity.read(str(workdir))
+  assert recorded["teacher"]["sha256"] == run_identity.checkpoint_digest(str(first))["sha256"]
+  _refused(robust.config(str(second)), workdir, "teacher checkpoint: sha256", "Nothing in it")
+  # The same bytes reached by another path are the same run: it resumes.
+  moved = tmp_path / "c" / "renamed.npz"
+  os.makedirs(moved.parent)
+  shutil.copy(first, moved)
+  with pytest.raises(ComputeStarted):
+    run_lib.run(robust.config(str(moved)), str(workdir))
+
+
+def test_teacher_file_changed_in_place_is_refused(tmp_path, stop_at_surgery):
+  path = str(tmp_path / "teacher.npz")
+  rc.make_teacher(path, seed=0)
+  workdir = tmp_path / "w"
+  with pytest.raises(ComputeStarted):
+    run_lib.run(robust.config(path), str(workdir))
+  rc.make_teacher(path, seed=3)
+  _refused(robust.config(path), workdir, "(the same path: the file changed)")
+
+
+def test_photos_are_part_of_the_identity(tmp_path, stop_at_surgery):
+  photos = _photos(tmp_path / "photos", 6)
+  workdir = tmp_path / "w"
+  with pytest.raises(ComputeStarted):
+    run_lib.run(_folder_config(photos), str(workdir))
+  assert run_identity.read(str(workdir))["photos"]["train"]["photos"] == 6
+  other = _photos(tmp_path / "other", 6, seed=1)
+  _refused(_folder_config(other), workdir, "train photos: another folder")
+  _photos(tmp_path / "photos" / "more", 1, seed=2)  # a photo added to the same folder
+  _refused(_folder_config(photos), workdir, "train photos: the same folder, changed", "(6 photos")
+  os.remove(tmp_path / "photos" / "more" / "p0.png")
+  with pytest.raises(ComputeStarted):  # as it was: the same run again
+    run_lib.run(_folder_config(photos), str(workdir))
+
+
+def test_workdir_and_photo_folder_may_not_nest(tmp_path):
+  photos = _photos(tmp_path / "photos", 6)
+  _refused(_folder_config(photos), tmp_path / "photos" / "run", "is inside the train photo folder")
+  assert not os.path.exists(tmp_path / "photos" / "run")
+  inner = _photos(tmp_path / "work" / "photos", 6)
+  _refused(_folder_config(inner), tmp_path / "work", "is inside --workdir")
+
+
+def test_bad_knn_leaves_no_workdir(tmp_path):
+  photos = _photos(tmp_path / "photos", 6)
+  config = _folder_config(photos, knn=f"image_folder:{tmp_path / 'no_such_folder'}")
+  with pytest.raises(errors.ConfigError):
+    run_lib.run(config, str(tmp_path / "w"))
+  assert not os.path.exists(tmp_path / "w")
+
+
+# ------------------------------------------------------------------------ one run per workdir
+
+
+def test_busy_workdir_is_refused_naming_the_holder(teacher, tmp_path, stop_at_surgery):
+  workdir = str(tmp_path / "w")
+  with run_identity.locked(workdir):
+    text = _refused(robust.config(teacher), workdir, "is in use by another run", f"{os.getpid()}")
+  assert "wait for it to end" in text
+  with pytest.raises(ComputeStarted):  # released: the next run goes ahead
+    run_lib.run(robust.config(teacher), workdir)
+
+
+def test_lock_dies_with_its_process(tmp_path):
+  """A process killed (-9) while holding the lock leaves none: the kernel releases flock."""
+  workdir = str(tmp_path / "w")
+  holder = subprocess.Popen(
+      [
+          sys.executable,
+          "-c",
+          "import sys, time; from linvit_jax import run_identity\n"
+          "with run_identity.locked(sys.argv[1]):\n print('held', flush=True); time.sleep(60)",
+          workdir,
+      ],
+      stdout=subprocess.PIPE,
+      text=True,
+      cwd=ROOT,
+  )
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    t0 = time.time()
+    with pytest.raises(errors.ConfigError, match=rf"in use by another run \(pid {holder.pid} on"):
+      with run_identity.locked(workdir):
+        pass
+    assert time.time() - t0 < 5
+  finally:
+    holder.kill()
+    holder.wait()
+  with run_identity.locked(workdir):  # no stale lock
+    pass
+
+
+def test_killed_write_leftovers_are_removed_under_the_lock(tmp_path):
+  workdir = tmp_path / "w"
+  workdir.mkdir()
+  stale = workdir / ".student.safetensors.k3x_9abc.tmp"
+  stale.write_bytes(b"half")
+  kept = workdir / "notes.tmp"  # not atomic_open's pattern: not ours to remove
+  kept.write_text("x")
+  with run_identity.locked(str(workdir)):
+    assert not stale.exists() and kept.exists()
+
+
+# ------------------------------------------------------------------------ options in range
+
+
+def _option_error(tmp_path, **options) -> str:
+  photos = _photos(tmp_path / "photos", 6)
+  with pytest.raises(ValueError) as info:
+    _folder_config(photos, **options)
+  text = str(info.value)
+  assert "\n" not in text and len(text) <= errors.MAX_LINE, text
+  return text
+
+
+def test_softmax_layers_out_of_range(tmp_path):
+  assert "softmax_layers=-1: expected a count of layers >= 0" in _option_error(
+      tmp_path, softmax_layers=-1
+  )
+  photos = _photos(tmp_path / "p2", 6)
+  config = _folder_config(photos, softmax_layers=99)  # the depth is the teacher's: preflight
+  _refused(config, tmp_path / "w", "softmax_layers=99", "at most 1 for this 2-layer model")
+  assert not os.path.exists(tmp_path / "w")
+
+
+def test_deploy_res_that_no_step_trains_is_refused(tmp_path):
+  text = _option_error(tmp_path, deploy_res=56, max_images=16, tiny=False)
+  assert "deploy_res=56" in text and "set deploy_res=0" in text
+
+
+def test_align_dropped_by_the_budget_is_said(tmp_path, caplog):
+  photos = _photos(tmp_path / "photos", 6)
+  with caplog.at_level("WARNING"):
+    config = _folder_config(photos, max_images=16, batch=8, tiny=False)
+  assert tuple(config.stages) == ("distill_attention",)
+  said = [r.getMessage() for r in caplog.records if "align stage no step" in r.getMessage()]
+  assert len(said) == 1 and "max_images >= 20 keeps align" in said[0], said
+
+
+def test_unknown_option_names_the_nearest_not_all(tmp_path):
+  text = _option_error(tmp_path, **{"max_image": 8})
+  assert "did you mean 'max_images'" in text and "align_w_blocks" not in text
+
+
+def test_long_error_lines_are_shortened_in_the_middle():
+  text = "start " + "x" * 1000 + " the fix"
+  line = errors.one_line(text)
+  assert len(line) <= errors.MAX_LINE and line.startswith("start ") and line.endswith("the fix")
+
+
+# ------------------------------------------------------------------------ no silent wrong model
+
+
+def test_num_heads_that_contradicts_the_source_is_refused(tmp_path, capsys):
+  src = os.path.join(ROOT, "tests", "data", "foreign", "timm_vit")
+  out = str(tmp_path / "out.npz")
+  assert import_weights.main([src, out, "--num_heads", "4"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: --num_heads 4 contradicts") and "declares 2 heads" in err, err
+  assert not os.path.exists(out)
+  assert import_weights.main([src, out, "--num_heads", "2"]) == 0  # what it declares: fine
+  hf = os.path.join(ROOT, "tests", "data", "foreign", "hf_vit")
+  assert import_weights.main([hf, str(tmp_path / "hf.npz"), "--num_heads", "3"]) == 2
+  assert "num_attention_heads" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def student(tmp_path_factory):
+  from tests.test_student_any_size import make_export
+
+  return export.load_student(make_export(tmp_path_factory.mktemp("student")))
+
+
+def test_float_batch_of_raw_pixels_is_refused(student):
+  lo, hi = student.value_bounds()
+  assert lo < -1.5 and hi > 1.5  # ImageNet's mean/std: black -2.1, white 2.6
+  raw = np.random.RandomState(0).uniform(0, 255, (2, 16, 16, 3)).astype(np.float32)
+  with pytest.raises(export.ExportError, match=r"values span \[.*raw pixels as uint8"):
+    student.encode(raw)
+  with pytest.warns(UserWarning, match=r"raw 0..1 pixels\?"):
+    student.encode(raw / 255.0)
+  normalised = student.preprocess(raw.astype(np.uint8))
+  assert student.encode(normalised).shape == (2, 32)  # the right input: no complaint
+  assert student.encode(raw.astype(np.uint8)).shape == (2, 32)
+
+
+def test_empty_image_is_one_line(student):
+  with pytest.raises(inference_pp.PreprocessError, match=r"an empty image \(0×0 pixels\)"):
+    student.encode([np.zeros((0, 0, 3), np.uint8)])
+
+
+def test_empty_student_config_says_so(tmp_path):
+  from tests.test_student_any_size import make_export
+
+  folder = make_export(tmp_path / "s")
+  with open(os.path.join(folder, "student_config.json"), "w") as f:
+    f.write("{}")
+  with pytest.raises(export.ExportError, match="holds no model fields"):
+    export.load_student(folder)
+
+
+def test_options_the_run_will_not_read_are_said(tmp_path, caplog):
+  photos = _photos(tmp_path / "photos", 6)
+  with caplog.at_level("WARNING"):
+    _folder_config(photos, distill_fraction=1.0, align_lora=4, knn_train=50)
+  said = [r.getMessage() for r in caplog.records if "set but not read" in r.getMessage()]
+  assert said == [
+      "options align_lora, knn_train are set but not read (no align stage runs; knn is off)"
+  ]
