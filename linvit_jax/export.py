@@ -832,8 +832,9 @@ class Student:
     return self._bounds or None
 
   def _check_normalised(self, images: Any) -> None:
-    """A float batch must hold normalised pixels: values outside what the preprocessing makes
-    (raw 0..255 pixels, say) are refused; a batch that looks like raw 0..1 pixels is warned of."""
+    """A float batch must hold normalised pixels: values far outside what the preprocessing makes
+    (raw 0..255 pixels, say) are refused; values a little outside it, or a batch that looks like
+    raw 0..1 pixels, are warned of."""
     bounds = self.value_bounds()
     if bounds is None or not np.size(images):
       return
@@ -847,10 +848,15 @@ class Student:
     )
     if not (np.isfinite(vmin) and np.isfinite(vmax)):
       raise ExportError("the float batch holds NaN or infinite values")
-    if vmin < lo - slack or vmax > hi + slack:
+    span = f"its values span [{vmin:.4g}, {vmax:.4g}] and this student's preprocessing makes"
+    if vmin < lo - 4 * (hi - lo) or vmax > hi + 4 * (hi - lo):  # raw 0..255 pixels, say
       raise ExportError(
-          f"a float batch is read as normalised pixels, but its values span [{vmin:.4g}, "
-          f"{vmax:.4g}] and this student's preprocessing makes [{lo:.4g}, {hi:.4g}]: {fix}"
+          f"a float batch is read as normalised pixels, but {span} [{lo:.4g}, {hi:.4g}]: {fix}"
+      )
+    if vmin < lo - slack or vmax > hi + slack:  # another normalisation, or synthetic values
+      warnings.warn(
+          f"a float batch is read as normalised pixels, but {span} [{lo:.3g}, {hi:.3g}]",
+          stacklevel=4,
       )
     if lo < -0.1 and vmin >= 0.0 and vmax <= 1.0:
       warnings.warn(
@@ -867,8 +873,8 @@ class Student:
     `images`: paths, encoded bytes, uint8 HWC arrays (raw images: preprocessed here, at
     `image_size`), or a preprocessed float batch [B, H, W, C] (numpy or jax, any float dtype;
     its H, W decide the size). A float batch must hold *normalised* pixels, as `preprocess`
-    makes them: raw pixels go in as uint8 (a float batch outside `value_bounds()` is refused, one
-    whose values all lie in [0, 1] is warned of)."""
+    makes them: raw pixels go in as uint8 (a float batch far outside `value_bounds()` is refused,
+    one a little outside it or with every value in [0, 1] is warned of)."""
     return self._run("encoded", images, image_size, batch_size)
 
   def encode(

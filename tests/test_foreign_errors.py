@@ -86,6 +86,12 @@ def test_hugging_face_config_heads_that_do_not_divide_the_width(tmp_path):
   assert "num_attention_heads" in text
 
 
-def test_heads_that_divide_the_width_still_read():
+def test_heads_that_divide_the_width_still_read(tmp_path, caplog):
   src = os.path.join(FOREIGN, "timm_vit", "model.safetensors")
-  assert foreign.read(src, num_heads=4).arch["num_heads"] == 4
+  assert foreign.read(src, num_heads=2).arch["num_heads"] == 2  # what model_args says
+  # A size name is timm's convention, not the file's word ('medium': 8 heads, which divide the
+  # width 32): an override is read, and said in a warning.
+  named = _folder(tmp_path, "timm_vit", model_args={}, architecture="vit_medium_patch16_224")
+  with caplog.at_level("WARNING"):
+    assert foreign.read(named, num_heads=4).arch["num_heads"] == 4
+  assert any("--num_heads 4 overrides" in r.getMessage() for r in caplog.records)

@@ -279,6 +279,8 @@ def test_float_batch_of_raw_pixels_is_refused(student):
     student.encode(raw)
   with pytest.warns(UserWarning, match=r"raw 0..1 pixels\?"):
     student.encode(raw / 255.0)
+  with pytest.warns(UserWarning, match=r"values span \[-2.9\d*, 3\]"):  # a little outside: said
+    student.encode(np.clip(raw / 40 - 3, -3, 3))
   normalised = student.preprocess(raw.astype(np.uint8))
   assert student.encode(normalised).shape == (2, 32)  # the right input: no complaint
   assert student.encode(raw.astype(np.uint8)).shape == (2, 32)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import re
@@ -625,8 +626,13 @@ def _timm_heads(width: int, config: dict[str, Any], num_heads: int | None, sourc
   if num_heads:
     _check_heads(width, int(num_heads), source, None)
     declared = _declared_timm_heads(config)
-    if declared and declared[0] != int(num_heads):
+    if declared and declared[0] != int(num_heads) and "model_args" in declared[1]:
       _contradicts(int(num_heads), *declared, source)
+    if declared and declared[0] != int(num_heads) and width % declared[0] == 0:
+      # A size name is timm's convention, not the file's own word: overridable, but said.
+      logging.warning(
+          "--num_heads %d overrides the %d heads of %s for '%s'", num_heads, *declared, source
+      )
     return int(num_heads)
   args = config.get("model_args") or {}
   if args.get("num_heads"):
