@@ -309,3 +309,13 @@ def test_options_the_run_will_not_read_are_said(tmp_path, caplog):
   assert said == [
       "options align_lora, knn_train are set but not read (no align stage runs; knn is off)"
   ]
+
+
+def test_sample_photos_says_when_it_writes_fewer_than_promised(tmp_path, monkeypatch, capsys):
+  from linvit_jax.data import sample_photos
+
+  assert len(sample_photos.promised_names()) == 21  # the README's count
+  monkeypatch.setattr(sample_photos, "_matplotlib_file", lambda name: None)  # no matplotlib
+  assert sample_photos.main([str(tmp_path / "p")]) == 0
+  err = capsys.readouterr().err
+  assert "WARNING: wrote 20 of the 21 sample photos; not installed: grace_hopper.jpg" in err

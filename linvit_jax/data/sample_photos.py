@@ -133,7 +133,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
     return 2
   print(f"wrote {len(paths)} photos to {out_dir}")
+  promised = promised_names(which)
+  missing = sorted(set(promised) - {os.path.basename(p) for p in paths})
+  if missing:  # another release bundles fewer: a different folder than the README's, said
+    print(
+        f"WARNING: wrote {len(paths)} of the {len(promised)} sample photos; not installed: "
+        f"{', '.join(missing)} (scikit-image / matplotlib of another release): not the README's "
+        "folder, so its held-out split differs",
+        file=sys.stderr,
+    )
   return 0
+
+
+def promised_names(which: str = "all") -> tuple[str, ...]:
+  """The file names `write_sample_photos(which=...)` writes when every package bundles them."""
+  names = (COLOR if which != "gray" else ()) + (GRAY if which != "color" else ())
+  return names + (_MATPLOTLIB_COLOR if which != "gray" else ())
 
 
 if __name__ == "__main__":
