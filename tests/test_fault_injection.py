@@ -37,11 +37,12 @@ def _run(teacher: str, workdir: str, log: str, kill: str = "") -> subprocess.Com
           sys.executable,
           "-m",
           "tests.helpers.fault_run",
-          # One stage of 2 steps, the teacher's own top-1 not measured: each of the 12 processes
-          # costs ~11 s on 2 cores, most of it imports and tracing.
+          # One stage of 2 steps, neither the teacher's own top-1 nor a resolution sweep: each
+          # of the 12 processes costs ~11 s on 2 cores, most of it imports and tracing.
           f"--config=tests/helpers/robust_config.py:teacher={teacher},steps=2,"
           "stages=distill_attention",
           "--config.eval.teacher=False",
+          "--config.eval.resolution_factors=()",
           f"--workdir={workdir}",
       ],
       cwd=ROOT,
