@@ -42,7 +42,8 @@ def check(config: mlc.ConfigDict, workdir: str) -> jax.sharding.Mesh:
   validate(config)
   mesh = check_mesh(config)
   check_data(config)
-  run_identity.check_workdir_place(workdir, run_identity.image_folders(config))
+  inits = {"teacher": config.teacher.init, "student": config.student.init}
+  run_identity.check_workdir_place(workdir, run_identity.image_folders(config), inits)
   check_same_run(workdir, config)
   if jax.process_index() == 0:
     probe_workdir(workdir)

@@ -264,11 +264,30 @@ def _inside(child: str, parent: str) -> bool:
   return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
 
 
-def check_workdir_place(workdir: str, folders: Mapping[str, str]) -> None:
+def check_workdir_place(
+    workdir: str, folders: Mapping[str, str], inits: Mapping[str, str] | None = None
+) -> None:
   """A workdir inside a photo folder (its plots would be read as photos by the next run) or a
-  photo folder inside the workdir is refused."""
+  photo folder inside the workdir is refused; so is a workdir inside a model folder it reads
+  (`inits`: role -> checkpoint path; a run writes config.json and README.md, a Hugging Face
+  folder's own names) or the folder of a checkpoint file."""
   if gfile.is_remote(workdir):
     return
+  for role, init in (inits or {}).items():
+    if not init or gfile.is_remote(init) or not os.path.exists(init):
+      continue
+    if os.path.isdir(init) and _inside(workdir, init):
+      raise ConfigError(
+          f"--workdir {workdir!r} is inside the {role} checkpoint folder {init!r}: the run's "
+          "config.json and README.md would overwrite the checkpoint's own; pass a --workdir "
+          "outside it"
+      )
+    if os.path.isfile(init) and _inside(workdir, os.path.dirname(os.path.abspath(init))):
+      if os.path.realpath(workdir) == os.path.realpath(os.path.dirname(os.path.abspath(init))):
+        raise ConfigError(
+            f"--workdir {workdir!r} is the folder of the {role} checkpoint {init!r}: the run "
+            "writes student files and config.json beside it; pass a --workdir of its own"
+        )
   for role, folder in folders.items():
     if _inside(workdir, folder):
       raise ConfigError(

@@ -319,3 +319,20 @@ def test_sample_photos_says_when_it_writes_fewer_than_promised(tmp_path, monkeyp
   assert sample_photos.main([str(tmp_path / "p")]) == 0
   err = capsys.readouterr().err
   assert "WARNING: wrote 20 of the 21 sample photos; not installed: grace_hopper.jpg" in err
+
+
+def test_workdir_inside_the_teachers_folder_is_refused(tmp_path):
+  teacher = tmp_path / "hf_teacher"
+  shutil.copytree(HF_TEACHER, teacher)
+  before = _snapshot(teacher)
+  photos = _photos(tmp_path / "photos", 6)
+  config = _folder_config(photos)
+  with config.unlocked():
+    config.teacher.init = str(teacher)
+  _refused(config, teacher, "is inside the teacher checkpoint folder", "config.json and README.md")
+  _refused(config, teacher / "run", "is inside the teacher checkpoint folder")
+  assert _snapshot(teacher) == before
+  npz = tmp_path / "models" / "teacher.npz"
+  os.makedirs(npz.parent)
+  rc.make_teacher(str(npz))
+  _refused(robust.config(str(npz)), npz.parent, "is the folder of the teacher checkpoint")
