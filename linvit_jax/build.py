@@ -21,6 +21,7 @@ from linvit_jax import export_format
 from linvit_jax import tree as tree_lib
 from linvit_jax.data import sources
 from linvit_jax.errors import ConfigError
+from linvit_jax.models import checkpoint_record
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
 
@@ -120,10 +121,19 @@ def _pp_fields(config: mlc.ConfigDict) -> list[tuple[str, str]]:
 _INIT_NORM = re.compile(r"init_norm(\(\s*required\s*=\s*True\s*\))?")
 
 
-def resolve_from_init(config: mlc.ConfigDict) -> mlc.ConfigDict:
+def read_checkpoint(path: str) -> checkpoint_record.CheckpointRecord | None:
+  """The checkpoint at `path` (teacher.init, student.init) read once into its record, which the
+  run's every reader takes (models/checkpoint_record.py); None for an empty path."""
+  return checkpoint_record.read(path) if path else None
+
+
+def resolve_from_init(
+    config: mlc.ConfigDict, teacher: checkpoint_record.CheckpointRecord | None = None
+) -> mlc.ConfigDict:
   """config with what it asks to read from teacher.init filled in (a copy; config itself when it
   asks nothing): the model block with `teacher.architecture="init"` (vit_checkpoint.
-  model_config_from_init, except `teacher.config_fields`), and each pp string's `init_norm` op."""
+  model_config_from_init, except `teacher.config_fields`), and each pp string's `init_norm` op.
+  `teacher`: teacher.init already read (build.read_checkpoint); else it is read here."""
   if config.teacher.architecture not in ("config", "init"):
     raise ConfigError(
         f"config.teacher.architecture={config.teacher.architecture!r}: expected 'config' or 'init'"
@@ -135,21 +145,22 @@ def resolve_from_init(config: mlc.ConfigDict) -> mlc.ConfigDict:
   if not config.teacher.init:
     what = "the pp op init_norm" if wants_norm else "teacher.architecture='init'"
     raise ConfigError(f"config: {what} needs config.teacher.init")
+  teacher = teacher if teacher is not None else checkpoint_record.read(config.teacher.init)
   resolved = config.copy_and_resolve_references()
   with resolved.unlocked():
     if wants_norm:
-      source = vit_checkpoint.infer_vit_config(config.teacher.init).get("preprocessing")
+      source = vit_checkpoint.infer_vit_config(teacher).get("preprocessing")
       for block, field in pp_fields:
         resolved[block][field] = _INIT_NORM.sub(
             lambda m: _norm_op(source, bool(m.group(1)), config.teacher.init),
             config[block][field],
         )
     if config.teacher.architecture == "init":
-      resolved.model = mlc.ConfigDict(_model_from_init(config))
+      resolved.model = mlc.ConfigDict(_model_from_init(config, teacher))
       resolved.teacher.architecture = "config"  # resolved: config.json says what ran
       # A grayscale (or other non-RGB) teacher: the pp decodes as many channels as its patch
       # embedding takes. RGB teachers keep their pp strings as written.
-      channels = vit_checkpoint.input_channels(config.teacher.init)
+      channels = vit_checkpoint.input_channels(teacher)
       if channels != 3:
         for block, field in pp_fields:
           if resolved[block][field]:
@@ -198,9 +209,9 @@ def decode_channels(pp: str, channels: int, field: str, init: str) -> str:
   return _DECODE.sub(fix, pp)
 
 
-def _model_from_init(config: mlc.ConfigDict) -> dict[str, Any]:
+def _model_from_init(config: mlc.ConfigDict, teacher: Any) -> dict[str, Any]:
   model = vit_checkpoint.model_config_from_init(
-      config.model.to_dict(), config.teacher.init, teacher_head_skipped(config)
+      config.model.to_dict(), teacher, teacher_head_skipped(config)
   )
   for name in config.teacher.config_fields:
     if name not in model:

@@ -202,7 +202,7 @@ def _open(path: str):
       with gfile.open(path, "rb") as f:
         return f.read()
 
-    return io.BytesIO(_remote_call(path, "read it", fetch))
+    return io.BytesIO(gfile.read_bytes(path, lambda: _remote_call(path, "read it", fetch)))
   if not os.path.exists(path):
     raise CheckpointError(f"checkpoint '{path}': file not found (cwd {os.getcwd()!r})")
   if os.path.isdir(path):
@@ -210,6 +210,8 @@ def _open(path: str):
         f"checkpoint '{path}': is a directory, expected an .npz file "
         "(orbax/tensorstore checkpoint folders are not read here)"
     )
+  if gfile.reading_once():  # the bytes are kept for the checkpoint's digest (read once)
+    return io.BytesIO(gfile.read_bytes(path))
   return open(path, "rb")  # (closed by the caller)
 
 

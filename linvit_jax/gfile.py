@@ -130,3 +130,43 @@ def read_text(path: str) -> str | None:
     return None
   with open(path) as f:
     return f.read()
+
+
+# ------------------------------------------------------------------------ each file read once
+
+# The files read inside the innermost `read_once` block: real path -> bytes.
+_READ_ONCE: list[dict[str, bytes]] = []
+
+
+@contextlib.contextmanager
+def read_once() -> Iterator[dict[str, bytes]]:
+  """Within the block, every file read through `read_bytes` is opened once: its bytes are kept
+  (in the dict yielded, by real path; a remote path as given) and served again to later reads,
+  so that what a checkpoint's readers parse and what its digest hashes are the same bytes."""
+  files: dict[str, bytes] = {}
+  _READ_ONCE.append(files)
+  try:
+    yield files
+  finally:
+    _READ_ONCE.pop()
+
+
+def reading_once() -> bool:
+  """Whether a `read_once` block is open."""
+  return bool(_READ_ONCE)
+
+
+def read_bytes(path: str, fetch: Any = None) -> bytes:
+  """The bytes of `path` (`fetch()` reads them, when given: e.g. a remote read with a deadline);
+  inside `read_once`, the file is opened the first time only."""
+  key = path if is_remote(path) else os.path.realpath(path)
+  if _READ_ONCE and key in _READ_ONCE[-1]:
+    return _READ_ONCE[-1][key]
+  if fetch is not None:
+    data = fetch()
+  else:
+    with open(path, "rb") as f:
+      data = f.read()
+  if _READ_ONCE:
+    _READ_ONCE[-1][key] = data
+  return data

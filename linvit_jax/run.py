@@ -41,7 +41,11 @@ def run(config: mlc.ConfigDict, workdir: str) -> results_lib.Results:
   """Runs a config in workdir and returns its results record (written as results.json)."""
   sharding.maybe_initialize_distributed()
   compile_cache.enable(config.compile_cache or None)
-  config = build.resolve_from_init(config)  # what the config asks to read from init
+  # The teacher (and an exported student to continue) read once, each into one record that the
+  # architecture, the normalisation, the load and the workdir's identity all take.
+  teacher = build.read_checkpoint(config.teacher.init)
+  student = build.read_checkpoint(config.student.init)
+  config = build.resolve_from_init(config, teacher)  # what the config asks to read from init
   config, knn_skipped = preflight.resolve_knn(config)  # knn="auto": Fashion-MNIST if installed
   mesh = preflight.check(config, workdir)  # every check that needs no compute; writes nothing
   sample = build.sample_images(config)
@@ -54,9 +58,9 @@ def run(config: mlc.ConfigDict, workdir: str) -> results_lib.Results:
     preflight.check_knn_set(config)
   # What the run is made from, by content (the teacher's bytes, the photos), read once: a rerun
   # made from other inputs is refused before anything in the workdir is written.
-  identity = run_identity.of_run(config)
+  identity = run_identity.of_run(config, {"teacher": teacher, "student": student})
   with _workdir(config, workdir, identity):
-    return _run(config, workdir, mesh, sample, identity, knn_skipped)
+    return _run(config, workdir, mesh, sample, identity, knn_skipped, (teacher, student))
 
 
 @contextlib.contextmanager
@@ -77,8 +81,9 @@ def _workdir(config: mlc.ConfigDict, workdir: str, identity: dict[str, Any]) -> 
     yield
 
 
-def _run(config, workdir, mesh, sample, identity, knn_skipped) -> results_lib.Results:
-  """run() once its inputs are checked and its workdir is held."""
+def _run(config, workdir, mesh, sample, identity, knn_skipped, records) -> results_lib.Results:
+  """run() once its inputs are checked and its workdir is held; `records`: (teacher, student)
+  checkpoints as read, or None each."""
   teacher_model, student_model = build.models(config)
   labelled = build.labelled(config)
   # Never a silent k-NN skip: the summary and the model card say why and the fix.
@@ -86,8 +91,9 @@ def _run(config, workdir, mesh, sample, identity, knn_skipped) -> results_lib.Re
   t_start = time.time()
 
   rng = jax.random.PRNGKey(config.seed)
-  teacher_params = _load_teacher(config, teacher_model, rng, sample)
-  fresh, student_params = _init_student(config, student_model, rng, sample)
+  teacher_params = _load_teacher(config, teacher_model, rng, sample, records[0])
+  fresh, student_params = _init_student(config, student_model, rng, sample, records[1])
+  del records  # the loaded params hold what is needed; the raw trees go
   if jax.process_index() == 0:  # written once the inputs load: a failed start blocks no rerun
     run_identity.write(workdir, identity)
     gfile.write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=1))
@@ -135,7 +141,7 @@ def _run(config, workdir, mesh, sample, identity, knn_skipped) -> results_lib.Re
   return record
 
 
-def _load_teacher(config, teacher_model, rng, sample) -> Any:
+def _load_teacher(config, teacher_model, rng, sample, record) -> Any:
   """The teacher's params from teacher.init (None without one), read and checked before any
   compute: a bad checkpoint fails fast."""
   if not config.teacher.init:
@@ -144,10 +150,10 @@ def _load_teacher(config, teacher_model, rng, sample) -> Any:
   if config.teacher.dont_load:  # params not loaded keep an init value: a real one, not a shape
     teacher_shapes = jax.jit(teacher_model.init)(rng, sample[:1])["params"]
   kwargs = build.model_kwargs(config.model)
-  return vit.load(teacher_shapes, config.teacher.init, kwargs, tuple(config.teacher.dont_load))
+  return vit.load(teacher_shapes, record, kwargs, tuple(config.teacher.dont_load))
 
 
-def _init_student(config, student_model, rng, sample) -> tuple[Any, Any]:
+def _init_student(config, student_model, rng, sample, record) -> tuple[Any, Any]:
   """(fresh params, the student's params): fresh, or an exported student (student.init)."""
   # A converted student's fresh params must not come from the key that initialised its teacher:
   # a teacher trained from scratch by this code with the same seed started from PRNGKey(seed),
@@ -158,7 +164,7 @@ def _init_student(config, student_model, rng, sample) -> tuple[Any, Any]:
   if not config.student.init:  # else an exported student: evaluate it, or train it further
     return fresh, fresh
   kwargs = build.model_kwargs(config.model)
-  return fresh, vit.load(fresh, config.student.init, kwargs, tuple(config.student.dont_load))
+  return fresh, vit.load(fresh, record, kwargs, tuple(config.student.dont_load))
 
 
 def _transplant(config, workdir, teacher_params, params, fresh, record) -> tuple[Any, bool]:

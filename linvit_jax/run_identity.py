@@ -4,8 +4,8 @@ A finished or interrupted workdir is only ever resumed by the run that made it. 
 which config (preflight.check_same_run compares it); this module adds what a config only names:
 
 * the **teacher** (and an exported student that `student.init` continues): a sha256 of the
-  checkpoint's bytes (a model folder: every file in it, by relative path), taken once when the run
-  starts; a remote checkpoint (gs://) by its size and modification time, not read twice;
+  bytes the run loads (models/checkpoint_record.py: every file its loader reads, by relative path),
+  taken from the one read of the checkpoint when the run starts;
 * the **photos** of every image folder the run trains or is measured on: a manifest digest of the
   relative names, sizes and contents (a folder above `CONTENT_LIMIT_BYTES` in all: names, sizes
   and modification times, so that a large folder is not read twice).
@@ -83,41 +83,12 @@ def _files_under(root: str) -> list[str]:
 
 
 def checkpoint_digest(path: str) -> dict[str, Any]:
-  """{"sha256", "bytes", "files", "by"} of a checkpoint: a file (with the JSON beside an .npz that
-  import_weights writes), or a model folder (every non-hidden file). `path` may carry big_vision's
-  `:selector` (part of the digest: another sub-tree is another model), a short name or a hub name
-  (resolved as the loader does). A remote path is digested by its stat ("by": "stat")."""
-  from linvit_jax import checkpoints  # noqa: PLC0415 - ml_dtypes; only when a run starts
-  from linvit_jax import hub  # noqa: PLC0415
+  """{"sha256", "bytes", "files"} of a checkpoint, as its loader reads it (checkpoint_record: every
+  file read for it, each named by its path within the checkpoint's folder; a `:selector` is part
+  of it). A run takes it from the record it loads instead of reading the checkpoint again."""
+  from linvit_jax.models import checkpoint_record  # noqa: PLC0415 - ml_dtypes; at run start only
 
-  if hub.is_hub_name(path):
-    path = hub.resolve(path)
-  path = checkpoints.resolve_name(path)
-  file, selector = path, None
-  if not os.path.exists(path) and ":" in path.rsplit("/", 1)[-1]:
-    file, selector = path.rsplit(":", 1)
-  digest = hashlib.sha256(f"selector={selector}\n".encode())
-  if gfile.is_remote(file):  # bounded in time; a storage error names the path and the fix
-    stat = checkpoints._remote_call(file, "read its size", lambda: gfile.tf_gfile().stat(file))  # noqa: SLF001
-    digest.update(f"{stat.length}\0{stat.mtime_nsec}".encode())
-    return {"sha256": digest.hexdigest(), "bytes": int(stat.length), "files": 1, "by": "stat"}
-  if not os.path.exists(file):  # a name the loader resolves itself: the name is what is known
-    digest.update(f"name={file}".encode())
-    return {"sha256": digest.hexdigest(), "bytes": 0, "files": 0, "by": "name"}
-  if os.path.isdir(file):
-    names = _files_under(file)
-    paths = [os.path.join(file, *n.split("/")) for n in names]
-  else:
-    names, paths = [os.path.basename(file)], [file]
-    side = os.path.splitext(file)[0] + ".json"
-    if file.endswith(".npz") and os.path.isfile(side):
-      names.append("<sidecar>.json")
-      paths.append(side)
-  total = 0
-  for name, p in zip(names, paths):
-    digest.update(f"\n{name if len(names) > 1 else ''}\n".encode())
-    total += _hash_file(p, digest)
-  return {"sha256": digest.hexdigest(), "bytes": total, "files": len(names), "by": "content"}
+  return dict(checkpoint_record.read(path).digest)
 
 
 def photo_manifest(folder: str) -> dict[str, Any]:
@@ -168,13 +139,17 @@ def image_folders(config: Any) -> dict[str, str]:
   return out
 
 
-def of_run(config: Any) -> dict[str, Any]:
-  """The identity of a run: the teacher's and an exported student's digest, and each image
-  folder's manifest. Reads every byte of them once (see the module docstring)."""
+def of_run(config: Any, records: Mapping[str, Any] | None = None) -> dict[str, Any]:
+  """The identity of a run: the teacher's and an exported student's digest (taken from their
+  `records`, role -> checkpoint_record.CheckpointRecord or None, when given: the bytes the run
+  loads; else read here), and each image folder's manifest."""
   identity: dict[str, Any] = {}
+  records = records or {}
   for role, init in (("teacher", config.teacher.init), ("student", config.student.init)):
     if init:
-      identity[role] = {"path": init, **checkpoint_digest(init)}
+      record = records.get(role)
+      digest = dict(record.digest) if record is not None else checkpoint_digest(init)
+      identity[role] = {"path": init, **digest}
   photos = {
       role: {"folder": os.path.abspath(f), **photo_manifest(f)}
       for role, f in image_folders(config).items()

@@ -336,3 +336,54 @@ def test_workdir_inside_the_teachers_folder_is_refused(tmp_path):
   os.makedirs(npz.parent)
   rc.make_teacher(str(npz))
   _refused(robust.config(str(npz)), npz.parent, "is the folder of the teacher checkpoint")
+
+
+# ------------------------------------------------------------------------ each input read once
+
+
+def _count_opens(monkeypatch, *paths) -> dict[str, int]:
+  """Counts builtins.open calls on `paths` (by real path) from now on."""
+  import builtins
+
+  real_open, wanted = builtins.open, {os.path.realpath(p): 0 for p in paths}
+
+  def counting(file, *args, **kwargs):
+    if isinstance(file, (str, os.PathLike)):
+      key = os.path.realpath(os.fspath(file))
+      if key in wanted:
+        wanted[key] += 1
+    return real_open(file, *args, **kwargs)
+
+  monkeypatch.setattr(builtins, "open", counting)
+  return wanted
+
+
+def test_a_whole_run_opens_its_teacher_once(teacher, tmp_path, monkeypatch):
+  """Architecture, channels, the load and the workdir's digest all take one read of the file."""
+  opens = _count_opens(monkeypatch, teacher)
+  config = robust.config(teacher, steps=1, finetune_steps=1)
+  with config.unlocked():
+    config.teacher.architecture = "init"  # the model block read from the checkpoint too
+  run_lib.run(config, str(tmp_path / "w"))
+  assert list(opens.values()) == [1]
+  recorded = run_identity.read(str(tmp_path / "w"))["teacher"]
+  assert recorded["sha256"] == run_identity.checkpoint_digest(teacher)["sha256"]
+  assert recorded["bytes"] == os.path.getsize(teacher)
+
+
+def test_a_model_folder_is_opened_once_per_file(tmp_path, monkeypatch, stop_at_surgery):
+  files = [os.path.join(HF_TEACHER, n) for n in ("config.json", "model.safetensors")]
+  opens = _count_opens(monkeypatch, *files)
+  with pytest.raises(ComputeStarted):  # after the load: nothing later reads the teacher
+    run_lib.run(_folder_config(_photos(tmp_path / "photos", 6)), str(tmp_path / "w"))
+  assert list(opens.values()) == [1, 1]
+
+
+def test_load_student_opens_each_file_once(tmp_path, monkeypatch):
+  from tests.test_student_any_size import make_export
+
+  folder = make_export(tmp_path / "s")
+  names = ("student_config.json", "student.npz")
+  opens = _count_opens(monkeypatch, *(os.path.join(folder, n) for n in names))
+  export.load_student(folder)
+  assert list(opens.values()) == [1, 1]

@@ -25,6 +25,7 @@ disagrees with the weights) is a `CheckpointError` naming the file and what is w
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import logging
 import math
@@ -37,6 +38,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from linvit_jax import gfile
 from linvit_jax import hub
 from linvit_jax.checkpoints import CheckpointError
 from linvit_jax.checkpoints import unflatten
@@ -111,8 +113,10 @@ def _is_torch_zip(path: str) -> bool:
     return False
   import zipfile
 
+  # Inside gfile.read_once the bytes are kept: the npz reader that follows opens nothing again.
+  source = io.BytesIO(gfile.read_bytes(path)) if gfile.reading_once() else path
   try:
-    with zipfile.ZipFile(path) as z:
+    with zipfile.ZipFile(source) as z:
       return any(n.endswith("data.pkl") for n in z.namelist()[:8])
   except (zipfile.BadZipFile, OSError):
     return False
@@ -136,8 +140,7 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
   """All tensors of one .safetensors file (its format is an 8-byte header size, a JSON header of
   dtype/shape/offsets, then raw little-endian data), bfloat16 included, torch-free."""
   try:
-    with open(path, "rb") as f:
-      raw = f.read()
+    raw = gfile.read_bytes(path)
   except OSError as e:
     raise CheckpointError(f"checkpoint '{path}': cannot read it ({e.strerror or e})") from e
   if len(raw) < 8:
@@ -175,8 +178,7 @@ def _read_folder_tensors(folder: str) -> tuple[dict[str, np.ndarray], str]:
   if os.path.exists(single):
     return read_safetensors(single), single
   if os.path.exists(index):
-    with open(index) as f:
-      shards = sorted(set(json.load(f)["weight_map"].values()))
+    shards = sorted(set(json.loads(gfile.read_bytes(index))["weight_map"].values()))
     tensors = {}
     for shard in shards:
       tensors.update(read_safetensors(os.path.join(folder, shard)))
@@ -203,8 +205,7 @@ def _read_json(path: str) -> dict[str, Any] | None:
   if not os.path.exists(path):
     return None
   try:
-    with open(path) as f:
-      return json.load(f)
+    return json.loads(gfile.read_bytes(path))
   except ValueError as e:
     raise CheckpointError(f"'{path}': not valid JSON ({e})") from e
 

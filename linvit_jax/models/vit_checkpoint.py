@@ -13,9 +13,7 @@ models/foreign.py for a Hugging Face / timm folder or .safetensors file.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -30,14 +28,15 @@ from linvit_jax.checkpoints import dont_load_matcher
 from linvit_jax.checkpoints import dtype_of
 from linvit_jax.checkpoints import flatten
 from linvit_jax.checkpoints import is_posemb
-from linvit_jax.checkpoints import load_npz
 from linvit_jax.checkpoints import merge_params
 from linvit_jax.checkpoints import raise_problems
 from linvit_jax.checkpoints import shape_of
 from linvit_jax.checkpoints import top_keys
 from linvit_jax.checkpoints import unflatten
+from linvit_jax.models import checkpoint_record
 from linvit_jax.models import foreign
 from linvit_jax.models import layout
+from linvit_jax.models.checkpoint_record import CheckpointRecord
 from linvit_jax.models.variants import decode_variant
 
 
@@ -278,33 +277,20 @@ def resample_posemb_as(method: str, old: np.ndarray, new_shape: tuple[int, ...])
   return foreign.resample_posemb_torch(old, (side, side), method.endswith("antialias"))
 
 
-def _sidecar(path: str) -> dict[str, Any]:
-  """The JSON beside an .npz (`x.npz` -> `x.json`) when it describes the model (written by
-  import_weights, or by hand as in big_vision-layout conversions): {} otherwise."""
-  if "://" in path or not path.endswith(".npz"):
-    return {}
-  side = foreign.sidecar_path(path)
-  if not os.path.isfile(side):
-    return {}
-  try:
-    with open(side) as f:
-      info = json.load(f)
-  except ValueError:
-    return {}
-  return info if isinstance(info, dict) and isinstance(info.get("model_config"), dict) else {}
-
-
-def read_vit_checkpoint(path: str, model_posemb_len: int | None = None) -> tuple[Params, str]:
+def read_vit_checkpoint(
+    source: str | CheckpointRecord, model_posemb_len: int | None = None
+) -> tuple[Params, str]:
   """A ViT checkpoint in the current big_vision layout, and how its posemb is to be resampled.
 
-  A big_vision .npz (any layout `fix_old_checkpoints` knows), or a Hugging Face / timm folder or
-  .safetensors file (models/foreign.py).
+  `source`: a record (checkpoint_record.read) or a path: a big_vision .npz (any layout
+  `fix_old_checkpoints` knows), or a Hugging Face / timm folder or .safetensors file
+  (models/foreign.py).
   """
-  if foreign.is_foreign(path):
-    imported = foreign.read(path)
-    return imported.params, imported.posemb_resample
-  params = fix_old_checkpoints(load_npz(path), model_posemb_len=model_posemb_len)
-  method = _sidecar(path).get("posemb_resample", "big_vision")
+  record = checkpoint_record.of(source)
+  if record.imported is not None:
+    return record.imported.params, record.imported.posemb_resample
+  params = fix_old_checkpoints(record.tree, model_posemb_len=model_posemb_len)
+  method = record.sidecar.get("posemb_resample", "big_vision")
   return params, method if method in foreign.RESAMPLERS else "big_vision"
 
 
@@ -378,7 +364,7 @@ def _check_against_config(
   raise_problems(source, problems)
 
 
-def infer_vit_config(path: str) -> dict[str, Any]:
+def infer_vit_config(source: str | CheckpointRecord) -> dict[str, Any]:
   """The big_vision ViT fields a checkpoint's names and shapes decide, for `vit.Model(**...)`.
 
   patch_size and width (embedding/kernel), depth (blocks, per-block or scanned), num_heads
@@ -394,13 +380,14 @@ def infer_vit_config(path: str) -> dict[str, Any]:
   Face / timm source, or from the JSON beside an .npz (`x.json`, as import_weights writes it);
   those keys are absent when nothing says.
   """
-  if foreign.is_foreign(path):
-    imported = foreign.read(path)
-    arch = dict(imported.arch)
-    if imported.preprocessing:
-      arch["preprocessing"] = imported.preprocessing
+  record = checkpoint_record.of(source)
+  path = record.path
+  if record.imported is not None:
+    arch = dict(record.imported.arch)
+    if record.imported.preprocessing:
+      arch["preprocessing"] = record.imported.preprocessing
     return arch
-  params = fix_old_checkpoints(load_npz(path))
+  params = fix_old_checkpoints(record.tree)
   flat = flatten(params)
   problems = []
   emb = flat.get("embedding/kernel")
@@ -439,7 +426,7 @@ def infer_vit_config(path: str) -> dict[str, Any]:
   if pe is not None and np.ndim(pe) == 3:
     side = math.isqrt(pe.shape[1])
     grid = (side, side) if side * side == pe.shape[1] else None
-  declared = _sidecar(path)
+  declared = record.sidecar
   known = {
       k: declared["model_config"][k]
       for k in ("gelu_approximate", "layernorm_epsilon")
@@ -465,18 +452,19 @@ def infer_vit_config(path: str) -> dict[str, Any]:
   )
 
 
-def input_channels(path: str) -> int:
+def input_channels(source: str | CheckpointRecord) -> int:
   """The number of image channels a checkpoint's patch embedding takes (C of [ph, pw, C, D]):
   3 for RGB models, 1 for grayscale ones (e.g. a Fashion-MNIST ViT)."""
-  params = foreign.read(path).params if foreign.is_foreign(path) else load_npz(path)
+  record = checkpoint_record.of(source)
+  params = record.imported.params if record.imported is not None else record.tree
   emb = flatten(fix_old_checkpoints(params)).get("embedding/kernel")
   if emb is None or np.ndim(emb) != 4:
-    raise_problems(path, ["no patch embedding 'embedding/kernel' [ph, pw, C, D]"])
+    raise_problems(record.path, ["no patch embedding 'embedding/kernel' [ph, pw, C, D]"])
   return int(np.shape(emb)[2])
 
 
 def model_config_from_init(
-    model_cfg: Mapping[str, Any], init: str, head_skipped: bool = False
+    model_cfg: Mapping[str, Any], init: str | CheckpointRecord, head_skipped: bool = False
 ) -> dict[str, Any]:
   """`model_cfg` with what `init` decides read from it (`infer_vit_config`).
 
@@ -502,7 +490,7 @@ def model_config_from_init(
 
 def load_vit_params(
     init_params: Mapping[str, Any] | None,
-    init_file: str,
+    init_file: str | CheckpointRecord,
     model_cfg: Mapping[str, Any],
     dont_load: Sequence[str] = (),
 ) -> Params:
@@ -517,6 +505,7 @@ def load_vit_params(
   init_pe = (init_params or {}).get("pos_embedding")
   posemb_len = shape_of(init_pe)[1] if init_pe is not None and len(shape_of(init_pe)) == 3 else None
   params, posemb_method = read_vit_checkpoint(init_file, model_posemb_len=posemb_len)
+  init_file = init_file.path if isinstance(init_file, CheckpointRecord) else init_file
   if isinstance(params.get("Transformer"), dict):
     convert = pyloop_to_scan if model_cfg.get("scan") else scan_to_pyloop
     params = convert(params)
