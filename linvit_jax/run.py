@@ -59,8 +59,10 @@ def run(config: mlc.ConfigDict, workdir: str) -> results_lib.Results:
   # What the run is made from, by content (the teacher's bytes, the photos), read once: a rerun
   # made from other inputs is refused before anything in the workdir is written.
   identity = run_identity.of_run(config, {"teacher": teacher, "student": student})
+  records = [teacher, student]
+  del teacher, student  # _run lets go of the records once their params are loaded
   with _workdir(config, workdir, identity):
-    return _run(config, workdir, mesh, sample, identity, knn_skipped, (teacher, student))
+    return _run(config, workdir, mesh, sample, identity, knn_skipped, records)
 
 
 @contextlib.contextmanager
@@ -93,7 +95,7 @@ def _run(config, workdir, mesh, sample, identity, knn_skipped, records) -> resul
   rng = jax.random.PRNGKey(config.seed)
   teacher_params = _load_teacher(config, teacher_model, rng, sample, records[0])
   fresh, student_params = _init_student(config, student_model, rng, sample, records[1])
-  del records  # the loaded params hold what is needed; the raw trees go
+  records.clear()  # the loaded params hold what is needed; the records' trees go
   if jax.process_index() == 0:  # written once the inputs load: a failed start blocks no rerun
     run_identity.write(workdir, identity)
     gfile.write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=1))
