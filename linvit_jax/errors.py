@@ -75,3 +75,9 @@ def one_line(text: str, limit: int = MAX_LINE) -> str:
     return text
   tail = limit // 4
   return f"{text[: limit - tail - 3]} … {text[-tail:]}"
+
+
+def shorten(text: str, limit: int = 60) -> str:
+  """`text` (a path, a JSON value) kept to about `limit` characters for an error line: its start
+  and its last 12 characters."""
+  return text if len(text) <= limit else f"{text[: limit - 20]}…{text[-12:]}"

@@ -31,6 +31,7 @@ from linvit_jax.data import fashion_mnist
 from linvit_jax.data import image_folder
 from linvit_jax.data import input_pipeline
 from linvit_jax.errors import ConfigError
+from linvit_jax.errors import shorten
 from linvit_jax.models import attention as attn_lib
 from linvit_jax.models import vit
 
@@ -430,7 +431,7 @@ def check_same_run(workdir: str, config: mlc.ConfigDict) -> None:
       for k in sorted(set(a) | set(b)):
         diff(a.get(k), b.get(k), f"{key}.{k}")
     elif a != b:
-      diffs.append(f"{key}: {_short_json(a)} there, {_short_json(b)} now")
+      diffs.append(f"{key}: {shorten(json.dumps(a))} there, {shorten(json.dumps(b))} now")
 
   keys = list(_RUN_IDENTITY) + list(new.get("stages", []))
   if run_identity.read(workdir) is None:  # a run recorded before identity.json: by name only
@@ -450,15 +451,12 @@ def check_same_run(workdir: str, config: mlc.ConfigDict) -> None:
     )
 
 
-def _short_json(value: Any) -> str:
-  text = json.dumps(value)
-  return text if len(text) <= 60 else f"{text[:40]}…{text[-12:]}"
-
-
 def probe_workdir(workdir: str) -> None:
   """prepare_workdir's check, leaving nothing behind: the folders it had to create are removed
-  again (the run creates them under its lock once every other check has passed)."""
+  again (the run creates them under its lock once every other check has passed). A remote
+  workdir is made and proven as prepare_workdir does (it has no lock to be made under)."""
   if gfile.is_remote(workdir):
+    prepare_workdir(workdir)
     return
   created, path = [], os.path.abspath(workdir)
   while not os.path.lexists(path) and os.path.dirname(path) != path:

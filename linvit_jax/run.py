@@ -68,17 +68,18 @@ def run(config: mlc.ConfigDict, workdir: str) -> results_lib.Results:
 @contextlib.contextmanager
 def _workdir(config: mlc.ConfigDict, workdir: str, identity: dict[str, Any]) -> Iterator[None]:
   """The workdir, created and held (run_identity.locked) by process 0 for the run, once the
-  config and the identity recorded there (if any) agree with this run."""
+  config and the identity recorded there (if any) agree with this run. preflight.check compared
+  the config and proved the place writable; a refused identity touches nothing, not even the lock
+  file, and both are compared again under the lock (another run may have ended meanwhile)."""
   if jax.process_index() != 0:
     yield
     return
 
-  def check() -> None:  # again under the lock: another run may have ended meanwhile
+  def check() -> None:
     preflight.check_same_run(workdir, config)
     run_identity.check(workdir, identity)
 
-  check()  # a refused rerun touches nothing, not even the lock file
-  preflight.prepare_workdir(workdir)
+  run_identity.check(workdir, identity)
   with run_identity.locked(workdir, check):
     yield
 

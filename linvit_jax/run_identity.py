@@ -6,8 +6,8 @@ which config (preflight.check_same_run compares it); this module adds what a con
 * the **teacher** (and an exported student that `student.init` continues): a sha256 of the
   bytes the run loads (models/checkpoint_record.py: every file its loader reads, by relative path),
   taken from the one read of the checkpoint when the run starts;
-* the **photos** of every image folder the run trains or is measured on: a manifest digest of the
-  relative names, sizes and contents (a folder above `CONTENT_LIMIT_BYTES` in all: names, sizes
+* the **photos** of every image folder the run trains or is measured on (the files
+  image_folder.walk lists): a manifest digest of the relative names, sizes and contents (a folder above `CONTENT_LIMIT_BYTES` in all: names, sizes
   and modification times, so that a large folder is not read twice).
 
 They are written to `identity.json` beside config.json when the run's inputs have loaded. A rerun
@@ -21,8 +21,8 @@ lock when the process dies, so a kill -9 leaves no stale lock. It also removes t
 a killed atomic write left (`gfile.atomic_open`'s `.<name>.<random>.tmp`), which only the lock
 holder may do.
 
-Standard library and gfile only: preflight and run call it; it knows no model and no config schema
-beyond the field names it reads.
+preflight and run call it; it reads image folders as data/image_folder lists them, and knows no
+model and no config schema beyond the field names it reads.
 """
 
 from __future__ import annotations
@@ -35,11 +35,14 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from linvit_jax import gfile
+from linvit_jax.data import image_folder
+from linvit_jax.data import sources
 from linvit_jax.errors import ConfigError
+from linvit_jax.errors import shorten
 
 IDENTITY_FILE = "identity.json"
 LOCK_FILE = ".lock"
@@ -49,8 +52,6 @@ CONTENT_LIMIT_BYTES = 2 << 30
 _CHUNK = 1 << 22
 # gfile.atomic_open's temporary files: `.<name>.<8 random chars>.tmp`.
 _STALE_TMP = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")
-# The image extensions image_folder reads (kept here: this module imports no data code).
-_IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
 # ------------------------------------------------------------------------------------ digests
@@ -65,37 +66,11 @@ def _hash_file(path: str, digest: Any) -> int:
   return size
 
 
-def _files_under(root: str) -> list[str]:
-  """Relative '/'-separated paths of the regular files under root (hidden ones left out), sorted."""
-  out, seen = [], set()
-  for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-    real = os.path.realpath(dirpath)
-    if real in seen:  # a symlink loop, or a second link to a folder already read
-      dirnames[:] = []
-      continue
-    seen.add(real)
-    dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-    rel = os.path.relpath(dirpath, root)
-    for name in filenames:
-      if not name.startswith(".") and os.path.isfile(os.path.join(dirpath, name)):
-        out.append(name if rel == os.curdir else f"{rel.replace(os.sep, '/')}/{name}")
-  return sorted(out)
-
-
-def checkpoint_digest(path: str) -> dict[str, Any]:
-  """{"sha256", "bytes", "files"} of a checkpoint, as its loader reads it (checkpoint_record: every
-  file read for it, each named by its path within the checkpoint's folder; a `:selector` is part
-  of it). A run takes it from the record it loads instead of reading the checkpoint again."""
-  from linvit_jax.models import checkpoint_record  # noqa: PLC0415 - ml_dtypes; at run start only
-
-  return dict(checkpoint_record.read(path).digest)
-
-
 def photo_manifest(folder: str) -> dict[str, Any]:
   """{"sha256", "photos", "bytes", "by"} of an image folder's files (what image_folder reads:
   non-hidden files with an image extension, recursively): their relative names and sizes, and
   their contents ("by": "content") or, above CONTENT_LIMIT_BYTES, their modification times."""
-  names = [n for n in _files_under(folder) if os.path.splitext(n)[1].lower() in _IMAGE_EXTENSIONS]
+  names = [n for n in image_folder.walk(folder) if os.path.isfile(os.path.join(folder, n))]
   paths = [os.path.join(folder, *n.split("/")) for n in names]
   stats = [os.stat(p) for p in paths]
   total = sum(s.st_size for s in stats)
@@ -120,36 +95,30 @@ def image_folders(config: Any) -> dict[str, str]:
   data = config.data
   out: dict[str, str] = {}
 
-  def folder(dataset: str, data_dir: str) -> str | None:
-    if dataset != "image_folder" and not dataset.startswith("image_folder:"):
-      return None
-    path = dataset[len("image_folder:") :] if ":" in dataset else data_dir
-    return path if path and not gfile.is_remote(path) and os.path.isdir(path) else None
+  def local(folder: str | None) -> str | None:
+    return folder if folder and not gfile.is_remote(folder) and os.path.isdir(folder) else None
 
-  train = folder(data.dataset, data.data_dir)
+  train = local(sources.image_folder_of(data.dataset, data.data_dir))
   if train:
     out["train"] = train
-  evaluated = folder(data.eval_dataset or data.dataset, data.data_dir)
+  evaluated = local(sources.image_folder_of(data.eval_dataset or data.dataset, data.data_dir))
   if evaluated and (not train or os.path.realpath(evaluated) != os.path.realpath(train)):
     out["eval"] = evaluated
   knn = config.eval.knn
-  knn_folder = folder(knn.dataset or "", knn.data_dir or "")
+  knn_folder = local(sources.image_folder_of(knn.dataset or "", knn.data_dir or ""))
   if knn_folder:
     out["knn"] = knn_folder
   return out
 
 
-def of_run(config: Any, records: Mapping[str, Any] | None = None) -> dict[str, Any]:
-  """The identity of a run: the teacher's and an exported student's digest (taken from their
-  `records`, role -> checkpoint_record.CheckpointRecord or None, when given: the bytes the run
-  loads; else read here), and each image folder's manifest."""
+def of_run(config: Any, records: Mapping[str, Any]) -> dict[str, Any]:
+  """The identity of a run: the digest of the teacher and of an exported student, from the
+  records the run loads (role -> checkpoint_record.CheckpointRecord or None), and each image
+  folder's manifest."""
   identity: dict[str, Any] = {}
-  records = records or {}
   for role, init in (("teacher", config.teacher.init), ("student", config.student.init)):
     if init:
-      record = records.get(role)
-      digest = dict(record.digest) if record is not None else checkpoint_digest(init)
-      identity[role] = {"path": init, **digest}
+      identity[role] = {"path": init, **records[role].digest}
   photos = {
       role: {"folder": os.path.abspath(f), **photo_manifest(f)}
       for role, f in image_folders(config).items()
@@ -157,11 +126,6 @@ def of_run(config: Any, records: Mapping[str, Any] | None = None) -> dict[str, A
   if photos:
     identity["photos"] = photos
   return identity
-
-
-def _short(value: Any) -> str:
-  text = value if isinstance(value, str) else json.dumps(value)
-  return text if len(text) <= 60 else text[:40] + "…" + text[-12:]
 
 
 def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
@@ -173,14 +137,14 @@ def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
       continue
     if not a or not b:
       out.append(
-          f"{role}.init: {'none' if not a else _short(a['path'])} there, "
-          f"{'none' if not b else _short(b['path'])} now"
+          f"{role}.init: {'none' if not a else shorten(a['path'])} there, "
+          f"{'none' if not b else shorten(b['path'])} now"
       )
     elif a["sha256"] != b["sha256"]:
       same = " (the same path: the file changed)" if a["path"] == b["path"] else ""
       out.append(
-          f"{role} checkpoint: sha256 {a['sha256'][:12]} ({_short(a['path'])}) there, "
-          f"{b['sha256'][:12]} ({_short(b['path'])}) now{same}"
+          f"{role} checkpoint: sha256 {a['sha256'][:12]} ({shorten(a['path'])}) there, "
+          f"{b['sha256'][:12]} ({shorten(b['path'])}) now{same}"
       )
   old_photos, new_photos = old.get("photos") or {}, new.get("photos") or {}
   for role in sorted(set(old_photos) | set(new_photos)):
@@ -189,8 +153,8 @@ def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
       continue
     if not a or not b:
       out.append(
-          f"{role} photos: {'none' if not a else _short(a['folder'])} there, "
-          f"{'none' if not b else _short(b['folder'])} now"
+          f"{role} photos: {'none' if not a else shorten(a['folder'])} there, "
+          f"{'none' if not b else shorten(b['folder'])} now"
       )
       continue
     what = "another folder" if a["folder"] != b["folder"] else "the same folder, changed"
@@ -220,7 +184,7 @@ def check(workdir: str, identity: Mapping[str, Any]) -> None:
   if diffs:
     more = f" (+{len(diffs) - 2} more)" if len(diffs) > 2 else ""
     raise ConfigError(
-        f"workdir {_short(workdir)!s} holds a run made from other inputs: {'; '.join(diffs[:2])}"
+        f"workdir {shorten(workdir)!s} holds a run made from other inputs: {'; '.join(diffs[:2])}"
         f"{more}. Nothing in it was changed: pass a new --workdir, or delete that one to start "
         "over."
     )
@@ -257,12 +221,13 @@ def check_workdir_place(
           "config.json and README.md would overwrite the checkpoint's own; pass a --workdir "
           "outside it"
       )
-    if os.path.isfile(init) and _inside(workdir, os.path.dirname(os.path.abspath(init))):
-      if os.path.realpath(workdir) == os.path.realpath(os.path.dirname(os.path.abspath(init))):
-        raise ConfigError(
-            f"--workdir {workdir!r} is the folder of the {role} checkpoint {init!r}: the run "
-            "writes student files and config.json beside it; pass a --workdir of its own"
-        )
+    if os.path.isfile(init) and os.path.realpath(workdir) == os.path.dirname(
+        os.path.realpath(init)
+    ):
+      raise ConfigError(
+          f"--workdir {workdir!r} is the folder of the {role} checkpoint {init!r}: the run "
+          "writes student files and config.json beside it; pass a --workdir of its own"
+      )
   for role, folder in folders.items():
     if _inside(workdir, folder):
       raise ConfigError(
@@ -338,15 +303,3 @@ def remove_stale_temporaries(folder: str) -> list[str]:
   if removed:
     logging.info("removed %d file(s) an interrupted write left: %s", len(removed), removed)
   return removed
-
-
-def describe(identity: Mapping[str, Any]) -> Sequence[str]:
-  """Lines for a log: what the run was made from."""
-  out = [
-      f"{role}: {identity[role]['path']} sha256 {identity[role]['sha256'][:12]}"
-      for role in ("teacher", "student")
-      if role in identity
-  ]
-  for role, m in (identity.get("photos") or {}).items():
-    out.append(f"{role} photos: {m['folder']} ({m['photos']} photos, sha256 {m['sha256'][:12]})")
-  return out

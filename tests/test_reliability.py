@@ -25,6 +25,7 @@ from linvit_jax import import_weights
 from linvit_jax import inference_pp
 from linvit_jax import run as run_lib
 from linvit_jax import run_identity
+from linvit_jax.models import checkpoint_record
 from tests.helpers import robust_common as robust
 from tests.helpers import robust_config as rc
 
@@ -98,7 +99,7 @@ def test_teacher_of_the_same_name_in_another_folder_is_refused(tmp_path, stop_at
   with pytest.raises(ComputeStarted):
     run_lib.run(robust.config(str(first)), str(workdir))
   recorded = run_identity.read(str(workdir))
-  assert recorded["teacher"]["sha256"] == run_identity.checkpoint_digest(str(first))["sha256"]
+  assert recorded["teacher"]["sha256"] == checkpoint_record.read(str(first)).digest["sha256"]
   _refused(robust.config(str(second)), workdir, "teacher checkpoint: sha256", "Nothing in it")
   # The same bytes reached by another path are the same run: it resumes.
   moved = tmp_path / "c" / "renamed.npz"
@@ -367,7 +368,7 @@ def test_a_whole_run_opens_its_teacher_once(teacher, tmp_path, monkeypatch):
   run_lib.run(config, str(tmp_path / "w"))
   assert list(opens.values()) == [1]
   recorded = run_identity.read(str(tmp_path / "w"))["teacher"]
-  assert recorded["sha256"] == run_identity.checkpoint_digest(teacher)["sha256"]
+  assert recorded["sha256"] == checkpoint_record.read(teacher).digest["sha256"]
   assert recorded["bytes"] == os.path.getsize(teacher)
 
 

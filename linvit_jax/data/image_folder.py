@@ -171,7 +171,7 @@ def converted_png(path: str) -> bytes:
     raise ValueError(f"image_folder: cannot convert {path}: {type(err).__name__}: {err}") from err
 
 
-def _walk(root: str) -> list[str]:
+def walk(root: str) -> list[str]:
   """Relative "/"-separated paths of the candidate image files under root, sorted."""
   found, seen = [], set()
   for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
@@ -227,7 +227,7 @@ def scan(
   if not os.path.isdir(data_dir):
     raise FileNotFoundError(f"image_folder: {data_dir!r} does not exist or is not a directory")
   root = os.path.abspath(data_dir)
-  candidates = _walk(root)
+  candidates = walk(root)
   if not candidates:
     raise ValueError(
         f"image_folder: no image files in {root} (looked recursively for "

@@ -602,14 +602,21 @@ def _divisors(n: int) -> str:
   return small + (", …" if n > 32 else "")
 
 
-def _declared_timm_heads(config: dict[str, Any]) -> tuple[int, str] | None:
-  """(heads, where the source says so) from a timm config.json, or None when it does not say."""
+def _declared_timm_heads(config: dict[str, Any]) -> tuple[int, str, bool] | None:
+  """(heads, where the source says so, whether the file's own config says it rather than timm's
+  size name) from a timm config.json, or None when it does not say."""
   args = config.get("model_args") or {}
   if args.get("num_heads"):
-    return int(args["num_heads"]), "config.json: model_args.num_heads"
-  m = re.match(r"vit_([a-z0-9]+)_", str(config.get("architecture", "")))
+    return int(args["num_heads"]), "config.json: model_args.num_heads", True
+  name = str(config.get("architecture", ""))
+  m = re.match(r"vit_([a-z0-9]+)_", name)
   if m and m.group(1) in _TIMM_HEADS:
-    return _TIMM_HEADS[m.group(1)], f"config.json's architecture {config['architecture']!r}"
+    size = m.group(1)
+    return (
+        _TIMM_HEADS[size],
+        f"timm's '{size}' size, named by config.json's architecture {name!r}",
+        False,
+    )
   return None
 
 
@@ -622,36 +629,31 @@ def _contradicts(given: int, declared: int, where: str, source: str) -> None:
 
 def _timm_heads(width: int, config: dict[str, Any], num_heads: int | None, source: str) -> int:
   """timm's heads: --num_heads, else config.json's model_args, else the architecture's size name.
-  A --num_heads that contradicts what the source declares is refused: the import would write a
-  model whose outputs differ from the source's."""
+  A --num_heads that contradicts model_args is refused (the import would write a model whose
+  outputs differ from the source's); one that overrides a size name's heads is said."""
+  declared = _declared_timm_heads(config)
   if num_heads:
     _check_heads(width, int(num_heads), source, None)
-    declared = _declared_timm_heads(config)
-    if declared and declared[0] != int(num_heads) and "model_args" in declared[1]:
-      _contradicts(int(num_heads), *declared, source)
-    if declared and declared[0] != int(num_heads) and width % declared[0] == 0:
-      # A size name is timm's convention, not the file's own word: overridable, but said.
-      logging.warning(
-          "--num_heads %d overrides the %d heads of %s for '%s'", num_heads, *declared, source
-      )
+    if declared and declared[0] != int(num_heads):
+      heads, where, explicit = declared
+      if explicit:
+        _contradicts(int(num_heads), heads, where, source)
+      if width % heads == 0:  # a size name is timm's convention, not the file's own word
+        logging.warning("--num_heads %d overrides the %d heads of %s", num_heads, heads, where)
     return int(num_heads)
-  args = config.get("model_args") or {}
-  if args.get("num_heads"):
-    heads = int(args["num_heads"])
-    _check_heads(width, heads, source, "config.json: model_args.num_heads")
+  if declared:
+    heads, where, explicit = declared
+    hint = (
+        ""
+        if explicit
+        else (
+            f", has {heads}; no model_args.num_heads says otherwise: pass --num_heads N to "
+            "import_weights"
+        )
+    )
+    _check_heads(width, heads, source, where + hint)
     return heads
   name = str(config.get("architecture", ""))
-  m = re.match(r"vit_([a-z0-9]+)_", name)
-  if m and m.group(1) in _TIMM_HEADS:
-    heads = _TIMM_HEADS[m.group(1)]
-    _check_heads(
-        width,
-        heads,
-        source,
-        f"timm's '{m.group(1)}' size, named by config.json's architecture {name!r}, has "
-        f"{heads}; no model_args.num_heads says otherwise: pass --num_heads N to import_weights",
-    )
-    return heads
   why = f"its architecture {name!r} names no known size" if name else "no config.json says"
   raise CheckpointError(
       f"checkpoint '{source}': a timm state dict does not store its number of heads and {why}; "
