@@ -40,7 +40,7 @@ setup(
     description="Convert pretrained softmax ViTs (big_vision layout) to linear-attention ViTs by "
     "copying the operator-agnostic weights and distilling attention outputs.",
     # configs/ stays at the top of the repository (`--config configs/demo.py`) and ships inside
-    # the wheel as `linvit_jax.configs`, where linvit_jax.config_files finds it by name
+    # the wheel as `linvit_jax.configs`, where linvit_jax.configuration.config_files finds it by name
     # (`--config demo`). It has no __init__.py: the files are loaded by path, never imported.
     packages=find_packages(include=["linvit_jax", "linvit_jax.*"]) + ["linvit_jax.configs"],
     package_dir={"linvit_jax.configs": "configs"},
@@ -53,7 +53,7 @@ setup(
     install_requires=INSTALL_REQUIRES,
     extras_require={
         **ACCELERATOR_EXTRAS,
-        # `init=hf:facebook/dinov2-small` / `timm:<name>` (linvit_jax.hub): snapshot_download
+        # `init=hf:facebook/dinov2-small` / `timm:<name>` (linvit_jax.models.hub): snapshot_download
         # with allow_patterns and local_files_only, stable across these releases; tested on 2.4.
         "hub": HUB_REQUIRES,
         "test": [

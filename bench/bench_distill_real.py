@@ -75,10 +75,10 @@ def build(
 ) -> dict[str, Any]:
   """The compiled cases with their arguments, and the config."""
   from linvit_jax import build
-  from linvit_jax import optim
-  from linvit_jax import stages
-  from linvit_jax import surgery
-  from linvit_jax import train
+  from linvit_jax.conversion import optim
+  from linvit_jax.conversion import stages
+  from linvit_jax.conversion import surgery
+  from linvit_jax.conversion import train
   from linvit_jax.models import vit_checkpoint
 
   c = build.resolve_from_init(_config(init, batch, feature_map, res, extra))
@@ -135,7 +135,7 @@ def build(
 
 def _minimal_loss(teacher, student):
   """Teacher forward + teacher-forced student attention + nmse, nothing else (the floor)."""
-  from linvit_jax import probe
+  from linvit_jax.models import probe
 
   def loss(sp, tp, batch, rng):
     targets = probe.teacher_targets(teacher, tp, batch["image"])

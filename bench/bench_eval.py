@@ -32,9 +32,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   args = p.parse_args(argv)
   from configs import demo
   from linvit_jax import build
-  from linvit_jax import calibrate
-  from linvit_jax import evaluate
-  from linvit_jax import surgery
+  from linvit_jax.conversion import calibrate
+  from linvit_jax.conversion import surgery
+  from linvit_jax.evaluation import evaluate
   from linvit_jax.models import vit_checkpoint
 
   c = demo.get_config()

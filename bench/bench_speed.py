@@ -35,9 +35,9 @@ import jax
 import jax.numpy as jnp
 
 from bench import common
-from linvit_jax import gfile
 from linvit_jax.models import attention as attn_lib
 from linvit_jax.models import vit
+from linvit_jax.runtime import gfile
 
 OPERATORS = {
     "softmax": attn_lib.AttentionSpec(kind="softmax"),

@@ -34,9 +34,9 @@ import ml_collections as mlc
 
 from bench import common
 from linvit_jax import build
-from linvit_jax import optim
-from linvit_jax import stages
-from linvit_jax import train
+from linvit_jax.conversion import optim
+from linvit_jax.conversion import stages
+from linvit_jax.conversion import train
 from linvit_jax.models import attention as attn_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

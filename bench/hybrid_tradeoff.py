@@ -26,9 +26,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from linvit_jax import build
-from linvit_jax import evaluate
 from linvit_jax import report
-from linvit_jax import surgery
+from linvit_jax.conversion import surgery
+from linvit_jax.evaluation import evaluate
 from linvit_jax.models import vit
 
 

@@ -1,9 +1,9 @@
 r"""The ablation table on the embedded data: which parts of the teacher are worth copying?
 
-  python -m linvit_jax.ablation --config configs/ablation.py --workdir workdirs/ablation
-  python -m linvit_jax.ablation --config configs/ablation.py:patch=7 --workdir workdirs/ablation_p7
+  python -m linvit_jax.studies.ablation --config configs/ablation.py --workdir workdirs/ablation
+  python -m linvit_jax.studies.ablation --config configs/ablation.py:patch=7 --workdir workdirs/ablation_p7
 
-Arms (see linvit_jax/ablation.py): teacher_ft, random, copy_attention, copy_same,
+Arms (see linvit_jax/studies/ablation.py): teacher_ft, random, copy_attention, copy_same,
 copy_same_distill, copy_all_distill, copy_same_distill_in_budget — each with the same fine-tune
 budget, over `seeds`. Writes ablation.md and ablation.png into the workdir. `patch=7` uses the
 17-token teacher (4×4 patches + cls) for the token-count study; the default is 50 tokens.
@@ -14,12 +14,12 @@ instead of `seeds`), finetune_steps, distill_steps, arms ('+'-separated subset),
 The table can be built in parts, one arm × seed per invocation if need be, in one workdir:
 finished runs are skipped, and the report covers every finished run there with the same budget:
 
-  python -m linvit_jax.ablation --config configs/ablation.py:arms=copy_same,seed_list=3 --workdir W
+  python -m linvit_jax.studies.ablation --config configs/ablation.py:arms=copy_same,seed_list=3 --workdir W
 """
 
-from linvit_jax import config_lib
+from linvit_jax.configuration import config_lib
 
-# The arms run by default, in the table's order: every arm linvit_jax/ablation.py defines (its
+# The arms run by default, in the table's order: every arm linvit_jax/studies/ablation.py defines (its
 # ARMS; tests/test_config_files.py keeps the two the same). The driver reads the config, not back.
 ARMS = (
     "teacher_ft",

@@ -78,7 +78,7 @@ The k-NN check (weighted k-NN top-1 of the pooled feature, teacher vs student):
   tiny: a few steps and images, for the tests
 """
 
-from linvit_jax import config_lib
+from linvit_jax.configuration import config_lib
 
 # The options and their defaults (the docstring says what each means): parse_arg types a value
 # after its default, config_checks.convert_folder checks it.

@@ -16,7 +16,7 @@ at lr 2e-4, between the distillation and the fine-tune), align_lora (r > 0: that
 move within rank-r updates, LoRA; 0: off), tiny (a few steps, for the tests).
 """
 
-from linvit_jax import config_lib
+from linvit_jax.configuration import config_lib
 
 
 def get_config(arg=None):

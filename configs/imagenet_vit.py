@@ -38,7 +38,7 @@ parameters only; fine-tuning 20k steps at lr 1e-4 with label + KD losses.
 `data_dir` must hold a prepared TFDS imagenet2012 (see launch/README.md).
 """
 
-from linvit_jax import config_lib
+from linvit_jax.configuration import config_lib
 
 
 def get_config(arg=None):

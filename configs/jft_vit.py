@@ -20,7 +20,7 @@ Recipe: `copy_all` + `hedgehog_exp` with distillation lr 1e-3, the project's mea
 fine-tuning 50k steps (lr 1e-4).
 """
 
-from linvit_jax import config_lib
+from linvit_jax.configuration import config_lib
 
 
 def get_config(arg=None):

@@ -15,7 +15,7 @@ Model: width 128, depth 4, 4 heads, MLP 256, patch 4 on 28×28 → 7×7 = 49 pat
 `:epochs=` sets the training length (default 4), `:patch=` the patch size (4 or 7).
 """
 
-from linvit_jax import config_lib
+from linvit_jax.configuration import config_lib
 
 STEPS_PER_EPOCH = 60_000 // 128
 

@@ -20,7 +20,7 @@ Subcommands (each prints the commands it runs; --dry_run prints them and runs no
 
 Multi-host: every worker runs the same command; the run script exports JAX_COORDINATOR_ADDRESS
 (worker 0, port 8476), JAX_NUM_PROCESSES and JAX_PROCESS_ID from the VM metadata, which
-linvit_jax.sharding.maybe_initialize_distributed turns into `jax.distributed.initialize(...)`. A
+linvit_jax.runtime.sharding.maybe_initialize_distributed turns into `jax.distributed.initialize(...)`. A
 pod's workers share nothing but GCS, so --workdir must be gs:// when the slice has more than one
 host. Stdlib only: runs without the project's virtualenv. Commands are argument lists (no local
 shell); the remote scripts quote every value with shlex.

@@ -19,12 +19,12 @@ import os
 import re
 from typing import Any
 
-from linvit_jax import config_files
-from linvit_jax import config_lib
-from linvit_jax.config_lib import OptionError  # noqa: F401  (re-exported)
-from linvit_jax.errors import UserError
-from linvit_jax.export import Student  # noqa: F401  (re-exported)
-from linvit_jax.export import load_student  # noqa: F401  (re-exported)
+from linvit_jax.artifacts.export import Student  # noqa: F401  (re-exported)
+from linvit_jax.artifacts.export import load_student  # noqa: F401  (re-exported)
+from linvit_jax.configuration import config_files
+from linvit_jax.configuration import config_lib
+from linvit_jax.configuration.config_lib import OptionError  # noqa: F401  (re-exported)
+from linvit_jax.runtime.errors import UserError
 
 # `convert`'s own arguments stand for these options of the config.
 _OWN = ("init", "images")

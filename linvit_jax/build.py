@@ -15,15 +15,15 @@ from typing import Any
 import ml_collections as mlc
 import numpy as np
 
-from linvit_jax import checkpoints
-from linvit_jax import config_lib
-from linvit_jax import export_format
-from linvit_jax import tree as tree_lib
+from linvit_jax.artifacts import export_format
+from linvit_jax.configuration import config_lib
 from linvit_jax.data import sources
-from linvit_jax.errors import ConfigError
 from linvit_jax.models import checkpoint_record
+from linvit_jax.models import checkpoints
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
+from linvit_jax.runtime import tree as tree_lib
+from linvit_jax.runtime.errors import ConfigError
 
 # ------------------------------------------------------------------------------------ the models
 

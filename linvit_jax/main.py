@@ -7,7 +7,7 @@ results.json, plots) into the workdir. Rerunning in the same workdir resumes: fi
 skipped, an interrupted stage continues from its last checkpoint.
 
 `cli(command)` is this command line (flags, logging, one-line user errors and exit codes) around
-another `command(config, workdir)`: `python -m linvit_jax.ablation` is the same CLI around the
+another `command(config, workdir)`: `python -m linvit_jax.studies.ablation` is the same CLI around the
 ablation driver.
 """
 
@@ -31,10 +31,10 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from linvit_jax import config_files
-from linvit_jax import errors
-from linvit_jax import quiet_tf
-from linvit_jax.errors import UserError
+from linvit_jax.configuration import config_files
+from linvit_jax.runtime import errors
+from linvit_jax.runtime import quiet_tf
+from linvit_jax.runtime.errors import UserError
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
@@ -118,7 +118,7 @@ def convert(config: Any, workdir: str) -> None:
   if "ablation" in config:  # its arms are runs of their own: a plain run would be another thing
     raise UserError(
         "this is an ablation config (it has an `ablation` block): run it with "
-        "`python -m linvit_jax.ablation --config ... --workdir ...`"
+        "`python -m linvit_jax.studies.ablation --config ... --workdir ...`"
     )
   from linvit_jax import report  # heavy imports after flag parsing: fast --help
   from linvit_jax import run as run_lib
@@ -141,7 +141,7 @@ def main(argv: list[str], command: Command = convert) -> None:
     raise UserError("--config is required, e.g. --config configs/demo.py")
   if FLAGS.print_config:
     from linvit_jax import build
-    from linvit_jax import config_lib
+    from linvit_jax.configuration import config_lib
 
     config = FLAGS.config
     if "ablation" not in config:  # an ablation's arms resolve their own teachers
@@ -237,7 +237,7 @@ def _stage_field_hint(argv: list[str], overrides: list[str]) -> str:
     for b in blocks:
       node = node.get(b) if hasattr(node, "get") else None
     if hasattr(node, "get") and node.get("kind") and field not in node:
-      from linvit_jax import config_lib
+      from linvit_jax.configuration import config_lib
 
       fields = sorted(config_lib.stage_fields(node.kind))
       if field in fields:  # a field written only when on (w_structure)

@@ -19,21 +19,21 @@ import ml_collections as mlc
 import numpy as np
 
 from linvit_jax import build
-from linvit_jax import config_lib
-from linvit_jax import distill
-from linvit_jax import gfile
-from linvit_jax import optim
 from linvit_jax import run_identity
-from linvit_jax import sharding
-from linvit_jax import surgery
-from linvit_jax import train
+from linvit_jax.configuration import config_lib
+from linvit_jax.conversion import distill
+from linvit_jax.conversion import optim
+from linvit_jax.conversion import surgery
+from linvit_jax.conversion import train
 from linvit_jax.data import fashion_mnist
 from linvit_jax.data import image_folder
 from linvit_jax.data import input_pipeline
-from linvit_jax.errors import ConfigError
-from linvit_jax.errors import shorten
 from linvit_jax.models import attention as attn_lib
 from linvit_jax.models import vit
+from linvit_jax.runtime import gfile
+from linvit_jax.runtime import sharding
+from linvit_jax.runtime.errors import ConfigError
+from linvit_jax.runtime.errors import shorten
 
 
 def check(config: mlc.ConfigDict, workdir: str) -> jax.sharding.Mesh:

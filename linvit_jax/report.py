@@ -19,15 +19,15 @@ import ml_collections as mlc
 import numpy as np
 
 from linvit_jax import build
-from linvit_jax import evaluate
-from linvit_jax import feature_cache
-from linvit_jax import gfile
-from linvit_jax import photo_eval
-from linvit_jax import results as results_lib
-from linvit_jax import tree
 from linvit_jax.data import pp_spec
-from linvit_jax.errors import ConfigError
+from linvit_jax.evaluation import evaluate
+from linvit_jax.evaluation import feature_cache
+from linvit_jax.evaluation import photo_eval
+from linvit_jax.evaluation import results as results_lib
 from linvit_jax.models import vit
+from linvit_jax.runtime import gfile
+from linvit_jax.runtime import tree
+from linvit_jax.runtime.errors import ConfigError
 
 
 @dataclasses.dataclass

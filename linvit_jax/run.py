@@ -17,21 +17,21 @@ import ml_collections as mlc
 import numpy as np
 
 from linvit_jax import build
-from linvit_jax import calibrate
-from linvit_jax import compile_cache
-from linvit_jax import evaluate
-from linvit_jax import export
-from linvit_jax import gfile
-from linvit_jax import photo_eval
 from linvit_jax import preflight
 from linvit_jax import report
-from linvit_jax import results as results_lib
 from linvit_jax import run_identity
-from linvit_jax import sharding
-from linvit_jax import stages
-from linvit_jax import surgery
-from linvit_jax import train
+from linvit_jax.artifacts import export
+from linvit_jax.conversion import calibrate
+from linvit_jax.conversion import stages
+from linvit_jax.conversion import surgery
+from linvit_jax.conversion import train
+from linvit_jax.evaluation import evaluate
+from linvit_jax.evaluation import photo_eval
+from linvit_jax.evaluation import results as results_lib
 from linvit_jax.models import vit
+from linvit_jax.runtime import compile_cache
+from linvit_jax.runtime import gfile
+from linvit_jax.runtime import sharding
 
 # Folded into the seed's key for a converted student's init (see `_init_student`).
 STUDENT_INIT_SALT = 0x5EED

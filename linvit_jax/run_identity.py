@@ -38,11 +38,11 @@ import socket
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from linvit_jax import gfile
 from linvit_jax.data import image_folder
 from linvit_jax.data import sources
-from linvit_jax.errors import ConfigError
-from linvit_jax.errors import shorten
+from linvit_jax.runtime import gfile
+from linvit_jax.runtime.errors import ConfigError
+from linvit_jax.runtime.errors import shorten
 
 IDENTITY_FILE = "identity.json"
 LOCK_FILE = ".lock"

@@ -6,8 +6,8 @@ import os
 import pytest
 
 from configs import ablation as ablation_config
-from linvit_jax import ablation
-from linvit_jax import token_study
+from linvit_jax.studies import ablation
+from linvit_jax.studies import token_study
 from tools import update_token_study_readme
 
 

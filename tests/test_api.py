@@ -10,9 +10,9 @@ import pytest
 
 import linvit_jax
 from linvit_jax import api
-from linvit_jax import config_files
-from linvit_jax import config_lib
-from linvit_jax.errors import UserError
+from linvit_jax.configuration import config_files
+from linvit_jax.configuration import config_lib
+from linvit_jax.runtime.errors import UserError
 
 
 @pytest.fixture
@@ -130,7 +130,7 @@ def test_option_meanings_from_a_docstring(tmp_path):
       "  `tiny`: a few steps\n"
       "  other: not an option\n"
       '"""\n'
-      "from linvit_jax import config_lib\n\n\n"
+      "from linvit_jax.configuration import config_lib\n\n\n"
       "def get_config(arg=None):\n"
       "  return config_lib.parse_arg(arg, res=224, max_images=10000, tiny=False, knn='')\n"
   )

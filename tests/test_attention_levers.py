@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from linvit_jax import surgery
+from linvit_jax.conversion import surgery
 from linvit_jax.models import attention as A
 from linvit_jax.models import vit
 
@@ -326,7 +326,7 @@ def test_exact_set_gate_is_student_only_in_surgery(gate_name, lever):
 
 
 def test_exact_share_is_reported_per_layer():
-  from linvit_jax import evaluate
+  from linvit_jax.evaluation import evaluate
 
   kw = dict(num_classes=None, patch_size=(4, 4), width=32, depth=2, mlp_dim=64, num_heads=2)
   images = jax.random.normal(jax.random.PRNGKey(3), (2, 16, 16, 3))

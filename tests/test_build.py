@@ -6,8 +6,8 @@ import os
 import pytest
 
 from linvit_jax import build
-from linvit_jax import config_lib
-from linvit_jax.errors import ConfigError
+from linvit_jax.configuration import config_lib
+from linvit_jax.runtime.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HF_DINOV2 = os.path.join(ROOT, "tests", "data", "foreign", "hf_dinov2")  # declares mean/std, gelu

@@ -6,7 +6,7 @@ No network: the remote read is replaced by a recorder.
 import numpy as np
 import pytest
 
-from linvit_jax import checkpoints
+from linvit_jax.models import checkpoints
 
 
 @pytest.mark.parametrize(

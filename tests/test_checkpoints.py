@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 from linvit_jax import build
-from linvit_jax import checkpoints as ckpt
-from linvit_jax import gfile
-from linvit_jax.checkpoints import CheckpointError
+from linvit_jax.models import checkpoints as ckpt
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint as vit_ckpt
+from linvit_jax.models.checkpoints import CheckpointError
 from linvit_jax.models.variants import decode_variant
+from linvit_jax.runtime import gfile
 from tests.helpers import robust_common as robust
 from tests.helpers import robust_config as rc
 from tests.helpers.robust_common import GS_PATH

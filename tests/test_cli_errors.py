@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from linvit_jax import checkpoints
-from linvit_jax import errors
 from linvit_jax import main as main_lib
-from linvit_jax import preemption
-from linvit_jax import surgery
-from linvit_jax import train
+from linvit_jax.conversion import preemption
+from linvit_jax.conversion import surgery
+from linvit_jax.conversion import train
+from linvit_jax.models import checkpoints
+from linvit_jax.runtime import errors
 from tests.helpers.robust_common import GS_PATH
 from tests.helpers.subprocs import ROBUST_CONFIG
 from tests.helpers.subprocs import last_line

@@ -19,11 +19,11 @@ import ml_collections as mlc
 import pytest
 import tqdm
 
-from linvit_jax import import_weights
 from linvit_jax import main as main_lib
 from linvit_jax import report
 from linvit_jax.data import sample_photos
 from linvit_jax.models import foreign
+from linvit_jax.models import import_weights
 from tests.helpers.subprocs import ROOT
 
 FOREIGN = os.path.join(ROOT, "tests", "data", "foreign")
@@ -46,7 +46,7 @@ def _one_error_line(err: str, *fragments: str) -> None:
         ("linvit_jax.main", "--help"),
         ("linvit_jax.main", "-h"),
         ("linvit_jax.main", "--helpshort"),
-        ("linvit_jax.import_weights", "--help"),
+        ("linvit_jax.models.import_weights", "--help"),
         ("linvit_jax.data.sample_photos", "--help"),
     ],
     ids=["main--help", "main-h", "main--helpshort", "import_weights", "sample_photos"],
@@ -202,7 +202,7 @@ def test_summary_says_why_knn_was_not_measured():
 
 
 # ------------------------------------------------------------------------------------------------
-# python -m linvit_jax.import_weights SRC OUT.npz
+# python -m linvit_jax.models.import_weights SRC OUT.npz
 
 
 def _import(capsys, *argv):

@@ -1,4 +1,4 @@
-"""Shipped configs by name (linvit_jax/config_files.py) and their place in the wheel (setup.py)."""
+"""Shipped configs by name (linvit_jax/configuration/config_files.py) and their place in the wheel (setup.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import zipfile
 
 import pytest
 
-from linvit_jax import config_files
+from linvit_jax.configuration import config_files
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
@@ -142,7 +142,8 @@ def test_resolved_argv_loads_through_mains_flags(elsewhere):
   # What main.py's entry point does with the hook: the name loads, `:arg` and overrides apply.
   code = (
       "import sys\n"
-      "from linvit_jax import config_files, main\n"
+      "from linvit_jax import main\n"
+      "from linvit_jax.configuration import config_files\n"
       "argv = config_files.resolve_config_argv(sys.argv)\n"
       "main.FLAGS(argv)\n"
       "c = main.FLAGS.config\n"
@@ -214,7 +215,7 @@ def test_wheel_ships_configs_and_assets(wheel):
   names = set(zipfile.ZipFile(wheel).namelist())
   for config in glob.glob(str(CONFIGS / "*.py")):
     assert f"linvit_jax/configs/{os.path.basename(config)}" in names
-  assert "linvit_jax/config_files.py" in names
+  assert "linvit_jax/configuration/config_files.py" in names
   assert "linvit_jax/assets/teacher_fmnist_vit.npz" in names
   assert not any(n.startswith("configs/") for n in names)  # no top-level `configs` package
 
@@ -224,7 +225,7 @@ def test_installed_wheel_finds_configs_by_name(wheel, tmp_path):
   zipfile.ZipFile(wheel).extractall(site)  # a pure-Python wheel installs as unpacked
   code = (
       "import linvit_jax\n"
-      "from linvit_jax import config_files\n"
+      "from linvit_jax.configuration import config_files\n"
       "print(linvit_jax.__file__)\n"
       "argv = ['main', '--config', 'configs/demo.py:tiny=True']\n"
       "print(config_files.resolve_config_argv(argv)[2])\n"
@@ -293,7 +294,7 @@ _ABSENT = "<absent>"
 
 def _portable(tree):
   """`tree` as JSON data (tuples as lists), the package's assets folder spelled `<assets>`."""
-  from linvit_jax import config_lib
+  from linvit_jax.configuration import config_lib
 
   text = json.dumps(tree).replace(json.dumps(config_lib.ASSETS)[1:-1], "<assets>")
   return json.loads(text)
@@ -337,7 +338,7 @@ def test_every_config_builds_its_snapshot():
 
 
 def test_the_ablation_config_lists_the_drivers_arms():
-  from linvit_jax import ablation
+  from linvit_jax.studies import ablation
 
   spec = importlib.util.spec_from_file_location("ablation_config", CONFIGS / "ablation.py")
   module = importlib.util.module_from_spec(spec)

@@ -34,7 +34,7 @@ def _imports(tree: ast.Module) -> set[str]:
 
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
 def test_a_config_imports_config_lib_only(path):
-  assert _imports(_tree(path)) <= {"linvit_jax.config_lib"}, path
+  assert _imports(_tree(path)) <= {"linvit_jax.configuration.config_lib"}, path
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
@@ -45,12 +45,14 @@ def test_a_config_raises_nothing_itself(path):
 
 
 def test_config_checks_read_only_config_lib():
-  imports = _imports(_tree(os.path.join(ROOT, "linvit_jax", "config_checks.py")))
-  assert {m for m in imports if m.startswith("linvit_jax")} == {"linvit_jax.config_lib"}
+  imports = _imports(_tree(os.path.join(ROOT, "linvit_jax", "configuration", "config_checks.py")))
+  assert {m for m in imports if m.startswith("linvit_jax")} == {
+      "linvit_jax.configuration.config_lib"
+  }
 
 
 def test_every_config_with_checks_is_a_shipped_config():
-  from linvit_jax import config_checks
+  from linvit_jax.configuration import config_checks
 
   names = {os.path.basename(p)[: -len(".py")] for p in CONFIGS}
   assert set(config_checks.CHECKS) <= names
@@ -60,13 +62,13 @@ def test_reading_every_config_imports_no_jax():
   # Its options only: convert_folder's get_config needs init= and images= to build a config.
   code = (
       "import importlib.util, sys\n"
-      "from linvit_jax import config_lib\n"
+      "from linvit_jax.configuration import config_lib\n"
       f"for path in {CONFIGS!r}:\n"
       "  spec = importlib.util.spec_from_file_location('c', path)\n"
       "  module = importlib.util.module_from_spec(spec)\n"
       "  spec.loader.exec_module(module)\n"
       "  config_lib.option_defaults(module.get_config)\n"
-      "print([m for m in ('jax', 'linvit_jax.run', 'linvit_jax.ablation') if m in sys.modules])\n"
+      "print([m for m in ('jax', 'linvit_jax.run', 'linvit_jax.studies.ablation') if m in sys.modules])\n"
   )
   result = subprocess.run(
       [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False

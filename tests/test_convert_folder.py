@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from linvit_jax import build
-from linvit_jax import checkpoints
-from linvit_jax.errors import ConfigError
+from linvit_jax.models import checkpoints
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
+from linvit_jax.runtime.errors import ConfigError
 from tests.helpers import tiny_teacher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -222,7 +222,7 @@ def test_convert_folder_headless_end_to_end(folder_run):
 def test_convert_folder_hybrid_export_round_trips(folder_run):
   config, workdir, results, teacher_params = folder_run
   assert len(results["softmax_layers"]) == 1
-  from linvit_jax import export
+  from linvit_jax.artifacts import export
 
   with open(os.path.join(workdir, "student_config.json")) as f:
     student_cfg = export.model_fields(json.load(f))
@@ -318,7 +318,7 @@ def test_convert_folder_align_options_reach_the_stage(tmp_path):
 
   for name in structured.stages:  # the run's own check accepts the field it asked for
     preflight.check_stage_fields(name, structured[name])
-  from linvit_jax import optim
+  from linvit_jax.conversion import optim
 
   assert optim.optimizer_settings(config.distill_attention.optimizer)["update_scale"] == "absolute"
   assert a.optimizer.ema_decay == 0.99

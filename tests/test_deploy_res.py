@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from linvit_jax.errors import ConfigError
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
+from linvit_jax.runtime.errors import ConfigError
 from tests.test_convert_folder import TINY
 from tests.test_convert_folder import _config
 from tests.test_convert_folder import _headless_checkpoint

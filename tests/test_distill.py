@@ -13,13 +13,13 @@ import numpy as np
 import optax
 import pytest
 
-from linvit_jax import calibrate
-from linvit_jax import config_lib
-from linvit_jax import distill
-from linvit_jax import optim
-from linvit_jax import probe
-from linvit_jax import surgery
+from linvit_jax.configuration import config_lib
+from linvit_jax.conversion import calibrate
+from linvit_jax.conversion import distill
+from linvit_jax.conversion import optim
+from linvit_jax.conversion import surgery
 from linvit_jax.models import attention as attn_lib
+from linvit_jax.models import probe
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
 
@@ -535,7 +535,7 @@ def test_token_structure_loss_reads_what_tells_patches_apart():
 
 
 def test_an_align_stage_with_w_structure_adds_exactly_that_term(tiny):
-  from linvit_jax import stages
+  from linvit_jax.conversion import stages
 
   teacher, t_params, student, s_params, images = tiny
   config = config_lib.base_config()

@@ -5,9 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from linvit_jax import evaluate
-from linvit_jax import metrics
-from linvit_jax import sharding
+from linvit_jax.evaluation import evaluate
+from linvit_jax.runtime import metrics
+from linvit_jax.runtime import sharding
 
 
 def test_evaluate_ignores_padding():

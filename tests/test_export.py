@@ -1,4 +1,4 @@
-"""Export and reload of a student (linvit_jax/export.py) and the Python API (linvit_jax.convert,
+"""Export and reload of a student (linvit_jax/artifacts/export.py) and the Python API (linvit_jax.convert,
 linvit_jax.load_student), on the tiny Hugging Face conversion shared with test_import_weights."""
 
 import json
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import linvit_jax
-from linvit_jax import checkpoints
-from linvit_jax import export
+from linvit_jax.artifacts import export
 from linvit_jax.data import pp_spec
+from linvit_jax.models import checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -21,9 +21,9 @@ import sys
 import numpy as np
 import pytest
 
-from linvit_jax import checkpoints
-from linvit_jax import export
-from linvit_jax.errors import UserError
+from linvit_jax.artifacts import export
+from linvit_jax.models import checkpoints
+from linvit_jax.runtime.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KILLS = 10

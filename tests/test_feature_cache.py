@@ -6,8 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from linvit_jax import feature_cache
 from linvit_jax import report
+from linvit_jax.evaluation import feature_cache
 
 
 def _params(scale=1.0):

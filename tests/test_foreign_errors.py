@@ -11,10 +11,10 @@ import shutil
 
 import pytest
 
-from linvit_jax import import_weights
-from linvit_jax.checkpoints import CheckpointError
-from linvit_jax.errors import UserError
 from linvit_jax.models import foreign
+from linvit_jax.models import import_weights
+from linvit_jax.models.checkpoints import CheckpointError
+from linvit_jax.runtime.errors import UserError
 
 FOREIGN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "foreign")
 

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from linvit_jax import gfile
 from linvit_jax import report
+from linvit_jax.runtime import gfile
 
 
 @pytest.fixture(params=["local", "ram"])

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from linvit_jax import build
-from linvit_jax.errors import ConfigError
 from linvit_jax.models import vit_checkpoint
+from linvit_jax.runtime.errors import ConfigError
 from tests.helpers import tiny_teacher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -77,8 +77,8 @@ def test_an_rgb_teacher_keeps_its_pp_strings_as_written(tmp_path):
 
 
 def test_a_grayscale_teacher_converts_end_to_end_and_its_student_reads_photos(tmp_path):
-  from linvit_jax import export
   from linvit_jax import run as run_lib
+  from linvit_jax.artifacts import export
 
   ckpt = str(tmp_path / "gray.npz")
   teacher = _checkpoint(ckpt, 1)

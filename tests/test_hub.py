@@ -1,4 +1,4 @@
-"""Hub names as checkpoints (linvit_jax/hub.py): `hf:org/name` and `timm:name` read through
+"""Hub names as checkpoints (linvit_jax/models/hub.py): `hf:org/name` and `timm:name` read through
 huggingface_hub's cache, offline here, on a cache laid out as huggingface_hub lays it out
 (blobs, snapshot links, refs/main) from the tiny fixtures in tests/data/foreign."""
 
@@ -14,10 +14,10 @@ import pytest
 
 from linvit_jax import api
 from linvit_jax import build
-from linvit_jax import checkpoints
-from linvit_jax import hub
-from linvit_jax.errors import UserError
+from linvit_jax.models import checkpoints
+from linvit_jax.models import hub
 from linvit_jax.models import vit_checkpoint
+from linvit_jax.runtime.errors import UserError
 
 pytest.importorskip("huggingface_hub")
 

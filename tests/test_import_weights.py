@@ -13,9 +13,9 @@ import jax
 import numpy as np
 import pytest
 
-from linvit_jax import checkpoints
-from linvit_jax import import_weights
+from linvit_jax.models import checkpoints
 from linvit_jax.models import foreign
+from linvit_jax.models import import_weights
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
 

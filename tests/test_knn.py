@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from linvit_jax import evaluate
-from linvit_jax import feature_cache
 from linvit_jax import report
 from linvit_jax import run as run_lib
-from linvit_jax.errors import ConfigError
+from linvit_jax.evaluation import evaluate
+from linvit_jax.evaluation import feature_cache
+from linvit_jax.runtime.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -498,7 +498,7 @@ def test_initialize_distributed_reads_the_init_timeout(monkeypatch):
   """JAX_INITIALIZATION_TIMEOUT reaches jax.distributed.initialize and the start-up barrier."""
   import jax
 
-  from linvit_jax import sharding
+  from linvit_jax.runtime import sharding
 
   calls = []
   monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)

@@ -9,13 +9,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from linvit_jax import optim
-from linvit_jax import surgery
-from linvit_jax import tree as tree_lib
+from linvit_jax.conversion import optim
+from linvit_jax.conversion import surgery
 from linvit_jax.models import attention as attn_lib
 from linvit_jax.models import feature_maps
 from linvit_jax.models import layout
 from linvit_jax.models import vit
+from linvit_jax.runtime import tree as tree_lib
 
 # The literals as they stood before the names moved to layout.py: the reference, kept here only.
 _OLD_ATTN_MODULE = r"Transformer/encoderblock(_\d+)?/MultiHeadDotProductAttention_0"

@@ -7,12 +7,12 @@ import numpy as np
 import optax
 import pytest
 
-from linvit_jax import config_lib
-from linvit_jax import lora
-from linvit_jax import optim
 from linvit_jax import preflight
-from linvit_jax import tree as tree_lib
-from linvit_jax.errors import ConfigError
+from linvit_jax.configuration import config_lib
+from linvit_jax.conversion import lora
+from linvit_jax.conversion import optim
+from linvit_jax.runtime import tree as tree_lib
+from linvit_jax.runtime.errors import ConfigError
 from tests import test_train
 from tests.helpers import tiny_task as tt
 

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from linvit_jax import checkpoints
+from linvit_jax.models import checkpoints
 from tests.helpers.subprocs import run_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,7 +125,7 @@ def test_demo_tiny_runs_end_to_end(demo_run):
 def test_exported_student_loads_back_with_same_logits(demo_run):
   config, workdir, results = demo_run
   from linvit_jax import build
-  from linvit_jax import export
+  from linvit_jax.artifacts import export
   from linvit_jax.models import vit
 
   with open(os.path.join(workdir, "student_config.json")) as f:
@@ -165,7 +165,7 @@ def test_tensorflow_startup_lines_are_dropped_on_any_cpu(tmp_path):
       "os.write(2, b'a real warning\\n')\n"
   )
   code = (
-      f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from linvit_jax import quiet_tf; "
+      f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from linvit_jax.runtime import quiet_tf; "
       "quiet_tf.import_quietly('noisy_tf'); print('after', file=sys.stderr)"
   )
   r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
@@ -189,7 +189,7 @@ def test_print_config_lists_every_field_with_its_meaning():
   assert r.returncode == 0, r.stderr
   lines = r.stdout.splitlines()
   import configs.demo
-  from linvit_jax import config_lib
+  from linvit_jax.configuration import config_lib
 
   expected = config_lib.describe(configs.demo.get_config("feature_map=elu1")).splitlines()
   assert lines[-len(expected) :] == expected  # every field, as the file resolves it

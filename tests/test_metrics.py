@@ -9,7 +9,7 @@ import os
 import pytest
 import tensorflow as tf
 
-from linvit_jax import metrics as metrics_lib
+from linvit_jax.runtime import metrics as metrics_lib
 
 
 def _events(logdir: str) -> dict[str, list[tuple[int, float]]]:

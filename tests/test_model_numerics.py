@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from linvit_jax import checkpoints
+from linvit_jax.models import checkpoints
 from linvit_jax.models import vit
 from tests.helpers import robust_config as rc
 from tests.helpers.robust_common import SAME_XLA

@@ -350,7 +350,7 @@ def _stand_in_teacher(path):
   import jax
   import numpy as np
 
-  from linvit_jax import checkpoints
+  from linvit_jax.models import checkpoints
   from linvit_jax.models import vit
 
   model = vit.Model(
@@ -465,7 +465,7 @@ def test_notebook_executes_in_small_mode(tmp_path, monkeypatch, installed):
   for name in WORKDIR_FILES:
     assert (workdir / name).exists(), name
 
-  from linvit_jax import checkpoints
+  from linvit_jax.models import checkpoints
 
   flat = checkpoints.flatten(checkpoints.load_npz(str(workdir / "student.npz")))
   assert any("feature_map_q" in k for k in flat)  # hedgehog's own params are exported

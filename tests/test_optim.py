@@ -5,9 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from linvit_jax import config_lib
-from linvit_jax import optim
-from linvit_jax import train
+from linvit_jax.configuration import config_lib
+from linvit_jax.conversion import optim
+from linvit_jax.conversion import train
 
 VIT_LIKE = {  # per-block and scanned encoder paths, and a head
     "Transformer": {

@@ -10,10 +10,11 @@ import pytest
 from PIL import Image
 
 from linvit_jax import build
-from linvit_jax import config_lib
-from linvit_jax import export
-from linvit_jax import inference_pp
-from linvit_jax import photo_eval
+from linvit_jax import compare
+from linvit_jax.artifacts import export
+from linvit_jax.configuration import config_lib
+from linvit_jax.data import inference_pp
+from linvit_jax.evaluation import photo_eval
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
 from tests import test_student_any_size
@@ -221,7 +222,7 @@ def test_cli_writes_json_and_bad_photos_is_one_line(tmp_path, capsys):
   write_photos(folder, 6, seed=2)
   out = str(tmp_path / "r.json")
   args = ["--student", student, "--teacher", HF, "--photos", folder, "--factors", "1,2"]
-  assert photo_eval.main([*args, "--out", out]) == 0
+  assert compare.main([*args, "--out", out]) == 0
   printed = capsys.readouterr().out
   with open(out) as f:
     results = json.load(f)
@@ -233,22 +234,22 @@ def test_cli_writes_json_and_bad_photos_is_one_line(tmp_path, capsys):
   assert sorted(names) == sorted(os.path.basename(p) for p in test) and not set(test) & set(val)
 
   bad = str(tmp_path / "nowhere")
-  assert photo_eval.main(["--student", student, "--teacher", HF, "--photos", bad]) == 2
+  assert compare.main(["--student", student, "--teacher", HF, "--photos", bad]) == 2
   err = capsys.readouterr().err
   assert err.startswith("error: --photos") and err.count("\n") == 1
   (tmp_path / "empty").mkdir()
   assert (
-      photo_eval.main(["--student", student, "--teacher", HF, "--photos", str(tmp_path / "empty")])
+      compare.main(["--student", student, "--teacher", HF, "--photos", str(tmp_path / "empty")])
       == 2
   )
   err = capsys.readouterr().err
   assert err.startswith("error: ") and "no image files" in err and err.count("\n") == 1
-  assert photo_eval.main([*args[:6], "--factors", "1,x"]) == 2
+  assert compare.main([*args[:6], "--factors", "1,x"]) == 2
   assert "--factors" in capsys.readouterr().err
 
 
 def test_the_teachers_tokens_come_from_the_cache_the_second_time(teacher, photos, tmp_path):
-  from linvit_jax import feature_cache
+  from linvit_jax.evaluation import feature_cache
 
   cache = feature_cache.FeatureCache(str(tmp_path / "cache"))
   student = _perturbed(teacher[1], 0.3)

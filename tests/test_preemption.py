@@ -20,10 +20,10 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 import pytest
 
-from linvit_jax import metrics as metrics_lib
-from linvit_jax import preemption
-from linvit_jax import sharding
-from linvit_jax import train
+from linvit_jax.conversion import preemption
+from linvit_jax.conversion import train
+from linvit_jax.runtime import metrics as metrics_lib
+from linvit_jax.runtime import sharding
 from tests.helpers import robust_common as robust
 from tests.helpers import tiny_task as tt
 from tests.helpers.subprocs import ROBUST_CONFIG

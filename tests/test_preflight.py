@@ -8,9 +8,9 @@ import sys
 import ml_collections as mlc
 import pytest
 
-from linvit_jax import config_lib
 from linvit_jax import preflight
-from linvit_jax.errors import ConfigError
+from linvit_jax.configuration import config_lib
+from linvit_jax.runtime.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

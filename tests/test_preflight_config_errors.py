@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from linvit_jax import checkpoints
 from linvit_jax import preflight
 from linvit_jax import run as run_lib
-from linvit_jax.errors import UserError
+from linvit_jax.models import checkpoints
 from linvit_jax.models import vit
+from linvit_jax.runtime.errors import UserError
 from tests import test_convert_folder
 
 TINY = test_convert_folder.TINY  # the tiny teacher convert_folder's tests write

@@ -9,7 +9,7 @@ Everything is derived from the documents' text, so a command or snippet added la
   repository.
 - ```bash / ```sh blocks are too expensive to execute (setup, full trainings), so they are
   checked instead: bash syntax; every `python -m MODULE` names a module that exists; every
-  `python -m linvit_jax.main ...` (and `linvit_jax.ablation`, the same command line) has a
+  `python -m linvit_jax.main ...` (and `linvit_jax.studies.ablation`, the same command line) has a
   --config file that exists and whose config, with its `:arg` and `--config.x=y` overrides, loads
   through main.py's own flags; every repository path a command names exists.
 - ```text and unlabelled blocks are output and are skipped; any other language is an error, so a
@@ -29,7 +29,7 @@ import sys
 
 import pytest
 
-from linvit_jax import config_files
+from linvit_jax.configuration import config_files
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -132,7 +132,7 @@ PYTHON_BLOCKS = [b for b in BLOCKS if b.lang in PYTHON]
 SHELL_BLOCKS = [b for b in BLOCKS if b.lang in SHELL]
 COMMANDS = [c for b in SHELL_BLOCKS for c in shell_commands(b)]
 # Modules whose command line is main.py's (--config, --workdir, overrides).
-CLI_MODULES = ("linvit_jax.main", "linvit_jax.ablation")
+CLI_MODULES = ("linvit_jax.main", "linvit_jax.studies.ablation")
 MAIN_COMMANDS = [c for c in COMMANDS if c.module() in CLI_MODULES]
 
 
@@ -332,7 +332,8 @@ def sandbox(tmp_path_factory) -> pathlib.Path:
 # --config.x=y overrides from sys.argv.
 _LOAD_CONFIG = """
 import sys
-from linvit_jax import config_files, main
+from linvit_jax.configuration import config_files
+from linvit_jax import main
 argv = config_files.resolve_config_argv(["linvit_jax.main", *sys.argv[1:]])
 sys.argv = argv
 main.FLAGS(argv)

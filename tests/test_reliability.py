@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from linvit_jax import config_files
-from linvit_jax import errors
-from linvit_jax import export
-from linvit_jax import import_weights
-from linvit_jax import inference_pp
 from linvit_jax import run as run_lib
 from linvit_jax import run_identity
+from linvit_jax.artifacts import export
+from linvit_jax.configuration import config_files
+from linvit_jax.data import inference_pp
 from linvit_jax.models import checkpoint_record
+from linvit_jax.models import import_weights
+from linvit_jax.runtime import errors
 from tests.helpers import robust_common as robust
 from tests.helpers import robust_config as rc
 

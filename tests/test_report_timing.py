@@ -138,7 +138,7 @@ def test_the_committed_default_run_formats():
 
 def test_resolution_rows_reuse_the_runs_throughput_at_factor_one(monkeypatch):
   """The factor-1 row is the run's own images/s (same batch, same resolution): not timed twice."""
-  from linvit_jax import config_lib
+  from linvit_jax.configuration import config_lib
 
   config = config_lib.base_config()
   config.data.image_size, config.model.patch_size = 8, (4, 4)

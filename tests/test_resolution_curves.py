@@ -82,9 +82,9 @@ def test_token_structure_measures_the_shared_part_and_the_deviations(tiny_run, t
   assert row["size"] == 32 and result["n_photos"] >= 1
   # The same tokens, measured here another way: the training loss's own definition of the
   # deviation cosine, and resolution_curves' point of the last checkpoint (the exported student).
-  from linvit_jax import distill
-  from linvit_jax import inference_pp
-  from linvit_jax import photo_eval
+  from linvit_jax.conversion import distill
+  from linvit_jax.data import inference_pp
+  from linvit_jax.evaluation import photo_eval
 
   _, res, student, teacher, teacher_params, paths, values = resolution_curves.validation_setup(
       tiny_run

@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from linvit_jax import config_lib
-from linvit_jax import export
 from linvit_jax import report
-from linvit_jax import results as results_lib
+from linvit_jax.artifacts import export
+from linvit_jax.configuration import config_lib
+from linvit_jax.evaluation import results as results_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMITTED = sorted(glob.glob(os.path.join(ROOT, "docs", "*_results.json")))

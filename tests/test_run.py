@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from linvit_jax import build
-from linvit_jax import checkpoints
-from linvit_jax import errors
-from linvit_jax import metrics as metrics_lib
 from linvit_jax import run as run_lib
-from linvit_jax import train
+from linvit_jax.conversion import train
+from linvit_jax.models import checkpoints
+from linvit_jax.runtime import errors
+from linvit_jax.runtime import metrics as metrics_lib
 from tests.helpers import robust_common as robust
 from tests.helpers import robust_config as rc
 

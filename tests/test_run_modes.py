@@ -10,12 +10,12 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from linvit_jax import checkpoints
-from linvit_jax import config_lib
 from linvit_jax import preflight
 from linvit_jax import report
 from linvit_jax import run as run_lib
-from linvit_jax.errors import ConfigError
+from linvit_jax.configuration import config_lib
+from linvit_jax.models import checkpoints
+from linvit_jax.runtime.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from linvit_jax import sharding
+from linvit_jax.runtime import sharding
 from tests.helpers.subprocs import HELPERS
 from tests.helpers.subprocs import subprocess_env
 

@@ -1,5 +1,5 @@
 """An exported student at any resolution, on every kind of input, in batch buckets
-(linvit_jax/export.py's Student), on a tiny export built here in a second."""
+(linvit_jax/artifacts/export.py's Student), on a tiny export built here in a second."""
 
 import json
 import os
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import linvit_jax
-from linvit_jax import config_lib
-from linvit_jax import export
+from linvit_jax.artifacts import export
+from linvit_jax.configuration import config_lib
 from linvit_jax.data import sample_photos
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint

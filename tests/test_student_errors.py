@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import linvit_jax
-from linvit_jax import export
-from linvit_jax.errors import UserError
+from linvit_jax.artifacts import export
+from linvit_jax.runtime.errors import UserError
 from tests.test_student_any_size import make_export
 
 

@@ -17,8 +17,8 @@ import os
 import numpy as np
 import pytest
 
-from linvit_jax import export
-from linvit_jax import inference_pp
+from linvit_jax.artifacts import export
+from linvit_jax.data import inference_pp
 from linvit_jax.data import sample_photos
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,7 +34,7 @@ def photos(tmp_path_factory):
 
 
 def _tf_pp(pp):
-  from linvit_jax import quiet_tf
+  from linvit_jax.runtime import quiet_tf
 
   quiet_tf.import_quietly("tensorflow")
   import tensorflow as tf
@@ -121,7 +121,7 @@ def test_unknown_ops_and_bad_arguments_are_one_line():
 def test_features_through_either_path_agree(photos):
   """DINOv2-S/14 (a real pretrained ViT, as a softmax 'student') on 6 photos (4 JPEG, 2 PNG):
   pooled features from TF's preprocessing and from inference_pp, cosine > 0.999."""
-  from linvit_jax import checkpoints
+  from linvit_jax.models import checkpoints
   from linvit_jax.models import vit
 
   fields = dict(

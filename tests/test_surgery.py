@@ -7,10 +7,10 @@ import jax
 import numpy as np
 import pytest
 
-from linvit_jax import surgery
-from linvit_jax import tree as tree_lib
+from linvit_jax.conversion import surgery
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
+from linvit_jax.runtime import tree as tree_lib
 from tests.helpers.bv_checkpoint import unflatten
 
 ATTN_PROJ = re.compile(
@@ -238,8 +238,8 @@ def test_run_writes_the_table_to_a_file_and_prints_one_line(teacher_and_student,
   """The table (one row per tensor, ~270 for a ViT-B) used to go to stdout."""
   import ml_collections as mlc
 
-  from linvit_jax import results as results_lib
   from linvit_jax import run as run_lib
+  from linvit_jax.evaluation import results as results_lib
 
   _, teacher, student = teacher_and_student
   config = mlc.ConfigDict({"surgery": {"policy": "copy_same"}, "student": {"dont_load": ()}})

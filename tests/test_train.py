@@ -23,12 +23,12 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 
-from linvit_jax import errors
-from linvit_jax import metrics as metrics_lib
-from linvit_jax import optim
-from linvit_jax import preemption
-from linvit_jax import sharding
-from linvit_jax import train
+from linvit_jax.conversion import optim
+from linvit_jax.conversion import preemption
+from linvit_jax.conversion import train
+from linvit_jax.runtime import errors
+from linvit_jax.runtime import metrics as metrics_lib
+from linvit_jax.runtime import sharding
 from tests.helpers import robust_common as robust
 from tests.helpers import robust_slow_save
 from tests.helpers import tiny_task as tt

@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from linvit_jax import tree
+from linvit_jax.runtime import tree
 
 
 class TreeError(ValueError):

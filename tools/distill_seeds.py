@@ -20,8 +20,8 @@ import os
 import tempfile
 import time
 
-from linvit_jax import config_lib
 from linvit_jax import run as run_lib
+from linvit_jax.configuration import config_lib
 
 
 def _config(seed: int, steps: int, sets: list[str], patch: int):

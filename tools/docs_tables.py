@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:  # `python tools/docs_tables.py` puts tools/, not 
   sys.path.insert(0, str(ROOT))
 
 from bench import common as bench_common  # noqa: E402
-from linvit_jax import results as results_lib  # noqa: E402
+from linvit_jax.evaluation import results as results_lib  # noqa: E402
 from linvit_jax.models import attention as attention_lib  # noqa: E402
 
 MARKER = re.compile(
@@ -267,7 +267,7 @@ ABLATION_DOC = "docs/ablation.md"
 
 
 def _ablation(load: Load) -> str:
-  """The tables `linvit_jax.token_study` wrote into docs/ablation.md (its runs' workdirs are not
+  """The tables `linvit_jax.studies.token_study` wrote into docs/ablation.md (its runs' workdirs are not
   committed, so the doc is the committed source; tools/update_token_study_readme.py writes the
   same tables from the workdirs)."""
   text = load(ABLATION_DOC)

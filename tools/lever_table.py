@@ -133,7 +133,7 @@ def arm_options(name: str, args: argparse.Namespace) -> dict:
 
 def run_arm(name: str, args: argparse.Namespace) -> Any:
   import linvit_jax
-  from linvit_jax import results as results_lib
+  from linvit_jax.evaluation import results as results_lib
 
   workdir = os.path.join(args.out, name)
   linvit_jax.convert(args.init, images=args.images, workdir=workdir, **arm_options(name, args))
@@ -142,7 +142,7 @@ def run_arm(name: str, args: argparse.Namespace) -> Any:
 
 def row(name: str, results: Any) -> dict:
   """One arm's row from its run's results record (or results.json dict)."""
-  from linvit_jax import results as results_lib
+  from linvit_jax.evaluation import results as results_lib
 
   record = results_lib.as_record(results)
   _, final = record.final()  # the student as exported (end to end and per layer)
@@ -167,7 +167,7 @@ def speed(arms: list[str], sizes: list[int], batch: int = 1) -> list[dict]:
   import jax
   import numpy as np
 
-  from linvit_jax import evaluate
+  from linvit_jax.evaluation import evaluate
   from linvit_jax.models import vit
 
   arch = dict(num_classes=None, variant="S/14", pool_type="tok", gelu_approximate=False)

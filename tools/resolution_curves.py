@@ -77,8 +77,9 @@ def validation_setup(
   `teacher_init` replaces the recorded config.teacher.init (a relative path is the run's cwd's)."""
   import linvit_jax
   from linvit_jax import build
-  from linvit_jax import photo_eval
+  from linvit_jax import compare
   from linvit_jax.data import pp_spec
+  from linvit_jax.evaluation import photo_eval
 
   config = _config(workdir)
   size = config.data.image_size
@@ -90,7 +91,7 @@ def validation_setup(
         f"error: the teacher {init!r} does not exist here (the run recorded it relative to its "
         "own working directory): pass --teacher PATH"
     )
-  teacher, teacher_params = photo_eval.load_teacher(init, student, res)
+  teacher, teacher_params = compare.load_teacher(init, student, res)
   paths, _ = build.photo_paths(config, config.data.eval_split, "data.eval_split")
   if not paths:
     raise SystemExit(
@@ -133,8 +134,8 @@ def measure(
     views: tuple[str, ...] = ("whole",),
     teacher_init: str = "",
 ) -> dict[str, Any]:
-  from linvit_jax import inference_pp
-  from linvit_jax import photo_eval
+  from linvit_jax.data import inference_pp
+  from linvit_jax.evaluation import photo_eval
 
   config, res, student, teacher, teacher_params, paths, values = validation_setup(
       workdir, teacher_init

@@ -36,8 +36,8 @@ def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def measure(
     workdir: str, factors: tuple[float, ...] = (1, 2), teacher_init: str = ""
 ) -> dict[str, Any]:
-  from linvit_jax import inference_pp
-  from linvit_jax import photo_eval
+  from linvit_jax.data import inference_pp
+  from linvit_jax.evaluation import photo_eval
   from tools import resolution_curves
 
   config, res, student, teacher, teacher_params, paths, values = resolution_curves.validation_setup(

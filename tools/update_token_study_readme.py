@@ -4,8 +4,8 @@
       [--readme README.md]
 
 The lines between `<!-- ablation:begin -->` and `<!-- ablation:end -->` become
-`linvit_jax.token_study`'s tables (Δ to the teacher per arm and token count, and the verdict per
-claim), so no number in that block is typed by hand. `python -m linvit_jax.token_study ... --out
+`linvit_jax.studies.token_study`'s tables (Δ to the teacher per arm and token count, and the verdict per
+claim), so no number in that block is typed by hand. `python -m linvit_jax.studies.token_study ... --out
 docs` writes the same tables, with the runs and curves, to docs/ablation.md. This lives outside
 the package because it edits the repository's own docs.
 """
@@ -18,8 +18,8 @@ import re
 import sys
 from collections.abc import Sequence
 
-from linvit_jax import gfile
-from linvit_jax import token_study
+from linvit_jax.runtime import gfile
+from linvit_jax.studies import token_study
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 

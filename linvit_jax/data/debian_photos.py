@@ -34,7 +34,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from linvit_jax.errors import UserError
+from linvit_jax.runtime.errors import UserError
 
 PLASMA_DIR = "/usr/share/wallpapers"
 OPENCV_DIR = "/usr/share/doc/opencv-doc/examples/data"

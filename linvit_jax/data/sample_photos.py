@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 
-from linvit_jax.errors import UserError
+from linvit_jax.runtime.errors import UserError
 
 # skimage/data file names: real photographs only.
 COLOR = (

@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linvit_jax import tree as tree_lib
 from linvit_jax.models import feature_maps
+from linvit_jax.runtime import tree as tree_lib
 
 KINDS = ("softmax", "chunked_softmax", "linear")
 LINEAR_LEVERS = ("exact_prefix_rows", "center_keys", "conv_v", "window", "sinks")

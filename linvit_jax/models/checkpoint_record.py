@@ -19,12 +19,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from linvit_jax import gfile
-from linvit_jax import hub
-from linvit_jax.checkpoints import Params
-from linvit_jax.checkpoints import load_npz
-from linvit_jax.checkpoints import resolve_name
 from linvit_jax.models import foreign
+from linvit_jax.models import hub
+from linvit_jax.models.checkpoints import Params
+from linvit_jax.models.checkpoints import load_npz
+from linvit_jax.models.checkpoints import resolve_name
+from linvit_jax.runtime import gfile
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

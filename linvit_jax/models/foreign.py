@@ -38,11 +38,11 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from linvit_jax import gfile
-from linvit_jax import hub
-from linvit_jax.checkpoints import CheckpointError
-from linvit_jax.checkpoints import unflatten
+from linvit_jax.models import hub
 from linvit_jax.models import layout
+from linvit_jax.models.checkpoints import CheckpointError
+from linvit_jax.models.checkpoints import unflatten
+from linvit_jax.runtime import gfile
 
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".pkl")
 HF_FAMILIES = (
@@ -93,7 +93,7 @@ class Imported:
 
 def is_foreign(path: str) -> bool:
   """Whether `path` is for this module: a local folder, a .safetensors file, a pickle file or a
-  hub name (`hf:org/name`, `timm:name`: linvit_jax.hub)."""
+  hub name (`hf:org/name`, `timm:name`: linvit_jax.models.hub)."""
   if hub.is_hub_name(path):
     return True
   if "://" in path:
@@ -657,7 +657,7 @@ def _timm_heads(width: int, config: dict[str, Any], num_heads: int | None, sourc
   why = f"its architecture {name!r} names no known size" if name else "no config.json says"
   raise CheckpointError(
       f"checkpoint '{source}': a timm state dict does not store its number of heads and {why}; "
-      "convert it with `python -m linvit_jax.import_weights SRC OUT.npz --num_heads N` and use "
+      "convert it with `python -m linvit_jax.models.import_weights SRC OUT.npz --num_heads N` and use "
       "OUT.npz"
   )
 
@@ -811,7 +811,7 @@ def read(path: str, num_heads: int | None = None) -> Imported:
   """A Hugging Face / timm folder or a .safetensors file, in big_vision's layout (see module doc).
 
   A hub name (`hf:facebook/dinov2-small`, `timm:vit_small_patch14_dinov2`) is read from the folder
-  huggingface_hub caches it in (linvit_jax.hub.resolve: downloaded when not cached and online).
+  huggingface_hub caches it in (linvit_jax.models.hub.resolve: downloaded when not cached and online).
   """
   if hub.is_hub_name(path):
     path = hub.resolve(path)
@@ -920,7 +920,7 @@ def sidecar_path(npz_path: str) -> str:
 def sidecar_info(imported: Imported) -> dict[str, Any]:
   arch = {k: (list(v) if isinstance(v, tuple) else v) for k, v in imported.arch.items()}
   return {
-      "format": "big_vision params-only npz, written by linvit_jax.import_weights",
+      "format": "big_vision params-only npz, written by linvit_jax.models.import_weights",
       "source": imported.source,
       "family": imported.family,
       "model_config": arch,

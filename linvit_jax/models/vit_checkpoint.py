@@ -1,7 +1,7 @@
 """big_vision ViT checkpoints into a model: old layouts, scan <-> loop, posemb resampling, `load`.
 
 What makes a checkpoint fit *this ViT* lives here, beside the model (as in big_vision's
-models/vit.py); generic .npz reading/writing and the strict merge are in linvit_jax/checkpoints.py.
+models/vit.py); generic .npz reading/writing and the strict merge are in linvit_jax/models/checkpoints.py.
 Everything works on nested dicts of numpy arrays (no 'params' top key) and is pure: inputs are
 never mutated.
 
@@ -21,22 +21,22 @@ from typing import Any
 import numpy as np
 import scipy.ndimage
 
-from linvit_jax.checkpoints import CheckpointError
-from linvit_jax.checkpoints import Params
-from linvit_jax.checkpoints import count_non_finite
-from linvit_jax.checkpoints import dont_load_matcher
-from linvit_jax.checkpoints import dtype_of
-from linvit_jax.checkpoints import flatten
-from linvit_jax.checkpoints import is_posemb
-from linvit_jax.checkpoints import merge_params
-from linvit_jax.checkpoints import raise_problems
-from linvit_jax.checkpoints import shape_of
-from linvit_jax.checkpoints import top_keys
-from linvit_jax.checkpoints import unflatten
 from linvit_jax.models import checkpoint_record
 from linvit_jax.models import foreign
 from linvit_jax.models import layout
 from linvit_jax.models.checkpoint_record import CheckpointRecord
+from linvit_jax.models.checkpoints import CheckpointError
+from linvit_jax.models.checkpoints import Params
+from linvit_jax.models.checkpoints import count_non_finite
+from linvit_jax.models.checkpoints import dont_load_matcher
+from linvit_jax.models.checkpoints import dtype_of
+from linvit_jax.models.checkpoints import flatten
+from linvit_jax.models.checkpoints import is_posemb
+from linvit_jax.models.checkpoints import merge_params
+from linvit_jax.models.checkpoints import raise_problems
+from linvit_jax.models.checkpoints import shape_of
+from linvit_jax.models.checkpoints import top_keys
+from linvit_jax.models.checkpoints import unflatten
 from linvit_jax.models.variants import decode_variant
 
 

@@ -23,6 +23,6 @@ def load() -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, np.ndarray]
 
 def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
   """'/'-joined names → nested dicts (the project's own checkpoint helper)."""
-  from linvit_jax import checkpoints
+  from linvit_jax.models import checkpoints
 
   return checkpoints.unflatten(flat)

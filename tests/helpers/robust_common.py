@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from linvit_jax import checkpoints
+from linvit_jax.models import checkpoints
 from linvit_jax.models import vit_checkpoint
 from tests.helpers import robust_config as rc
 from tests.helpers import tiny_task as tt

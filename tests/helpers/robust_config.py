@@ -12,7 +12,7 @@ finetune_steps, checkpoint_every, feature_map, stages ('+'-separated: distill_at
 
 from __future__ import annotations
 
-from linvit_jax import config_lib
+from linvit_jax.configuration import config_lib
 
 MODEL = dict(width=32, depth=2, mlp_dim=64, num_heads=2, patch_size=(7, 7))
 
@@ -22,7 +22,7 @@ def make_teacher(path: str, seed: int = 0, **model_over) -> None:
   import jax
   import numpy as np
 
-  from linvit_jax import checkpoints
+  from linvit_jax.models import checkpoints
   from linvit_jax.models import vit
 
   kw = {**MODEL, **model_over}

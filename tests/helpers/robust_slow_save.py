@@ -24,8 +24,8 @@ def run(workdir: str, steps: int, ballast_mb: int) -> dict[str, np.ndarray]:
   import jax
   import jax.numpy as jnp
 
-  from linvit_jax import sharding
-  from linvit_jax import train
+  from linvit_jax.conversion import train
+  from linvit_jax.runtime import sharding
 
   def init_params(rng):
     params = tt.init_params(rng)

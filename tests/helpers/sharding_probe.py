@@ -24,11 +24,11 @@ def main(out: str) -> None:
   import jax
   import jax.numpy as jnp
 
-  from linvit_jax import optim
-  from linvit_jax import sharding
-  from linvit_jax import train
-  from linvit_jax import tree as tree_lib
+  from linvit_jax.conversion import optim
+  from linvit_jax.conversion import train
   from linvit_jax.models import vit
+  from linvit_jax.runtime import sharding
+  from linvit_jax.runtime import tree as tree_lib
 
   r: dict = {"device_count": jax.device_count()}
   r["mesh_shapes"] = {

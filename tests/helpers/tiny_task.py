@@ -126,8 +126,8 @@ def run_stage(workdir, steps=6, batch_iter_fn=None, **cfg):
   """`train.run_stage` on this task in one process (all rows of each batch unless
   `batch_iter_fn` says otherwise): checkpoints every 2 steps, up to 10 kept; returns
   (params, history)."""
-  from linvit_jax import sharding
-  from linvit_jax import train
+  from linvit_jax.conversion import train
+  from linvit_jax.runtime import sharding
 
   return train.run_stage(
       stage_cfg=stage_cfg(steps, **{"checkpoint_every": 2, "max_to_keep": 10, **cfg}),
@@ -146,7 +146,7 @@ def flat(tree) -> dict[str, np.ndarray]:
   import jax
   from jax.experimental import multihost_utils
 
-  from linvit_jax import tree as tree_lib
+  from linvit_jax.runtime import tree as tree_lib
 
   def fetch(x):  # multi-process: every process gathers the full value (a collective)
     if x.is_fully_addressable:
@@ -168,12 +168,12 @@ def main(argv=None) -> None:
   ap.add_argument("--progress_file", default=None)
   args = ap.parse_args(argv)
 
-  from linvit_jax import sharding
+  from linvit_jax.runtime import sharding
 
   sharding.maybe_initialize_distributed()
   import jax
 
-  from linvit_jax import train
+  from linvit_jax.conversion import train
 
   results = {"process_count": jax.process_count(), "device_count": jax.device_count(), "runs": {}}
   for spec in args.mesh or ["-1,1"]:

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 from PIL import Image
 
-from linvit_jax import checkpoints
+from linvit_jax.models import checkpoints
 from linvit_jax.models import vit
 
 TINY = dict(

@@ -4,8 +4,7 @@ r"""A student against its teacher on test photos: native resolution, intervals, 
                           pp=pp_eval, res=224)                # a plain dict (schema below)
     print(format_table(out))
 
-    python -m linvit_jax.photo_eval --student WORKDIR --teacher INIT --photos DIR \
-        [--val_photos DIR] [--res 224] [--factors 1,2,4] [--out results.json]
+    python -m linvit_jax.compare --student WORKDIR --teacher INIT --photos DIR   (the CLI)
 
 Views. For each size s = factor × res and each photo, two views, each made from the ORIGINAL
 photo (never by upsampling a smaller view): "whole", the photo resized to s×s (its aspect ratio
@@ -72,20 +71,17 @@ Results (plain JSON types):
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
-from linvit_jax import inference_pp
-from linvit_jax.errors import UserError
+from linvit_jax.data import inference_pp
+from linvit_jax.runtime.errors import UserError
 
 DEFAULT_FACTORS = (1, 2, 4)
 VIEWS = ("whole", "crop")
@@ -315,7 +311,7 @@ class _CachedTokens:
   is a hit."""
 
   def __init__(self, tokens: _Tokens, cache: Any):
-    from linvit_jax import feature_cache
+    from linvit_jax.evaluation import feature_cache
 
     self.inner, self.cache, self.model = tokens, cache, tokens.model
     self.digest = feature_cache.params_digest(tokens.params) if cache is not None else None
@@ -598,7 +594,7 @@ def format_table(results: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
-# ------------------------------------------------------------------------------------------- CLI
+# ----------------------------------------------------------------------------- a folder of photos
 
 
 def split_folder(folder: str) -> tuple[list[str], list[str], list[str]]:
@@ -606,134 +602,17 @@ def split_folder(folder: str) -> tuple[list[str], list[str], list[str]]:
   the whole folder taken as held out."""
   from linvit_jax.data import image_folder
 
-  index = _scan(folder)
+  index = scan(folder)
   in_val = image_folder.val_mask(index.files)
   test = [i for i, v in enumerate(in_val) if not v]
   val = [i for i, v in enumerate(in_val) if v]
   return [index.path(i) for i in test], [index.path(i) for i in val], [index.files[i] for i in test]
 
 
-def _scan(folder: str) -> Any:
+def scan(folder: str) -> Any:
   from linvit_jax.data import image_folder
 
   try:
     return image_folder.scan(folder, min_size=0)
   except (FileNotFoundError, ValueError) as e:
     raise PhotoEvalError(str(e)) from None
-
-
-def load_teacher(init: str, student: Any, res: int) -> tuple[Any, Any]:
-  """The student's own architecture with softmax attention, its params read from `init` (any
-  source `vit.load` reads) at the student's training size (else res)."""
-  import jax
-
-  from linvit_jax import export
-  from linvit_jax.models import vit
-
-  fields = {**export.model_fields(student.config), "attention": "softmax"}
-  model = vit.Model(**fields)
-  h, w = student.training_size or (res, res)
-  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), np.zeros((1, h, w, student.channels)))
-  return model, vit.load(shapes["params"], init, fields)
-
-
-class _Parser(argparse.ArgumentParser):
-
-  def error(self, message: str) -> NoReturn:
-    self.exit(2, f"error: {message} (--help lists the arguments)\n")
-
-
-def _factors(text: str) -> tuple[float, ...]:
-  try:
-    out = tuple(float(f) for f in text.split(",") if f.strip())
-  except ValueError:
-    raise PhotoEvalError(f"--factors {text!r}: expected numbers separated by commas") from None
-  if not out or any(not f > 0 for f in out):
-    raise PhotoEvalError(f"--factors {text!r}: expected positive numbers, e.g. 1,2,4")
-  return tuple(int(f) if f == int(f) else f for f in out)
-
-
-def _run_cli(args: argparse.Namespace) -> dict[str, Any]:
-  import linvit_jax
-  from linvit_jax import export
-  from linvit_jax import feature_cache
-
-  if not os.path.isdir(args.photos):
-    raise PhotoEvalError(f"--photos {args.photos!r} is not a folder")
-  if args.val_photos:
-    if not os.path.isdir(args.val_photos):
-      raise PhotoEvalError(f"--val_photos {args.val_photos!r} is not a folder")
-    index, val_index = _scan(args.photos), _scan(args.val_photos)
-    test = [index.path(i) for i in range(len(index.files))]
-    names, val = list(index.files), [val_index.path(i) for i in range(len(val_index.files))]
-  else:
-    _scan(args.photos)
-    test, val, names = split_folder(args.photos)
-  if not test:
-    raise PhotoEvalError(
-        f"--photos {args.photos!r}: no test photo ({len(val)} photo(s), all for validation); "
-        "add photos or pass --val_photos"
-    )
-  factors = _factors(args.factors)
-  student = linvit_jax.load_student(args.student)
-  res = args.res or (student.training_size[0] if student.training_size else 0)
-  if not res:
-    raise PhotoEvalError(f"student '{args.student}' records no input size: pass --res")
-  teacher, teacher_params = load_teacher(args.teacher, student, res)
-  try:
-    pp = student._pp_string()
-  except export.ExportError:
-    pp = "decode|vgg_value_range"  # an old export: ImageNet's mean/std, the run's default
-  return evaluate_photos(
-      teacher,
-      teacher_params,
-      student.model,
-      student.params,
-      test,
-      val,
-      pp=pp,
-      res=res,
-      factors=factors,
-      test_names=names,
-      min_photos=args.min_photos,
-      cache=feature_cache.FeatureCache.from_env(),
-  )
-
-
-def main(argv: list[str] | None = None) -> int:
-  parser = _Parser(
-      prog="python -m linvit_jax.photo_eval",
-      description="An exported student against its teacher on photos never used in training.",
-  )
-  parser.add_argument("--student", required=True, help="the export folder (a run's workdir)")
-  parser.add_argument("--teacher", required=True, help="the teacher: npz, model folder, hub name")
-  parser.add_argument("--photos", required=True, help="the test photos (a folder)")
-  parser.add_argument(
-      "--val_photos", default="", help="validation photos; default: half of --photos by a hash"
-  )
-  parser.add_argument("--res", type=int, default=0, help="base size (default: the training size)")
-  parser.add_argument("--factors", default="1,2,4", help="sizes as multiples of --res")
-  parser.add_argument(
-      "--min_photos", type=int, default=DEFAULT_MIN_PHOTOS, help="fewer: a note, not an error"
-  )
-  parser.add_argument("--out", default="", help="write the results as JSON here")
-  args = parser.parse_args(argv)
-  try:
-    results = _run_cli(args)
-    if args.out:
-      try:
-        with open(args.out, "w") as f:
-          json.dump(results, f, indent=1)
-      except OSError as e:
-        raise PhotoEvalError(f"--out {args.out!r}: cannot write it ({e.strerror or e})") from None
-  except UserError as e:
-    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-    return 2
-  print(format_table(results))
-  if args.out:
-    print(f"wrote {args.out}")
-  return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

@@ -2,7 +2,7 @@
 
 Only the main process writes (`enabled=False` elsewhere). The jsonl file is the source of truth
 (a resumed stage trims it back to its checkpoint and appends); TensorBoard is for looking at.
-Both go through TensorFlow's file layer (linvit_jax.gfile / tf.summary) for remote paths, so a gs://
+Both go through TensorFlow's file layer (linvit_jax.runtime.gfile / tf.summary) for remote paths, so a gs://
 workdir gets its events with the packages we install (tensorflow-cpu, no separate GCS client).
 View them with `pip install tensorboard` and `tensorboard --logdir <workdir>`.
 """
@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from linvit_jax import gfile
+from linvit_jax.runtime import gfile
 
 METRICS_FILE = "metrics.jsonl"
 

@@ -24,9 +24,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from linvit_jax import tree as tree_lib
 from linvit_jax.models import layout
 from linvit_jax.models import vit
+from linvit_jax.runtime import tree as tree_lib
 
 Array = jax.Array
 Params = Mapping[str, Any]

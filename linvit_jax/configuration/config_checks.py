@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from linvit_jax import config_lib
+from linvit_jax.configuration import config_lib
 
 # convert_folder's numeric options: (test, the range in words). A value outside one is an error
 # naming the option (a silent clamp would run another recipe).

@@ -19,7 +19,7 @@ from typing import Any
 
 import ml_collections as mlc
 
-from linvit_jax.errors import UserError
+from linvit_jax.runtime.errors import UserError
 
 STAGE_KINDS = ("train", "distill_attention", "finetune", "align")
 
@@ -156,7 +156,7 @@ def check_options(config: str, arg: mlc.ConfigDict) -> None:
   whose value `arg` holds out of range or out of its choices (config_checks.py)."""
   # Imported here: config_checks reads this module's tables, and a config file imports only this
   # module (tests/test_layering.py), so the checks are reached through it.
-  from linvit_jax import config_checks
+  from linvit_jax.configuration import config_checks
 
   config_checks.CHECKS[config](arg)
 
@@ -164,7 +164,7 @@ def check_options(config: str, arg: mlc.ConfigDict) -> None:
 def say_budget(config: str, arg: mlc.ConfigDict, defaults: Mapping[str, Any]) -> None:
   """Logs one warning when shipped config `config`'s budget drops a stage its options ask for,
   or options are set that the run will not read (config_checks.budget_note)."""
-  from linvit_jax import config_checks
+  from linvit_jax.configuration import config_checks
 
   note = config_checks.budget_note(arg, dict(defaults)) if config == "convert_folder" else ""
   if note:
@@ -559,7 +559,7 @@ def base_config() -> mlc.ConfigDict:
 
 # ------------------------------------------------------------------------------ embedded data
 
-ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
+ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 FMNIST_PP_TRAIN = (
     "decode(1)|flip_lr|value_range(-1,1)|"
     'onehot(10,key="label",key_result="labels")|keep("image","labels")'

@@ -27,11 +27,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections as mlc
 
-from linvit_jax import config_lib
-from linvit_jax import distill
-from linvit_jax import metrics as metrics_lib
-from linvit_jax import optim
-from linvit_jax import probe
+from linvit_jax.configuration import config_lib
+from linvit_jax.conversion import distill
+from linvit_jax.conversion import optim
+from linvit_jax.models import probe
+from linvit_jax.runtime import metrics as metrics_lib
 
 
 def _label_loss(name: str) -> Callable[[jax.Array, jax.Array], jax.Array]:

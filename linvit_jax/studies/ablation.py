@@ -1,6 +1,6 @@
 """The ablation: which parts of a softmax teacher are worth copying into a linear student?
 
-  python -m linvit_jax.ablation --config configs/ablation.py --workdir DIR   (local or gs://)
+  python -m linvit_jax.studies.ablation --config configs/ablation.py --workdir DIR   (local or gs://)
 
 Every arm gets the same fine-tune budget (steps × batch) on the same data and seed; arms differ
 only in how the student starts:
@@ -27,10 +27,10 @@ from typing import Any
 import ml_collections as mlc
 import numpy as np
 
-from linvit_jax import gfile
 from linvit_jax import report
-from linvit_jax import results as results_lib
-from linvit_jax.errors import UserError
+from linvit_jax.evaluation import results as results_lib
+from linvit_jax.runtime import gfile
+from linvit_jax.runtime.errors import UserError
 
 ARMS: dict[str, dict[str, Any]] = {
     "teacher_ft": dict(attention="softmax", policy="copy_all", distill=False),

@@ -278,7 +278,7 @@ def as_record(results: Results | Mapping[str, Any]) -> Results:
 
 def read(path: str) -> Results:
   """The record of a results.json file (local path; gs:// through gfile)."""
-  from linvit_jax import gfile  # a leaf helper: no floor above
+  from linvit_jax.runtime import gfile  # a leaf helper: no floor above
 
   with gfile.open(path) as f:
     return Results.from_json(json.load(f))

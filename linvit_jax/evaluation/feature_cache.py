@@ -32,8 +32,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from linvit_jax import gfile
-from linvit_jax import tree
+from linvit_jax.runtime import gfile
+from linvit_jax.runtime import tree
 
 # Bump when what an entry holds, or what its key covers, changes: older entries then miss.
 FORMAT_VERSION = 1

@@ -32,10 +32,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from linvit_jax import config_lib
-from linvit_jax import lora
-from linvit_jax import tree as tree_lib
+from linvit_jax.configuration import config_lib
+from linvit_jax.conversion import lora
 from linvit_jax.models import layout
+from linvit_jax.runtime import tree as tree_lib
 
 Params = Any  # a pytree of arrays (or ShapeDtypeStructs)
 

@@ -21,7 +21,7 @@ import functools
 import os
 import re
 
-from linvit_jax.errors import UserError
+from linvit_jax.runtime.errors import UserError
 
 # The hub repository of each prefix: `timm:<name>` is the repo `timm/<name>`.
 PREFIXES = {"hf": "", "timm": "timm/"}

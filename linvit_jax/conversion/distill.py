@@ -50,12 +50,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from linvit_jax import config_lib
-from linvit_jax import probe
-from linvit_jax import tree as tree_lib
+from linvit_jax.configuration import config_lib
 from linvit_jax.models import attention as attn_lib
 from linvit_jax.models import layout
+from linvit_jax.models import probe
 from linvit_jax.models import vit
+from linvit_jax.runtime import tree as tree_lib
 
 Array = jax.Array
 Params = Mapping[str, Any]

@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from linvit_jax import gfile
+from linvit_jax.runtime import gfile
 
 CONFIG_FILE = "student_config.json"
 FORMAT = 2

@@ -1,4 +1,4 @@
-r"""`python -m linvit_jax.import_weights SRC OUT.npz`: a PyTorch-ecosystem ViT as a big_vision npz.
+r"""`python -m linvit_jax.models.import_weights SRC OUT.npz`: a PyTorch-ecosystem ViT as a big_vision npz.
 
 SRC is a Hugging Face model folder (Dinov2Model, Dinov2WithRegistersModel, ViTModel / DeiT,
 SiglipVisionModel or a SiglipModel's vision tower), a timm folder (config.json + model.safetensors)
@@ -21,8 +21,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
-from linvit_jax import gfile
-from linvit_jax.errors import UserError
+from linvit_jax.runtime import gfile
+from linvit_jax.runtime.errors import UserError
 
 if TYPE_CHECKING:
   from linvit_jax.models import foreign
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 def import_weights(src: str, out: str, num_heads: int | None = None) -> foreign.Imported:
   """Converts `src` and writes `out` (.npz) with its sidecar JSON; returns what was imported."""
   # Imported here, not at the top: they load ml_dtypes (~1 s), and --help should answer at once.
-  from linvit_jax import checkpoints
+  from linvit_jax.models import checkpoints
   from linvit_jax.models import foreign
 
   _check_output(out)  # before the conversion, which can take a while for a big model
@@ -76,7 +76,7 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
   parser = _Parser(
-      prog="python -m linvit_jax.import_weights",
+      prog="python -m linvit_jax.models.import_weights",
       description=__doc__.split("\n\n")[0].split(": ", 1)[-1],
   )
   parser.add_argument("src", help="Hugging Face / timm model folder, or a .safetensors file")

@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linvit_jax import probe
 from linvit_jax.models import layout
+from linvit_jax.models import probe
 
 Array = jax.Array
 Params = Mapping[str, Any]

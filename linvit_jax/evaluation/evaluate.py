@@ -19,13 +19,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linvit_jax import metrics as metrics_lib
-from linvit_jax import probe
-from linvit_jax import sharding as sharding_lib
 from linvit_jax.models import attention as attn_lib
 from linvit_jax.models import layout
+from linvit_jax.models import probe
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
+from linvit_jax.runtime import metrics as metrics_lib
+from linvit_jax.runtime import sharding as sharding_lib
 
 Batch = Mapping[str, Any]
 

@@ -20,9 +20,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from linvit_jax import gfile
-from linvit_jax import tree as tree_lib
-from linvit_jax.errors import UserError
+from linvit_jax.runtime import gfile
+from linvit_jax.runtime import tree as tree_lib
+from linvit_jax.runtime.errors import UserError
 
 Params = dict[str, Any]  # nested dict of arrays
 

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from linvit_jax.errors import UserError
+from linvit_jax.runtime.errors import UserError
 
 SUPPORTED = (
     "decode",
@@ -196,7 +196,7 @@ def decode(image: Any, channels: int = 3) -> np.ndarray:
       if isinstance(image, bytes):
         data = image
       else:
-        from linvit_jax import gfile
+        from linvit_jax.runtime import gfile
 
         with gfile.open(os.fspath(image), "rb") as f:
           data = f.read()

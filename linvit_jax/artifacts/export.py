@@ -39,19 +39,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linvit_jax import checkpoints
-from linvit_jax import gfile
-from linvit_jax import inference_pp
-from linvit_jax import results as results_lib
+from linvit_jax.artifacts.export_format import (
+    CONFIG_FILE,  # export's own names too (tests, photo_eval)
+)
+from linvit_jax.artifacts.export_format import FORMAT
+from linvit_jax.artifacts.export_format import model_fields
+from linvit_jax.data import inference_pp
 from linvit_jax.data import pp_spec
-from linvit_jax.errors import UserError
-from linvit_jax.export_format import CONFIG_FILE  # export's own names too (tests, photo_eval)
-from linvit_jax.export_format import FORMAT
-from linvit_jax.export_format import model_fields
+from linvit_jax.evaluation import results as results_lib
 from linvit_jax.models import attention as attn_lib
+from linvit_jax.models import checkpoints
 from linvit_jax.models import foreign
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
+from linvit_jax.runtime import gfile
+from linvit_jax.runtime.errors import UserError
 
 
 class ExportError(UserError, ValueError):
@@ -700,7 +702,7 @@ class Student:
     """As `preprocess` at the training size, through TensorFlow and the run's own pp ops (what
     evaluation ran); imports TensorFlow."""
     if self._tf_pp is None:
-      from linvit_jax import quiet_tf
+      from linvit_jax.runtime import quiet_tf
 
       quiet_tf.import_quietly("tensorflow")
       from linvit_jax.data import preprocess as pp_lib

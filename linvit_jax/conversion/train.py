@@ -47,15 +47,15 @@ import optax
 import orbax.checkpoint as ocp
 import tqdm
 
-from linvit_jax import config_lib
-from linvit_jax import errors
-from linvit_jax import metrics as metrics_lib
-from linvit_jax import optim
-from linvit_jax import preemption
-from linvit_jax import sharding as sharding_lib
-from linvit_jax import tree as tree_lib
-from linvit_jax.checkpoints import CheckpointError
-from linvit_jax.errors import UserError
+from linvit_jax.configuration import config_lib
+from linvit_jax.conversion import optim
+from linvit_jax.conversion import preemption
+from linvit_jax.models.checkpoints import CheckpointError
+from linvit_jax.runtime import errors
+from linvit_jax.runtime import metrics as metrics_lib
+from linvit_jax.runtime import sharding as sharding_lib
+from linvit_jax.runtime import tree as tree_lib
+from linvit_jax.runtime.errors import UserError
 
 Params = Any  # a pytree of arrays
 Batch = Mapping[str, Any]

@@ -45,13 +45,13 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from linvit_jax import gfile
-from linvit_jax import tree as tree_lib
-from linvit_jax.errors import ConfigError
-from linvit_jax.errors import UserError
 from linvit_jax.models import attention as attn_lib
 from linvit_jax.models import layout
 from linvit_jax.models import vit
+from linvit_jax.runtime import gfile
+from linvit_jax.runtime import tree as tree_lib
+from linvit_jax.runtime.errors import ConfigError
+from linvit_jax.runtime.errors import UserError
 
 Params = dict[str, Any]
 Rule = tuple[str, str]

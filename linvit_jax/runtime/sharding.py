@@ -36,7 +36,7 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from linvit_jax import tree as tree_lib
+from linvit_jax.runtime import tree as tree_lib
 
 # Mesh axes the batch dimension is split over, in this order, when present in the mesh.
 BATCH_AXES = ("data", "fsdp")

@@ -42,8 +42,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from linvit_jax import tree as tree_lib
 from linvit_jax.models import layout
+from linvit_jax.runtime import tree as tree_lib
 
 FACTOR_NAMES = ("lora_a", "lora_b")  # the factors' names under their param's path
 

@@ -1,0 +1,144 @@
+r"""An exported student against its teacher on photos it never saw (evaluation/photo_eval.py).
+
+    python -m linvit_jax.compare --student WORKDIR --teacher INIT --photos DIR \
+        [--val_photos DIR] [--res 224] [--factors 1,2,4] [--out results.json]
+
+The teacher is the student's own architecture with softmax attention, read from INIT at the
+student's training size. Without --val_photos, the folder is split by image_folder's val / test
+hash rule. Prints photo_eval's table; --out writes its JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, NoReturn
+
+import jax
+import numpy as np
+
+import linvit_jax
+from linvit_jax.artifacts import export
+from linvit_jax.evaluation import feature_cache
+from linvit_jax.evaluation import photo_eval
+from linvit_jax.models import vit
+from linvit_jax.runtime.errors import UserError
+
+
+def load_teacher(init: str, student: Any, res: int) -> tuple[Any, Any]:
+  """The student's own architecture with softmax attention, its params read from `init` (any
+  source `vit.load` reads) at the student's training size (else res)."""
+
+  fields = {**export.model_fields(student.config), "attention": "softmax"}
+  model = vit.Model(**fields)
+  h, w = student.training_size or (res, res)
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), np.zeros((1, h, w, student.channels)))
+  return model, vit.load(shapes["params"], init, fields)
+
+
+class _Parser(argparse.ArgumentParser):
+
+  def error(self, message: str) -> NoReturn:
+    self.exit(2, f"error: {message} (--help lists the arguments)\n")
+
+
+def _factors(text: str) -> tuple[float, ...]:
+  try:
+    out = tuple(float(f) for f in text.split(",") if f.strip())
+  except ValueError:
+    raise photo_eval.PhotoEvalError(
+        f"--factors {text!r}: expected numbers separated by commas"
+    ) from None
+  if not out or any(not f > 0 for f in out):
+    raise photo_eval.PhotoEvalError(f"--factors {text!r}: expected positive numbers, e.g. 1,2,4")
+  return tuple(int(f) if f == int(f) else f for f in out)
+
+
+def _run_cli(args: argparse.Namespace) -> dict[str, Any]:
+
+  if not os.path.isdir(args.photos):
+    raise photo_eval.PhotoEvalError(f"--photos {args.photos!r} is not a folder")
+  if args.val_photos:
+    if not os.path.isdir(args.val_photos):
+      raise photo_eval.PhotoEvalError(f"--val_photos {args.val_photos!r} is not a folder")
+    index, val_index = photo_eval.scan(args.photos), photo_eval.scan(args.val_photos)
+    test = [index.path(i) for i in range(len(index.files))]
+    names, val = list(index.files), [val_index.path(i) for i in range(len(val_index.files))]
+  else:
+    photo_eval.scan(args.photos)
+    test, val, names = photo_eval.split_folder(args.photos)
+  if not test:
+    raise photo_eval.PhotoEvalError(
+        f"--photos {args.photos!r}: no test photo ({len(val)} photo(s), all for validation); "
+        "add photos or pass --val_photos"
+    )
+  factors = _factors(args.factors)
+  student = linvit_jax.load_student(args.student)
+  res = args.res or (student.training_size[0] if student.training_size else 0)
+  if not res:
+    raise photo_eval.PhotoEvalError(f"student '{args.student}' records no input size: pass --res")
+  teacher, teacher_params = load_teacher(args.teacher, student, res)
+  try:
+    pp = student._pp_string()
+  except export.ExportError:
+    pp = "decode|vgg_value_range"  # an old export: ImageNet's mean/std, the run's default
+  return photo_eval.evaluate_photos(
+      teacher,
+      teacher_params,
+      student.model,
+      student.params,
+      test,
+      val,
+      pp=pp,
+      res=res,
+      factors=factors,
+      test_names=names,
+      min_photos=args.min_photos,
+      cache=feature_cache.FeatureCache.from_env(),
+  )
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = _Parser(
+      prog="python -m linvit_jax.compare",
+      description="An exported student against its teacher on photos never used in training.",
+  )
+  parser.add_argument("--student", required=True, help="the export folder (a run's workdir)")
+  parser.add_argument("--teacher", required=True, help="the teacher: npz, model folder, hub name")
+  parser.add_argument("--photos", required=True, help="the test photos (a folder)")
+  parser.add_argument(
+      "--val_photos", default="", help="validation photos; default: half of --photos by a hash"
+  )
+  parser.add_argument("--res", type=int, default=0, help="base size (default: the training size)")
+  parser.add_argument("--factors", default="1,2,4", help="sizes as multiples of --res")
+  parser.add_argument(
+      "--min_photos",
+      type=int,
+      default=photo_eval.DEFAULT_MIN_PHOTOS,
+      help="fewer: a note, not an error",
+  )
+  parser.add_argument("--out", default="", help="write the results as JSON here")
+  args = parser.parse_args(argv)
+  try:
+    results = _run_cli(args)
+    if args.out:
+      try:
+        with open(args.out, "w") as f:
+          json.dump(results, f, indent=1)
+      except OSError as e:
+        raise photo_eval.PhotoEvalError(
+            f"--out {args.out!r}: cannot write it ({e.strerror or e})"
+        ) from None
+  except UserError as e:
+    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    return 2
+  print(photo_eval.format_table(results))
+  if args.out:
+    print(f"wrote {args.out}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
