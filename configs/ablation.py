@@ -17,7 +17,8 @@ finished runs are skipped, and the report covers every finished run there with t
   python -m linvit_jax.studies.ablation --config configs/ablation.py:arms=copy_same,seed_list=3 --workdir W
 """
 
-from linvit_jax.configuration import config_lib
+from linvit_jax.configuration import options
+from linvit_jax.configuration import recipes
 
 # The arms run by default, in the table's order: every arm linvit_jax/studies/ablation.py defines (its
 # ARMS; tests/test_config_files.py keeps the two the same). The driver reads the config, not back.
@@ -33,7 +34,7 @@ ARMS = (
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(
+  arg = options.parse_arg(
       arg,
       feature_map="hedgehog",
       patch=4,
@@ -46,7 +47,7 @@ def get_config(arg=None):
       tiny=False,
       report_only=False,
   )
-  c = config_lib.fmnist_conversion(
+  c = recipes.fmnist_conversion(
       feature_map=arg.feature_map,
       patch=arg.patch,
       distill_steps=arg.distill_steps,

@@ -78,7 +78,10 @@ The k-NN check (weighted k-NN top-1 of the pooled feature, teacher vs student):
   tiny: a few steps and images, for the tests
 """
 
+from linvit_jax.configuration import config_checks
 from linvit_jax.configuration import config_lib
+from linvit_jax.configuration import options
+from linvit_jax.configuration import recipes
 
 # The options and their defaults (the docstring says what each means): parse_arg types a value
 # after its default, config_checks.convert_folder checks it.
@@ -135,17 +138,17 @@ OPTIONS = dict(
 
 def train_pp(res: int, norm: str, augment: str) -> str:
   """The training views: Inception crops of the photos, flipped, with `augment`'s extra ops."""
-  return f'decode|inception_crop({res})|flip_lr{config_lib.AUGMENTS[augment]}|{norm}|keep("image")'
+  return f'decode|inception_crop({res})|flip_lr{recipes.AUGMENTS[augment]}|{norm}|keep("image")'
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, **OPTIONS)
-  config_lib.check_options("convert_folder", arg)
-  config_lib.say_budget("convert_folder", arg, OPTIONS)  # a dropped stage, unread options: said
+  arg = options.parse_arg(arg, **OPTIONS)
+  config_checks.check_options("convert_folder", arg)
+  config_checks.say_budget("convert_folder", arg, OPTIONS)  # a dropped stage, unread options: said
   # The architecture, and the input normalisation a source declares, are read from `init` by the
   # driver (teacher.architecture="init", the pp op `init_norm`): this file reads no checkpoint.
   # norm="": the source's mean/std, else ImageNet's; "source": the source's, or an error.
-  norm = config_lib.NORMS.get(arg.norm) or (
+  norm = recipes.NORMS.get(arg.norm) or (
       "init_norm(required=True)" if arg.norm == "source" else "init_norm"
   )
   c = config_lib.base_config()
@@ -177,7 +180,7 @@ def get_config(arg=None):
   c.teacher.update(
       architecture="init", init=arg.init, config_fields=tuple(n for n, v in given if v)
   )
-  attention = config_lib.linear_attention(
+  attention = recipes.linear_attention(
       arg.feature_map,
       exact_prefix_rows=arg.exact_prefix,
       center_keys=arg.center_keys,
@@ -249,7 +252,7 @@ def _align(arg, steps: int, size: int, norm: str) -> dict:
       w_structure=arg.align_w_structure,
       pp_train=train_pp(size, norm, arg.align_augment) if arg.align_augment or not at_res else "",
       mixup=arg.align_mixup if batch > 1 else 0.0,  # a view has no batch neighbour to blend
-      **({} if at_res else {"image_size": size}),
+      image_size=0 if at_res else size,
   )
 
 

@@ -16,11 +16,14 @@ at lr 2e-4, between the distillation and the fine-tune), align_lora (r > 0: that
 move within rank-r updates, LoRA; 0: off), tiny (a few steps, for the tests).
 """
 
+from linvit_jax.configuration import config_checks
 from linvit_jax.configuration import config_lib
+from linvit_jax.configuration import options
+from linvit_jax.configuration import recipes
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(
+  arg = options.parse_arg(
       arg,
       feature_map="hedgehog",
       policy="copy_same",
@@ -35,8 +38,8 @@ def get_config(arg=None):
       align_lora=0,
       tiny=False,
   )
-  config_lib.check_options("demo", arg)
-  c = config_lib.fmnist_conversion(
+  config_checks.check_options("demo", arg)
+  c = recipes.fmnist_conversion(
       feature_map=arg.feature_map,
       distill_steps=arg.distill_steps,
       finetune_steps=arg.finetune_steps,
@@ -45,7 +48,7 @@ def get_config(arg=None):
   c.surgery.policy = arg.policy
   c.student = dict(
       c.student.to_dict(),
-      attention=config_lib.linear_attention(
+      attention=recipes.linear_attention(
           arg.feature_map,
           center_keys=arg.center_keys,
           conv_v=arg.conv_v,

@@ -38,11 +38,13 @@ parameters only; fine-tuning 20k steps at lr 1e-4 with label + KD losses.
 `data_dir` must hold a prepared TFDS imagenet2012 (see launch/README.md).
 """
 
-from linvit_jax.configuration import config_lib
+from linvit_jax.configuration import config_checks
+from linvit_jax.configuration import options
+from linvit_jax.configuration import recipes
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(
+  arg = options.parse_arg(
       arg,
       init="gs://big_vision/vit_s16_i1k_300ep.npz",
       variant="",
@@ -62,8 +64,8 @@ def get_config(arg=None):
       fsdp=1,
       eval_split="validation",
   )
-  config_lib.check_options("imagenet_vit", arg)
-  norm_labels = f'{config_lib.NORMS[arg.norm]}|onehot(1000,key="label",key_result="labels")'
+  config_checks.check_options("imagenet_vit", arg)
+  norm_labels = f'{recipes.NORMS[arg.norm]}|onehot(1000,key="label",key_result="labels")'
   data = dict(
       dataset="imagenet2012",
       data_dir=arg.data_dir,
@@ -83,7 +85,7 @@ def get_config(arg=None):
           'keep("image","labels")'
       ),
   )
-  c = config_lib.labelled_conversion(
+  c = recipes.labelled_conversion(
       arg,
       data=data,
       finetune=dict(

@@ -20,11 +20,13 @@ Recipe: `copy_all` + `hedgehog_exp` with distillation lr 1e-3, the project's mea
 fine-tuning 50k steps (lr 1e-4).
 """
 
-from linvit_jax.configuration import config_lib
+from linvit_jax.configuration import config_checks
+from linvit_jax.configuration import options
+from linvit_jax.configuration import recipes
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(
+  arg = options.parse_arg(
       arg,
       variant="",
       feature_map="hedgehog_exp",
@@ -44,7 +46,7 @@ def get_config(arg=None):
       batch=4096,
       fsdp=1,
   )
-  config_lib.check_options("jft_vit", arg)
+  config_checks.check_options("jft_vit", arg)
   norm_labels = f'value_range(-1,1)|multi_hot({arg.num_classes},key="labels",key_result="labels")'
   data = dict(
       dataset=f"jft:{arg.files}",
@@ -66,7 +68,7 @@ def get_config(arg=None):
           'keep("image","labels")'
       ),
   )
-  return config_lib.labelled_conversion(
+  return recipes.labelled_conversion(
       arg,
       data=data,
       finetune=dict(warmup_steps=2000, label_loss="sigmoid_xent", w_label=1.0, w_logit_kd=0.0),

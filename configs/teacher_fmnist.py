@@ -16,15 +16,17 @@ Model: width 128, depth 4, 4 heads, MLP 256, patch 4 on 28×28 → 7×7 = 49 pat
 """
 
 from linvit_jax.configuration import config_lib
+from linvit_jax.configuration import options
+from linvit_jax.configuration import recipes
 
 STEPS_PER_EPOCH = 60_000 // 128
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, epochs=4, patch=4)
+  arg = options.parse_arg(arg, epochs=4, patch=4)
   c = config_lib.base_config()
   c.model.patch_size = (arg.patch, arg.patch)
-  c.data.pp_train, c.data.pp_eval = config_lib.FMNIST_PP_TRAIN, config_lib.FMNIST_PP_EVAL
+  c.data.pp_train, c.data.pp_eval = recipes.FMNIST_PP_TRAIN, recipes.FMNIST_PP_EVAL
   c.teacher.init = ""
   c.student.attention = "softmax"
   c.surgery.policy = "copy_none"

@@ -22,8 +22,8 @@ from typing import Any
 from linvit_jax.artifacts.export import Student  # noqa: F401  (re-exported)
 from linvit_jax.artifacts.export import load_student  # noqa: F401  (re-exported)
 from linvit_jax.configuration import config_files
-from linvit_jax.configuration import config_lib
-from linvit_jax.configuration.config_lib import OptionError  # noqa: F401  (re-exported)
+from linvit_jax.configuration import options
+from linvit_jax.configuration.options import OptionError  # noqa: F401  (re-exported)
 from linvit_jax.runtime.errors import UserError
 
 # `convert`'s own arguments stand for these options of the config.
@@ -64,7 +64,7 @@ def option_defaults(config: str) -> dict[str, Any]:
   spec = importlib.util.spec_from_file_location("linvit_jax_config", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return config_lib.option_defaults(module.get_config)
+  return options.option_defaults(module.get_config)
 
 
 # An option's line in a config's docstring: `  name: meaning`, `  name=default: meaning`,

@@ -13,13 +13,13 @@ ablation driver.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging as std_logging
 import os
 import sys
-import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 # TensorFlow's C++ start-up lines (CPU features, oneDNN, CUDA probes) say nothing to a user; set
 # before anything imports TensorFlow. An explicit TF_CPP_MIN_LOG_LEVEL wins.
@@ -141,17 +141,17 @@ def main(argv: list[str], command: Command = convert) -> None:
     raise UserError("--config is required, e.g. --config configs/demo.py")
   if FLAGS.print_config:
     from linvit_jax import build
-    from linvit_jax.configuration import config_lib
+    from linvit_jax.configuration import reference
 
     config = FLAGS.config
     if "ablation" not in config:  # an ablation's arms resolve their own teachers
       config = build.resolve_from_init(config)
-    print(config_lib.describe(config))
+    print(reference.describe(config))
     return
   if not FLAGS.workdir:
     raise UserError("--workdir is required, e.g. --workdir workdirs/demo")
   handler = logging.get_absl_handler().python_handler
-  if not any(a.lstrip("-").split("=")[0] in ("v", "verbosity") for a in sys.argv[1:]):
+  if not FLAGS["verbosity"].present:  # -v / --verbosity given: every library's INFO lines
     handler.addFilter(_OwnInfoOnly())
   route_logs_around_bars(handler)
   command(FLAGS.config, FLAGS.workdir)
@@ -172,118 +172,113 @@ def _user_error_message(e: BaseException) -> str | None:
   return None
 
 
-def _fail(text: str) -> None:
+def _fail(text: str) -> NoReturn:
   sys.stderr.write(f"error: {errors.one_line(text)}\n")
   sys.exit(2)
 
 
-# absl's help flags (each prints and exits); `-h` is what most users type first.
-_HELP_FLAGS = ("--help", "-help", "-?", "--helpshort", "-helpshort", "--helpfull", "-helpfull")
+# `-h` is what most users type first; absl knows --help, --helpshort, --helpfull and -?.
 _HELP_ALIASES = {"-h": "--help"}
 
 
-def _end_of_flags(argv: list[str]) -> int:
-  return argv.index("--") if "--" in argv else len(argv)
+@dataclasses.dataclass(frozen=True)
+class _Request:
+  """What the command line asks, read by absl from argv before main's flags are parsed (a
+  FlagValues of its own that knows only these flags): the --config value, whether help is
+  asked, and the --config.<field> overrides (the flags it does not know, as absl returns them)."""
+
+  config: str | None
+  help: bool
+  overrides: tuple[str, ...]
 
 
-def _asks_for_help(argv: list[str]) -> bool:
-  return any(a in _HELP_FLAGS or a in _HELP_ALIASES for a in argv[1 : _end_of_flags(argv)])
-
-
-def _check_config_file(argv: list[str]) -> None:
-  """A --config file that does not exist is named before ml_collections tries to load it (its
-  error is a 40-line traceback)."""
-  for i, a in enumerate(argv):
-    value = (
-        argv[i + 1]
-        if a in ("--config", "-config") and i + 1 < len(argv)
-        else a.split("=", 1)[1]
-        if a.startswith(("--config=", "-config="))
-        else None
-    )
-    if value is None:
-      continue
-    path = value.split(":", 1)[0]
-    if "://" not in value and not os.path.isfile(path):
-      names = ", ".join(config_files.list_configs())
-      _fail(
-          f"--config: no config file {path!r} (a path to a config .py file, or one of the "
-          f"shipped configs: {names})"
-      )
-
-
-def _raised_by_config_code(e: BaseException) -> bool:
-  """Whether an error came from a config file's (or this library's) code rather than from
-  ml_collections applying a `--config.<field>` override: only the latter is a missing field."""
-  own = (os.sep + "ml_collections" + os.sep, os.sep + "absl" + os.sep, os.path.abspath(__file__))
-  frames = traceback.extract_tb(e.__traceback__)
-  return any(not any(o in os.path.abspath(f.filename) for o in own) for f in frames)
-
-
-def _stage_field_hint(argv: list[str], overrides: list[str]) -> str:
-  """'; a <kind> stage does not read <field> ...' when the missing field's block is a stage."""
-  spec = next((a.split("=", 1)[1] for a in argv if a.startswith(("--config=", "-config="))), None)
-  if spec is None and "--config" in argv[:-1]:
-    spec = argv[argv.index("--config") + 1]
-  if spec is None:
-    return ""
+def _request(argv: list[str]) -> _Request:
+  pre = flags.FlagValues()
+  flags.DEFINE_string("config", None, "", flag_values=pre)
+  for name in ("help", "helpshort", "helpfull"):
+    flags.DEFINE_bool(name, False, "", flag_values=pre, short_name="?" if name == "help" else None)
   try:
-    config = config_files.load(*spec.split(":", 1))
-  except Exception:  # noqa: BLE001 - a hint only; the error itself is already known
-    return ""
-  for override in overrides:
-    *blocks, field = override[len("--config.") :].split("=", 1)[0].split(".")
-    node = config
-    for b in blocks:
-      node = node.get(b) if hasattr(node, "get") else None
-    if hasattr(node, "get") and node.get("kind") and field not in node:
-      from linvit_jax.configuration import config_lib
+    rest = pre(argv, known_only=True)
+  except flags.Error as e:  # e.g. --config without a value: absl's own sentence
+    _fail(f"{e} (--helpshort lists the flags)")
+  asks_help = pre.help or pre.helpshort or pre.helpfull
+  overrides = tuple(a for a in rest[1:] if a.lstrip("-").startswith("config."))
+  return _Request(config=pre.config, help=asks_help, overrides=overrides)
 
-      fields = sorted(config_lib.stage_fields(node.kind))
-      if field in fields:  # a field written only when on (w_structure)
-        return (
-            f"; {field!r} is written into a {node.kind} stage only when on: set it with the "
-            f"config's own option (convert_folder: align_{field}=W) or config_lib.stage(..., "
-            f"{field}=W)"
-        )
-      where = "; its loss weights are config.distill's" if node.kind == "distill_attention" else ""
-      return f"; a {node.kind} stage does not read {field!r}{where} (its fields: {fields})"
-  return ""
+
+def _load_config(spec: str) -> Any:
+  """The config `spec` (`path[:arg]`, a shipped name already resolved) names, loaded by our code
+  before absl and ml_collections load it again with the overrides: an error raised here is the
+  config file's own (a missing file, its get_config failing), so one raised by the flag parser
+  afterwards is an override's."""
+  path, _, arg = spec.partition(":")  # ml_collections splits at the first ':' the same way
+  if "://" in path:  # a remote config file: ml_collections reads it
+    return None
+  if not os.path.isfile(path):
+    names = ", ".join(config_files.list_configs())
+    _fail(
+        f"--config: no config file {path!r} (a path to a config .py file, or one of the "
+        f"shipped configs: {names})"
+    )
+  try:
+    return config_files.load(path, arg or None)
+  except Exception as e:  # noqa: BLE001 - any error of the config's own code, said in one line
+    message = _user_error_message(e)
+    if message is None:
+      message = f"{type(e).__name__}: {e}"
+    _fail(f"while loading the config: {message}")
+
+
+def _stage_field_hint(config: Any, override: str) -> str:
+  """'; a <kind> stage does not read <field> ...' when the missing field's block is a stage."""
+  *blocks, field = override.lstrip("-")[len("config.") :].split("=", 1)[0].split(".")
+  node = config
+  for b in blocks:
+    node = node.get(b) if hasattr(node, "get") else None
+  if not (hasattr(node, "get") and node.get("kind")) or field in node:
+    return ""
+  from linvit_jax.configuration import config_lib
+
+  fields = sorted(config_lib.stage_fields(node.kind))
+  where = "; its loss weights are config.distill's" if node.kind == "distill_attention" else ""
+  return f"; a {node.kind} stage does not read {field!r}{where} (its fields: {fields})"
+
+
+def _missing_field(e: KeyError | AttributeError, config: Any, overrides: tuple[str, ...]) -> str:
+  """ml_collections' error for a --config.<field> override of a field the config lacks: an
+  AttributeError around a KeyError whose argument names the field (its text adds 'Did you
+  mean ...' when a field is close)."""
+  detail: Any = e
+  while isinstance(detail, BaseException) and detail.args:  # KeyError inside AttributeError
+    detail = detail.args[0]
+  text = f"no such config field {' '.join(str(detail).split())} (in {' '.join(overrides)})"
+  hints = (_stage_field_hint(config, o) for o in overrides) if config is not None else ()
+  return text + next((h for h in hints if h), "")
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with one-line errors where ml_collections gives tracebacks: a config
-  field that does not exist, and a ValueError/TypeError from a config file's get_config (e.g. a
-  bad `:arg`; its traceback is embedded in the message, the last line says what is wrong)."""
+  """absl's flag parsing, with one-line errors: the config is loaded by our code first (a missing
+  file or a failing get_config is said as such), then absl and ml_collections parse the flags
+  and apply the overrides; what they raise then is an override's error (a field the config
+  lacks, a value of the wrong type) or an unknown flag."""
   argv = config_files.resolve_config_argv(argv)
-  end = _end_of_flags(argv)
+  end = argv.index("--") if "--" in argv else len(argv)
   argv = [_HELP_ALIASES.get(a, a) for a in argv[:end]] + argv[end:]
-  if not _asks_for_help(argv):  # --help works whatever --config says
-    _check_config_file(argv)
+  request = _request(argv)
+  config = None
+  if request.config is not None and not request.help:  # --help works whatever --config says
+    config = _load_config(request.config)
   try:
     return FLAGS(argv)
   except SystemExit as e:
     # absl prints the help, then exits 1; asking for help is no failure.
-    if e.code == 1 and _asks_for_help(argv):
+    if e.code == 1 and request.help:
       sys.exit(0)
     raise
   except (KeyError, AttributeError) as e:
-    if _raised_by_config_code(e):  # get_config itself failed (e.g. reading a checkpoint)
-      message = _user_error_message(e) or f"{type(e).__name__}: {e}"
-      _fail(f"while loading the config: {message}")
-    detail: Any = e  # --config.<field> that the config does not have
-    while isinstance(detail, BaseException) and detail.args:  # KeyError inside AttributeError
-      detail = detail.args[0]
-    overrides = [a for a in argv[1:] if a.startswith("--config.")]
-    text = f"no such config field {' '.join(str(detail).split())} (in {' '.join(overrides)})"
-    text += _stage_field_hint(argv, overrides)
-  except flags.Error as e:
-    text = str(e)
-    if "Traceback (most recent call last)" in text:
-      lines = [line.strip() for line in text.splitlines() if line.strip()]
-      text = f"{lines[0].split(' Error whilst parsing config file')[0]} {lines[-1]}"
-  _fail(f"{text} (--helpshort lists the flags)")
-  return []  # not reached
+    _fail(f"{_missing_field(e, config, request.overrides)} (--helpshort lists the flags)")
+  except flags.Error as e:  # a value absl or ml_collections could not parse, an unknown flag
+    _fail(f"{e} (--helpshort lists the flags)")
 
 
 def cli(command: Command = convert) -> None:
@@ -291,7 +286,7 @@ def cli(command: Command = convert) -> None:
   `error: <message>` on stderr and exit code 2 (128 + signal after Ctrl-C or SIGTERM)."""
   # Before a config or the data pipeline imports TensorFlow loudly; not for --help, which must
   # answer at once (importing TensorFlow takes seconds).
-  if not _asks_for_help(sys.argv):
+  if not _request([_HELP_ALIASES.get(a, a) for a in sys.argv]).help:
     quiet_tf.import_quietly("tensorflow")
   try:
     app.run(functools.partial(main, command=command), flags_parser=_parse_flags)

@@ -394,7 +394,7 @@ _STAGE_FIELDS_ADDED = {
     "start_weight": 0.0,
     "mixup": 0.0,
     "image_size": 0,
-    "w_structure": 0.0,  # a field only when on: absent and 0.0 are the same run
+    "w_structure": 0.0,  # written only when on before 2026-12-06: absent and 0.0 are the same
 }
 _STAGE_BOOKKEEPING = (
     "checkpoint_every",
@@ -422,8 +422,11 @@ def check_same_run(workdir: str, config: mlc.ConfigDict) -> None:
       tree = tree.get(part) if isinstance(tree, dict) else None
     if isinstance(tree, dict) and key in new.get("stages", []):  # bookkeeping may change
       tree = {k: v for k, v in tree.items() if k not in _STAGE_BOOKKEEPING}
-      # A run recorded before a stage field existed ran with that field's default.
+      # A run recorded before a stage field existed ran with that field's default; so did a
+      # run recorded before every optimizer field was written into each stage's block.
       tree = {**_STAGE_FIELDS_ADDED, **tree}
+      if isinstance(tree.get("optimizer"), dict):
+        tree["optimizer"] = {**config_lib.OPTIMIZER_DEFAULTS, **tree["optimizer"]}
     return tree
 
   def diff(a: Any, b: Any, key: str) -> None:  # down to the leaves that differ

@@ -1,4 +1,4 @@
-"""The Python API's options (linvit_jax/api.py, config_lib.parse_arg): Python values, not a
+"""The Python API's options (linvit_jax/api.py, options.parse_arg): Python values, not a
 `:arg` string; every option problem a UserError; every option in `help(linvit_jax.convert)`."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import linvit_jax
 from linvit_jax import api
 from linvit_jax.configuration import config_files
-from linvit_jax.configuration import config_lib
+from linvit_jax.configuration import options
 from linvit_jax.runtime.errors import UserError
 
 
@@ -22,10 +22,8 @@ def photos(tmp_path):
   return folder
 
 
-def _convert_folder(photos, **options):
-  return api.load_config(
-      "convert_folder", init="/models/vit,s16.npz", images=str(photos), **options
-  )
+def _convert_folder(photos, **opts):
+  return api.load_config("convert_folder", init="/models/vit,s16.npz", images=str(photos), **opts)
 
 
 def test_a_value_may_hold_a_comma(photos):
@@ -56,7 +54,7 @@ def test_bools_stay_bools(photos):
 
 
 @pytest.mark.parametrize(
-    "options, message",
+    "opts, message",
     [
         (dict(max_images=2.5), "max_images=2.5 is not an integer"),
         (dict(max_images=True), "max_images=True is not an integer"),
@@ -64,9 +62,9 @@ def test_bools_stay_bools(photos):
         (dict(feature_map=3), "feature_map=3 is not a string"),
     ],
 )
-def test_a_value_of_the_wrong_type_is_an_option_error(photos, options, message):
+def test_a_value_of_the_wrong_type_is_an_option_error(photos, opts, message):
   with pytest.raises(api.OptionError, match=message):
-    _convert_folder(photos, **options)
+    _convert_folder(photos, **opts)
 
 
 def test_numbers_widen_as_python_does(photos):
@@ -103,10 +101,10 @@ def test_the_cli_string_still_works(photos):
 
 
 def test_every_option_is_in_help():
-  options = api.option_defaults("convert_folder")
-  assert {"res", "max_images", "feature_map", "tiny"} <= set(options)
+  names = api.option_defaults("convert_folder")
+  assert {"res", "max_images", "feature_map", "tiny"} <= set(names)
   text = pydoc.render_doc(linvit_jax.convert, renderer=pydoc.plaintext)
-  for name in options:
+  for name in names:
     if name not in ("init", "images"):  # convert's own `teacher` and `images`
       assert f"{name}=" in linvit_jax.convert.__doc__, name
       assert f"{name}=" in text, name
@@ -116,7 +114,7 @@ def test_option_defaults_run_none_of_the_configs_checks():
   # convert_folder rejects an empty init; asking its options must not run that check.
   defaults = api.option_defaults("convert_folder")
   assert defaults["init"] == "" and defaults["res"] == 224
-  assert config_lib.option_defaults(lambda arg=None: config_lib.parse_arg(arg, a=1)) == {"a": 1}
+  assert options.option_defaults(lambda arg=None: options.parse_arg(arg, a=1)) == {"a": 1}
 
 
 def test_option_meanings_from_a_docstring(tmp_path):
@@ -130,9 +128,9 @@ def test_option_meanings_from_a_docstring(tmp_path):
       "  `tiny`: a few steps\n"
       "  other: not an option\n"
       '"""\n'
-      "from linvit_jax.configuration import config_lib\n\n\n"
+      "from linvit_jax.configuration import options\n\n\n"
       "def get_config(arg=None):\n"
-      "  return config_lib.parse_arg(arg, res=224, max_images=10000, tiny=False, knn='')\n"
+      "  return options.parse_arg(arg, res=224, max_images=10000, tiny=False, knn='')\n"
   )
   meanings = api.option_meanings(str(config))
   assert meanings == {

@@ -294,9 +294,9 @@ _ABSENT = "<absent>"
 
 def _portable(tree):
   """`tree` as JSON data (tuples as lists), the package's assets folder spelled `<assets>`."""
-  from linvit_jax.configuration import config_lib
+  from linvit_jax.configuration import recipes
 
-  text = json.dumps(tree).replace(json.dumps(config_lib.ASSETS)[1:-1], "<assets>")
+  text = json.dumps(tree).replace(json.dumps(recipes.ASSETS)[1:-1], "<assets>")
   return json.loads(text)
 
 

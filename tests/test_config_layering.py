@@ -1,6 +1,7 @@
-"""Configs are data (shared/DESIGN.md): a config file imports config_lib alone and checks nothing
-itself; the checks it runs on its options live in config_checks, which stays light (no jax, no
-driver), so reading a config (`import linvit_jax` reads convert_folder's options) stays cheap."""
+"""Configs are data: a config file imports configuration modules alone and checks nothing itself;
+the checks it runs on its options live in config_checks, which stays light (no jax, no driver), so
+reading a config (`import linvit_jax` reads convert_folder's options) stays cheap. The
+configuration modules import each other without a circle, the schema (config_lib) at the bottom."""
 
 import ast
 import os
@@ -10,6 +11,11 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGURATION = sorted(
+    n[: -len(".py")]
+    for n in os.listdir(os.path.join(ROOT, "linvit_jax", "configuration"))
+    if n.endswith(".py") and n != "__init__.py"
+)
 CONFIGS = sorted(
     os.path.join(ROOT, "configs", n)
     for n in os.listdir(os.path.join(ROOT, "configs"))
@@ -33,8 +39,9 @@ def _imports(tree: ast.Module) -> set[str]:
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
-def test_a_config_imports_config_lib_only(path):
-  assert _imports(_tree(path)) <= {"linvit_jax.configuration.config_lib"}, path
+def test_a_config_imports_configuration_modules_only(path):
+  allowed = {f"linvit_jax.configuration.{m}" for m in CONFIGURATION}
+  assert _imports(_tree(path)) <= allowed, path
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
@@ -44,11 +51,31 @@ def test_a_config_raises_nothing_itself(path):
   assert not raises, f"{path}: raise at line(s) {raises}"
 
 
-def test_config_checks_read_only_config_lib():
-  imports = _imports(_tree(os.path.join(ROOT, "linvit_jax", "configuration", "config_checks.py")))
-  assert {m for m in imports if m.startswith("linvit_jax")} == {
-      "linvit_jax.configuration.config_lib"
-  }
+def _configuration_imports(name: str) -> set[str]:
+  path = os.path.join(ROOT, "linvit_jax", "configuration", f"{name}.py")
+  prefix = "linvit_jax.configuration."
+  out = set()
+  for m in _imports(_tree(path)):
+    assert not m.startswith("linvit_jax.") or m.startswith(("linvit_jax.runtime.", prefix)), m
+    if m.startswith(prefix):
+      out.add(m[len(prefix) :].split(".")[0])
+  return out
+
+
+def test_configuration_modules_import_no_circle():
+  graph = {name: _configuration_imports(name) for name in CONFIGURATION}
+  assert not graph["config_lib"], "the schema is the bottom: it imports no configuration module"
+  done: set[str] = set()
+
+  def visit(name: str, path: tuple[str, ...]) -> None:
+    assert name not in path, f"import circle: {' -> '.join((*path, name))}"
+    if name not in done:
+      for dep in graph[name]:
+        visit(dep, (*path, name))
+      done.add(name)
+
+  for name in graph:
+    visit(name, ())
 
 
 def test_every_config_with_checks_is_a_shipped_config():
@@ -62,12 +89,12 @@ def test_reading_every_config_imports_no_jax():
   # Its options only: convert_folder's get_config needs init= and images= to build a config.
   code = (
       "import importlib.util, sys\n"
-      "from linvit_jax.configuration import config_lib\n"
+      "from linvit_jax.configuration import options\n"
       f"for path in {CONFIGS!r}:\n"
       "  spec = importlib.util.spec_from_file_location('c', path)\n"
       "  module = importlib.util.module_from_spec(spec)\n"
       "  spec.loader.exec_module(module)\n"
-      "  config_lib.option_defaults(module.get_config)\n"
+      "  options.option_defaults(module.get_config)\n"
       "print([m for m in ('jax', 'linvit_jax.run', 'linvit_jax.studies.ablation') if m in sys.modules])\n"
   )
   result = subprocess.run(

@@ -189,9 +189,9 @@ def test_print_config_lists_every_field_with_its_meaning():
   assert r.returncode == 0, r.stderr
   lines = r.stdout.splitlines()
   import configs.demo
-  from linvit_jax.configuration import config_lib
+  from linvit_jax.configuration import reference
 
-  expected = config_lib.describe(configs.demo.get_config("feature_map=elu1")).splitlines()
+  expected = reference.describe(configs.demo.get_config("feature_map=elu1")).splitlines()
   assert lines[-len(expected) :] == expected  # every field, as the file resolves it
   by_field = {line.split(" = ")[0]: line for line in lines if " = " in line}
   assert "student.attention = 'elu1'" in by_field["student.attention"]
@@ -216,7 +216,7 @@ def test_demo_align_steps_adds_the_label_free_stage():
   assert (a.steps, a.optimizer.warmup_steps, a.optimizer.lr, a.trainable) == (40, 10, 2e-4, "all")
   assert a.optimizer.update_scale == "param_rms" and a.w_feature == a.w_blocks == 1.0
   preflight.validate(config)
-  assert "lora_rank" not in a.optimizer
+  assert (a.optimizer.lora_rank, a.optimizer.ema_decay, a.optimizer.average_last) == (0, 0.0, 0.0)
   assert configs.demo.get_config("align_steps=40,align_lora=4").align.optimizer.lora_rank == 4
   with pytest.raises(ValueError, match="align_lora=4 needs the align stage"):
     configs.demo.get_config("align_lora=4")

@@ -1,6 +1,7 @@
 """preflight.py: a stage block holds exactly the fields its kind reads; anything else is an error
 that names the field and the kind, before any compute (config files and --config overrides)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -86,16 +87,16 @@ def test_cli_override_of_an_unread_field_names_the_kind(tmp_path):
   assert "config.distill's" in last and not os.path.exists(tmp_path / "w")
 
 
-def test_the_hint_for_a_field_written_only_when_on_says_how_to_set_it():
+def test_a_field_whose_feature_is_off_is_overridden_like_any_other():
+  """Every field exists in every run at its off value (w_structure 0, lora_rank 0, ...): an
+  override of it means the same whether or not the config turned the feature on."""
   from linvit_jax import main
 
-  argv = ["--config", "configs/demo.py:tiny=True"]
-  hint = main._stage_field_hint(argv, ["--config.finetune.w_structure=1"])
-  assert "'w_structure' is written into a finetune stage only when on" in hint
-  assert "does not read" not in hint  # the kind reads it: the old hint contradicted itself
-  assert "a finetune stage does not read 'w_bogus'" in main._stage_field_hint(
-      argv, ["--config.finetune.w_bogus=1"]
-  )
+  config = main._load_config("configs/demo.py:tiny=True")
+  assert config.finetune.w_structure == 0.0 and config.finetune.optimizer.lora_rank == 0
+  assert main._stage_field_hint(config, "--config.finetune.w_structure=1") == ""
+  hint = main._stage_field_hint(config, "--config.finetune.w_bogus=1")
+  assert "a finetune stage does not read 'w_bogus'" in hint
 
 
 def test_composed_images_with_a_label_loss_are_refused():
@@ -189,18 +190,27 @@ def test_mixup_is_checked_before_compute_naming_the_stage():
   preflight.validate(config)
 
 
-def test_w_structure_is_a_field_only_when_on_and_turning_it_on_is_another_run(tmp_path):
-  """Off, an align stage holds no w_structure (runs recorded before it keep their config);
-  on, it is part of the run; a stage kind without the loss refuses it."""
+def test_fields_at_their_off_value_resume_a_run_recorded_before_they_were_written(tmp_path):
+  """Every stage holds w_structure and every optimizer field (off: 0); a run recorded when they
+  were written only when on (no w_structure, a short optimizer block) is the same run; turning
+  one on is another run; a stage kind without the loss refuses it."""
   config = config_lib.base_config()
   config.align = config_lib.align_stage(steps=2, batch_size=2)
   config.stages = tuple(config.stages) + ("align",)
-  assert "w_structure" not in config.align
-  (tmp_path / "config.json").write_text(config.to_json_best_effort())
+  assert config.align.w_structure == 0.0 and config.align.optimizer.lora_rank == 0
+  recorded = json.loads(config.to_json_best_effort())
+  for name in config.stages:  # as runs recorded before 2026-12-06 wrote their stages
+    recorded[name].pop("w_structure", None)
+    for field in ("ema_decay", "average_last", "lora_rank", "b1", "eps", "momentum"):
+      recorded[name]["optimizer"].pop(field)
+  (tmp_path / "config.json").write_text(json.dumps(recorded))
   preflight.check_same_run(str(tmp_path), config)
   config.align = config_lib.align_stage(steps=2, batch_size=2, w_structure=0.5)
-  preflight.check_stage_fields("align", config.align)  # a field of the kind when on
+  preflight.check_stage_fields("align", config.align)  # a field of the kind
   with pytest.raises(ConfigError, match=r"align.w_structure: 0.0 there, 0.5 now"):
+    preflight.check_same_run(str(tmp_path), config)
+  config.align = config_lib.align_stage(steps=2, batch_size=2, lora_rank=4)
+  with pytest.raises(ConfigError, match=r"align.optimizer.lora_rank: 0 there, 4 now"):
     preflight.check_same_run(str(tmp_path), config)
   block = mlc.ConfigDict(config_lib.stage("distill_attention", steps=2, batch_size=2, lr=1e-3))
   block.w_structure = 1.0  # written by hand: the kind does not read it

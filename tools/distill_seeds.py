@@ -21,11 +21,11 @@ import tempfile
 import time
 
 from linvit_jax import run as run_lib
-from linvit_jax.configuration import config_lib
+from linvit_jax.configuration import recipes
 
 
 def _config(seed: int, steps: int, sets: list[str], patch: int):
-  c = config_lib.fmnist_conversion(
+  c = recipes.fmnist_conversion(
       feature_map="hedgehog", patch=patch, distill_steps=steps, finetune_steps=1
   )
   c.seed = seed

@@ -1,5 +1,5 @@
 """The value checks of the shipped configs' `:arg` options, run by their get_config (through
-`config_lib.check_options`) right after parse_arg: a ValueError naming the option, before anything
+`check_options`) right after parse_arg: a ValueError naming the option, before anything
 runs (main.py prints it as one line; `linvit_jax.convert` raises it as an OptionError).
 
 parse_arg checks each option's type; this module checks what a config file can without reading
@@ -9,12 +9,13 @@ against the teacher's patch, the folder's splits, the k-NN set, the workdir).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from linvit_jax.configuration import config_lib
+from linvit_jax.configuration import recipes
 
 # convert_folder's numeric options: (test, the range in words). A value outside one is an error
 # naming the option (a silent clamp would run another recipe).
@@ -104,8 +105,8 @@ def convert_folder(arg: Any) -> None:
   for field, (ok, expected) in RANGES.items():
     if not ok(arg[field], arg):
       raise ValueError(f"{field}={arg[field]!r}: {expected.format(batch=arg.batch)}")
-  choices = dict(gelu=("", "exact", "tanh"), norm=("", "source", *config_lib.NORMS))
-  augments = tuple(config_lib.AUGMENTS)
+  choices = dict(gelu=("", "exact", "tanh"), norm=("", "source", *recipes.NORMS))
+  augments = tuple(recipes.AUGMENTS)
   choices.update(distill_augment=augments, align_augment=augments)
   for field, allowed in choices.items():
     if arg[field] not in allowed:
@@ -145,8 +146,8 @@ def _head(arg: Any, fresh: str) -> None:
 def imagenet_vit(arg: Any) -> None:
   """configs/imagenet_vit.py's options."""
   _head(arg, "a new head, e.g. i21k → i1k")
-  if arg.norm not in config_lib.NORMS:
-    raise ValueError(f"norm={arg.norm!r}: expected one of {sorted(config_lib.NORMS)}")
+  if arg.norm not in recipes.NORMS:
+    raise ValueError(f"norm={arg.norm!r}: expected one of {sorted(recipes.NORMS)}")
 
 
 def jft_vit(arg: Any) -> None:
@@ -157,3 +158,17 @@ def jft_vit(arg: Any) -> None:
 CHECKS: dict[str, Callable[[Any], None]] = dict(
     convert_folder=convert_folder, demo=demo, imagenet_vit=imagenet_vit, jft_vit=jft_vit
 )
+
+
+def check_options(config: str, arg: Any) -> None:
+  """Raises a ValueError naming the first option of shipped config `config` (its file's stem)
+  whose value `arg` holds out of range or out of its choices."""
+  CHECKS[config](arg)
+
+
+def say_budget(config: str, arg: Any, defaults: Mapping[str, Any]) -> None:
+  """Logs one warning when shipped config `config`'s budget drops a stage its options ask for,
+  or options are set that the run will not read (budget_note)."""
+  note = budget_note(arg, dict(defaults)) if config == "convert_folder" else ""
+  if note:
+    logging.warning(note)

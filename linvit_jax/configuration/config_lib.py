@@ -1,174 +1,23 @@
-"""Config-as-code helpers: the `:arg` string parser, the base config every run starts from, one
-schema per stage kind, and the blocks the shipped configs share (the student's linear attention,
-the align stage, the labelled pod conversion).
+"""The config schema as code: the base config every run starts from (`base_config`), one schema
+per stage kind (`stage`, `align_stage`, with every optimizer field: OPTIMIZER_DEFAULTS), and the
+blocks of the base config (`distill`, `knn`, `photo_test`).
 
-A config file's `get_config(arg)` starts from `base_config()` and overrides fields; main.py locks
-the result, so a typo such as `--config.finetune.stpes=10` is an error instead of a silent no-op.
-A config file imports this module only (its option checks are reached through `check_options`).
+Every field exists in every run, at an off value when its feature is off (w_structure = 0,
+ema_decay = 0, lora_rank = 0, ...), so `--config.<block>.<field>=...` overrides a field the same way
+whether or not the config turned it on. A config file's `get_config(arg)` reads its options with
+options.parse_arg, starts from `base_config()` (or a recipes block) and overrides fields; main.py
+locks the result, so a typo such as `--config.finetune.stpes=10` is an error instead of a silent
+no-op. Imports nothing of linvit_jax: the other configuration modules build on this one.
 """
 
 from __future__ import annotations
 
-import difflib
-import logging
 import math
-import numbers
-import os
-from collections.abc import Mapping
 from typing import Any
 
 import ml_collections as mlc
 
-from linvit_jax.runtime.errors import UserError
-
 STAGE_KINDS = ("train", "distill_attention", "finetune", "align")
-
-
-class OptionError(UserError, ValueError):
-  """A config option (`:arg` name or a keyword of `linvit_jax.convert`) that is unknown or whose
-  value does not fit its default's type; the message names the option."""
-
-
-def _unknown(key: str, defaults: Mapping[str, Any]) -> OptionError:
-  close = difflib.get_close_matches(key, list(defaults), n=3)
-  hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-  if len(defaults) <= 12:
-    known = f"known: {', '.join(sorted(defaults))}"
-  else:  # a list of dozens of names hides the one line that matters
-    known = f"the config file's docstring lists its {len(defaults)} options"
-  return OptionError(f"unknown config arg {key!r}{hint} ({known})")
-
-
-def _parse_text(key: str, value: str, default: Any) -> Any:
-  """`value` as the `:arg` text spells it, typed after `default`."""
-  if isinstance(default, bool):
-    if value.lower() not in ("true", "false", "1", "0"):
-      raise OptionError(f"config arg {key}={value!r} is not a boolean")
-    return value.lower() in ("true", "1")
-  if isinstance(default, (int, float)):
-    try:
-      return type(default)(value)
-    except ValueError:
-      what = "an integer" if isinstance(default, int) else "a number"
-      raise OptionError(f"config arg {key}={value!r} is not {what}") from None
-  return value
-
-
-def _check_value(key: str, value: Any, default: Any) -> Any:
-  """A Python `value` for option `key`, checked against (and converted to) its default's type.
-
-  Text is read as the `:arg` string would spell it (what a CLI wrapper forwards); a path object is
-  its string; a square pair (448, 448) is one int where the option is an int (a resolution).
-  """
-  if isinstance(value, str) and not isinstance(default, str) and default is not None:
-    return _parse_text(key, value, default)
-  if isinstance(default, bool):
-    if type(value).__name__ in ("bool", "bool_"):  # numpy's bool too, never 0 / 1
-      return bool(value)
-    raise OptionError(f"config arg {key}={value!r} is not a boolean (True or False)")
-  if isinstance(default, int):
-    if isinstance(value, (list, tuple)) and value and len(set(value)) == 1:
-      # Why: a caller may write res=(448, 448); the configs take a square side.
-      value = value[0]
-    elif isinstance(value, (list, tuple)):
-      raise OptionError(
-          f"config arg {key}={value!r}: this option is one integer (a square resolution takes "
-          "one side)"
-      )
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-      return int(value)
-    raise OptionError(f"config arg {key}={value!r} is not an integer")
-  if isinstance(default, float):
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-      return float(value)
-    raise OptionError(f"config arg {key}={value!r} is not a number")
-  if isinstance(default, str):
-    if isinstance(value, os.PathLike):
-      return os.fspath(value)
-    if isinstance(value, str):
-      return value
-    raise OptionError(f"config arg {key}={value!r} is not a string")
-  if isinstance(default, tuple):
-    if isinstance(value, (list, tuple)):
-      return tuple(value)
-    raise OptionError(f"config arg {key}={value!r} is not a tuple")
-  return value
-
-
-class _Defaults(Exception):
-  """Carries a config's option defaults out of its get_config (option_defaults)."""
-
-  def __init__(self, defaults: dict[str, Any]):
-    super().__init__("option defaults")
-    self.defaults = defaults
-
-
-# The arg with which get_config's parse_arg hands back its defaults instead of a config.
-_ASK_DEFAULTS = ("linvit_jax: ask the option defaults",)
-
-
-def option_defaults(get_config: Any) -> dict[str, Any]:
-  """The `:arg` options of a config file's `get_config` and their defaults, in its order.
-
-  Read from its parse_arg call, before any of its checks run: a config whose options need a
-  real file (init=, images=) still answers.
-  """
-  try:
-    get_config(_ASK_DEFAULTS)
-  except _Defaults as e:
-    return e.defaults
-  raise ValueError(f"{get_config.__module__}.get_config does not read its arg with parse_arg")
-
-
-def parse_arg(arg: str | Mapping[str, Any] | None, **defaults: Any) -> mlc.ConfigDict:
-  """The options of a config file's `get_config(arg)`, typed after `defaults`.
-
-  `arg` is the `:arg` text 'k=v,k2=v2' of `--config file.py:arg` (a value may contain '/' or
-  ':', a variant 'S/16' or a path 'gs://b/x.npz', not ','), or a Mapping of Python values (the
-  Python API: any string, a bool, a number; each checked against its default's type). An unknown
-  name or a value of the wrong type is an OptionError (a UserError and a ValueError).
-  """
-  if arg is _ASK_DEFAULTS:
-    raise _Defaults(dict(defaults))
-  out = mlc.ConfigDict(defaults)
-  if not arg:
-    return out
-  if isinstance(arg, Mapping):
-    for key, value in arg.items():
-      if key not in defaults:
-        raise _unknown(key, defaults)
-      out[key] = _check_value(key, value, defaults[key])
-    return out
-  for item in arg.split(","):
-    if not item:
-      continue
-    if "=" not in item:
-      raise OptionError(f"config arg {item!r} is not of the form key=value (in {arg!r})")
-    key, value = item.split("=", 1)
-    if key not in defaults:
-      raise _unknown(key, defaults)
-    out[key] = _parse_text(key, value, defaults[key])
-  return out
-
-
-def check_options(config: str, arg: mlc.ConfigDict) -> None:
-  """Raises a ValueError naming the first option of shipped config `config` (its file's stem)
-  whose value `arg` holds out of range or out of its choices (config_checks.py)."""
-  # Imported here: config_checks reads this module's tables, and a config file imports only this
-  # module (tests/test_layering.py), so the checks are reached through it.
-  from linvit_jax.configuration import config_checks
-
-  config_checks.CHECKS[config](arg)
-
-
-def say_budget(config: str, arg: mlc.ConfigDict, defaults: Mapping[str, Any]) -> None:
-  """Logs one warning when shipped config `config`'s budget drops a stage its options ask for,
-  or options are set that the run will not read (config_checks.budget_note)."""
-  from linvit_jax.configuration import config_checks
-
-  note = config_checks.budget_note(arg, dict(defaults)) if config == "convert_folder" else ""
-  if note:
-    logging.warning(note)
 
 
 # Every optimizer field and its default (big_vision's semantics: optim.make_optimizer). A config's
@@ -215,28 +64,15 @@ OPTIMIZER_DEFAULTS = dict(
     # each output column's RMS at the stage's start. 0 = off (full-rank steps).
     lora_rank=0,
 )
-# The fields every config stage block spells out (a locked config takes overrides of these only).
-_OPTIMIZER_BLOCK = (
-    "name",
-    "lr",
-    "wd",
-    "b2",
-    "grad_clip",
-    "warmup_steps",
-    "schedule",
-    "accum_steps",
-)
 
 
 def optimizer(lr: float, **kw: Any) -> dict:
-  """An optimizer block: `lr`, the commonly tuned fields at their OPTIMIZER_DEFAULTS, and any
-  other OPTIMIZER_DEFAULTS field given in `kw` (e.g. wd=0.0, end_lr_ratio=0.1)."""
+  """An optimizer block: every OPTIMIZER_DEFAULTS field, at its default unless given in `kw`
+  (e.g. wd=0.0, end_lr_ratio=0.1), and `lr`."""
   unknown = sorted(set(kw) - set(OPTIMIZER_DEFAULTS))
   if unknown:
     raise ValueError(f"unknown optimizer field(s) {unknown}; known: {sorted(OPTIMIZER_DEFAULTS)}")
-  block = {k: OPTIMIZER_DEFAULTS[k] for k in _OPTIMIZER_BLOCK}
-  block.update(lr=lr, **kw)
-  return block
+  return {**OPTIMIZER_DEFAULTS, **kw, "lr": lr}
 
 
 def stage_bookkeeping(steps: int) -> dict:
@@ -290,7 +126,7 @@ def stage_losses(kind: str) -> dict:
 ALIGN_RECIPE = dict(lr=2e-4, trainable="all", update_scale="param_rms", warmup=0.25)
 
 
-# The stage kinds that read w_structure (a field only when on).
+# The stage kinds that read w_structure.
 STRUCTURE_KINDS = ("train", "finetune", "align")
 
 
@@ -314,8 +150,7 @@ def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> di
   start_weight = kw.pop("start_weight", 0.0)
   image_size = kw.pop("image_size", 0)
   # w > 0: the final patch tokens' deviations from their image's mean token matched
-  # (distill.token_structure_loss; train / finetune / align). A field only when on: every run
-  # recorded before it existed keeps its config, and resumes.
+  # (distill.token_structure_loss; train / finetune / align).
   w_structure = kw.pop("w_structure", 0.0)
   if not (float(w_structure) >= 0.0 and math.isfinite(float(w_structure))):
     raise ValueError(f"w_structure={w_structure!r}: a loss weight is finite and >= 0")
@@ -344,7 +179,7 @@ def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> di
       optimizer=optimizer(lr, **opt_kw),
       **stage_bookkeeping(steps),
       **{**losses, **kw},
-      **({"w_structure": w_structure} if w_structure else {}),
+      **({"w_structure": w_structure} if kind in STRUCTURE_KINDS else {}),
   )
 
 
@@ -372,10 +207,9 @@ def align_stage(
       wd=0.0,
       update_scale=update_scale,
       trainable=trainable,
-      # only when on: runs recorded before the field existed keep resuming
-      **({"ema_decay": ema_decay} if ema_decay else {}),
-      **({"average_last": average_last} if average_last else {}),
-      **({"lora_rank": lora_rank} if lora_rank else {}),
+      ema_decay=ema_decay,
+      average_last=average_last,
+      lora_rank=lora_rank,
       **kw,
   )
 
@@ -386,9 +220,8 @@ def stage_blocks(config: mlc.ConfigDict) -> list[str]:
 
 
 def stage_fields(kind: str) -> set[str]:
-  """Every field a `kind` stage block may hold (what `stage` writes, fields only-when-on included)."""
-  optional = {"w_structure"} if kind in STRUCTURE_KINDS else set()
-  return set(stage(kind, steps=1, batch_size=1, lr=1.0)) | optional
+  """Every field a `kind` stage block holds (what `stage` writes)."""
+  return set(stage(kind, steps=1, batch_size=1, lr=1.0))
 
 
 def distill() -> dict:
@@ -555,215 +388,3 @@ def base_config() -> mlc.ConfigDict:
   # its metadata). student_config.json and the model card README.md are always written.
   c.export = dict(npz=True, safetensors=True)
   return c
-
-
-# ------------------------------------------------------------------------------ embedded data
-
-ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
-FMNIST_PP_TRAIN = (
-    "decode(1)|flip_lr|value_range(-1,1)|"
-    'onehot(10,key="label",key_result="labels")|keep("image","labels")'
-)
-FMNIST_PP_EVAL = (
-    "decode(1)|value_range(-1,1)|"
-    'onehot(10,key="label",key_result="labels")|keep("image","labels")'
-)
-
-
-def fmnist_conversion(
-    *, feature_map: str, patch: int = 4, distill_steps: int, finetune_steps: int, tiny: bool = False
-) -> mlc.ConfigDict:
-  """The conversion recipe on the embedded Fashion-MNIST with a shipped teacher (demo, ablation).
-
-  Distillation: only attention trains, lr 3e-2; fine-tuning: everything, lr 2e-4, labels plus the
-  teacher's logits at temperature 2, decoupled weight decay 2e-6 on kernels (big_vision semantics;
-  the same per-step decay as optax.adamw's 0.01 at this lr, which the shipped results used). `tiny`: a few steps on a slice of the test split (smoke runs).
-  """
-  c = base_config()
-  c.model.patch_size = (patch, patch)
-  c.data.pp_train, c.data.pp_eval = FMNIST_PP_TRAIN, FMNIST_PP_EVAL
-  name = "teacher_fmnist_vit.npz" if patch == 4 else f"teacher_fmnist_vit_p{patch}.npz"
-  c.teacher.init = os.path.join(ASSETS, name)
-  c.student.attention = feature_map
-  # lr 3e-2: fresh (copy_same) attention learns from random init; at 3e-3 every seed but the one
-  # that shared the teacher's init key stalled near 0.81 attention cosine after 100 steps
-  # (docs/distill_stability.md: 50-60 % before fine-tuning, vs 84.1-84.4 % at 3e-2).
-  c.distill_attention = stage(
-      "distill_attention", steps=distill_steps, batch_size=64, lr=3e-2, warmup_steps=30, wd=0.0
-  )
-  c.finetune = stage(
-      "finetune",
-      steps=finetune_steps,
-      batch_size=64,
-      lr=2e-4,
-      warmup_steps=20,
-      wd=2e-6,
-      w_label=1.0,
-      w_logit_kd=1.0,
-      kd_temperature=2.0,
-  )
-  if tiny:
-    c.distill_attention.steps = c.finetune.steps = 3
-    c.distill_attention.batch_size = c.finetune.batch_size = 16
-    c.data.eval_max_examples, c.data.eval_batch_size = 64, 32
-    c.eval.fidelity_images, c.eval.throughput_batch, c.eval.curve_examples = 16, 8, 32
-    c.data.shuffle_buffer = 256
-  return c
-
-
-# ------------------------------------------------------------------------------ shared blocks
-
-# The input normalisations a config names (norm=): pp ops after the crop.
-NORMS = {"imagenet": "vgg_value_range", "minus_one_one": "value_range(-1,1)"}
-# Extra training-view augmentation a stage may add (convert_folder's `distill_augment=` /
-# `align_augment=`): DINO's colour jitter and random grayscale, views a self-supervised teacher
-# was trained on.
-AUGMENTS = {"": "", "color": "|color_jitter|random_grayscale"}
-# The distillation lr per surgery policy, measured (README, docs/distill_stability.md): fresh
-# attention (copy_same) stalls at 3e-3 and below.
-DISTILL_LR = {"copy_all": 1e-3, "copy_same": 3e-2}
-
-
-def linear_attention(feature_map: str, **levers: Any) -> str | dict:
-  """The student's `attention` field: the feature map's name, or, when a lever is on, a linear
-  spec with attention.AttentionSpec's options inside each linear layer (exact_prefix_rows,
-  center_keys, conv_v, window, sinks, num_features; num_features 0: the map's default width)."""
-  if "num_features" in levers and not levers["num_features"]:
-    del levers["num_features"]
-  if not any(levers.values()):
-    return feature_map
-  return dict(kind="linear", feature_map=feature_map, **levers)
-
-
-def labelled_conversion(arg: mlc.ConfigDict, *, data: dict, finetune: dict) -> mlc.ConfigDict:
-  """A big ViT converted on a labelled set on TPU pods (imagenet_vit, jft_vit): the `data` block,
-  the teacher from `arg.init` (its architecture read from it unless `arg.variant` describes it),
-  `head=fresh` leaving its head out, attention distillation, then a fine-tune with `finetune`'s
-  losses and schedule. `arg` holds the options both configs share (variant, pool, posemb,
-  rep_size, init, head, feature_map, policy, lr_distill, distill_steps, finetune_steps, batch,
-  fsdp)."""
-  c = base_config()
-  c.mesh = (("data", -1), ("fsdp", arg.fsdp))
-  c.data = data
-  c.model = dict(c.model.to_dict(), num_classes=data["num_classes"], pool_type=arg.pool)
-  if arg.variant:  # the architecture described here, not read from the checkpoint
-    c.model.update(variant=arg.variant, posemb=arg.posemb, rep_size=arg.rep_size)
-  else:
-    c.teacher.architecture = "init"
-  c.teacher.init = arg.init
-  if arg.head == "fresh":
-    c.teacher.dont_load = c.student.dont_load = ("head/.*",)
-  c.student.attention = arg.feature_map
-  c.surgery.policy = arg.policy
-  c.distill.routing_queries = 64
-  c.distill_attention = stage(
-      "distill_attention",
-      steps=arg.distill_steps,
-      batch_size=arg.batch,
-      lr=arg.lr_distill or DISTILL_LR.get(arg.policy, 1e-3),
-      warmup_steps=arg.distill_steps // 20,
-      wd=0.0,
-      grad_clip=1.0,
-  )
-  c.finetune = stage(
-      "finetune", steps=arg.finetune_steps, batch_size=arg.batch, lr=1e-4, wd=1e-4, **finetune
-  )
-  for name in ("distill_attention", "finetune"):
-    c[name].checkpoint_every = 1000
-    c[name].log_every = 50
-  return c
-
-
-# ------------------------------------------------------------------------------ config reference
-
-
-def field_docs() -> dict[str, str]:
-  """One line per field, read from this file's own comments where base_config defines the field.
-
-  Keys are dotted paths; '*' stands for any stage block ("*.steps", "*.optimizer.lr"). A trailing
-  `# comment` documents the keyword on its line; a `# name: meaning` comment block above
-  `c.<block> = dict(` documents `<block>.name`.
-  """
-  import ast
-  import inspect
-  import re
-  import sys
-
-  source = inspect.getsource(sys.modules[__name__])
-  lines = source.splitlines()
-  tree = ast.parse(source)
-  docs: dict[str, str] = {}
-
-  def trailing(lineno: int) -> str:
-    line = lines[lineno - 1]
-    return line.split("  # ", 1)[1].strip() if "  # " in line else ""
-
-  def named(text: str, names: set[str], prefix: str) -> bool:
-    """'a: meaning. b: meaning' comments, split at the names of the block's own fields."""
-    alternatives = "|".join(sorted(names))
-    found = re.findall(rf"\b({alternatives}): (.*?)(?=\s(?:{alternatives}): |$)", text)
-    for name, meaning in found:
-      docs.setdefault(prefix + name, meaning.strip())
-    return bool(found)
-
-  def keywords(call: ast.Call, prefix: str) -> None:
-    names = {kw.arg for kw in call.keywords if kw.arg}
-    for kw in call.keywords:
-      text = trailing(kw.value.end_lineno)
-      if kw.arg and text and not named(text, names, prefix):
-        docs.setdefault(prefix + kw.arg, text)
-
-  def block_comment(lineno: int, call: ast.Call, prefix: str) -> None:
-    i, text = lineno - 2, []
-    while i >= 0 and lines[i].strip().startswith("#"):
-      text.insert(0, lines[i].strip()[1:].strip())
-      i -= 1
-    named(" ".join(text), {kw.arg for kw in call.keywords if kw.arg}, prefix)
-
-  scopes = {
-      "base_config": "",
-      "distill": "distill.",
-      "stage": "*.",
-      "stage_bookkeeping": "*.",
-      "stage_losses": "*.",
-  }
-  for node in tree.body:
-    if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "OPTIMIZER_DEFAULTS":
-      keywords(node.value, "*.optimizer.")
-    if isinstance(node, ast.FunctionDef) and node.name in scopes:
-      for sub in ast.walk(node):
-        if isinstance(sub, ast.Assign) and isinstance(sub.targets[0], ast.Attribute):
-          name = sub.targets[0].attr
-          if isinstance(sub.value, ast.Call) and getattr(sub.value.func, "id", "") == "dict":
-            block_comment(sub.lineno, sub.value, f"{name}.")
-            keywords(sub.value, f"{name}.")
-          elif text := trailing(sub.lineno):
-            docs.setdefault(name, text)
-        elif isinstance(sub, ast.Call) and getattr(sub.func, "id", "") == "dict":
-          keywords(sub, scopes[node.name])
-  return docs
-
-
-def describe(config: mlc.ConfigDict) -> str:
-  """Every field of `config`, one per line: `path = value  # meaning` (the meaning where the base
-  config documents the field)."""
-  docs = field_docs()
-  flat: list[tuple[str, Any]] = []
-
-  def walk(node: Any, prefix: str) -> None:
-    for key in sorted(node.keys()) if hasattr(node, "keys") else ():
-      value = node[key]
-      if isinstance(value, mlc.ConfigDict):
-        walk(value, f"{prefix}{key}.")
-      else:
-        flat.append((prefix + key, value))
-
-  walk(config, "")
-  stages = set(stage_blocks(config))
-  out = []
-  for path, value in flat:
-    head, _, rest = path.partition(".")
-    doc = docs.get(path) or (docs.get(f"*.{rest}") if head in stages else None)
-    line = f"{path} = {value!r}"
-    out.append(f"{line:<60s}  # {doc}" if doc else line)
-  return "\n".join(out)

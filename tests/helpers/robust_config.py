@@ -13,6 +13,7 @@ finetune_steps, checkpoint_every, feature_map, stages ('+'-separated: distill_at
 from __future__ import annotations
 
 from linvit_jax.configuration import config_lib
+from linvit_jax.configuration import options
 
 MODEL = dict(width=32, depth=2, mlp_dim=64, num_heads=2, patch_size=(7, 7))
 
@@ -39,7 +40,7 @@ def make_teacher(path: str, seed: int = 0, **model_over) -> None:
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(
+  arg = options.parse_arg(
       arg,
       teacher="",
       steps=3,
