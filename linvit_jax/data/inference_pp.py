@@ -33,7 +33,6 @@ too, so that a photo of any size fits the model).
 
 from __future__ import annotations
 
-import ast
 import io
 import os
 from collections.abc import Callable, Sequence
@@ -41,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from linvit_jax.data import pp_spec
 from linvit_jax.runtime.errors import UserError
 
 SUPPORTED = (
@@ -72,26 +72,12 @@ class PreprocessError(UserError, ValueError):
 
 
 def parse(pp: str) -> list[tuple[str, tuple, dict]]:
-  """'decode|resize(224, method="area")' -> [('decode', (), {}), ('resize', (224,), {...})].
-
-  Arguments must be Python literals (as data/registry.py requires; that parser imports TF)."""
-  out = []
-  for spec in (s.strip() for s in pp.split("|")):
-    if not spec:
-      continue
-    try:
-      node = ast.parse(spec, mode="eval").body
-      if isinstance(node, ast.Name):
-        out.append((node.id, (), {}))
-        continue
-      if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
-        raise ValueError("expected `name` or `name(args)`")
-      args = tuple(ast.literal_eval(a) for a in node.args)
-      kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
-    except (SyntaxError, ValueError) as e:
-      raise PreprocessError(f"preprocessing op {spec!r}: cannot parse it ({e})") from None
-    out.append((node.func.id, args, kwargs))
-  return out
+  """'decode|resize(224, method="area")' -> [('decode', (), {}), ('resize', (224,), {...})]
+  (pp_spec.parse, the parser the TF ops use too), its errors as PreprocessError."""
+  try:
+    return pp_spec.parse(pp)
+  except ValueError as e:
+    raise PreprocessError(str(e)) from None
 
 
 def _pair(size: Any) -> tuple[int, int]:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from linvit_jax.data import jft as _jft  # noqa: F401
 from linvit_jax.data import ops_general as _ops_general  # noqa: F401
 from linvit_jax.data import ops_image as _ops_image  # noqa: F401
+from linvit_jax.data import pp_spec
 from linvit_jax.data.registry import RNG_KEY
 from linvit_jax.data.registry import Features
 from linvit_jax.data.registry import get_op
@@ -38,7 +39,7 @@ def get_preprocess_fn(pp_string: str | None) -> Callable[[Features], Features]:
 
   All ops are built (and their arguments checked) here, not on the first example.
   """
-  ops = [get_op(spec) for spec in (pp_string or "").split("|") if spec.strip()]
+  ops = [get_op(spec) for spec in pp_spec.ops(pp_string)]
 
   def preprocess(data: Features) -> Features:
     if not isinstance(data, dict):

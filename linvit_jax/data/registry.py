@@ -1,4 +1,5 @@
-"""The registry of preprocessing ops, and the parser of op specs like `resize(224, method="area")`.
+"""The registry of preprocessing ops; op specs like `resize(224, method="area")` are parsed by
+pp_spec.parse_op.
 
 An op is registered as a *getter*: called with the spec's arguments, it returns `fn(data) -> data`
 over a dict of tf tensors (one example, traced inside `tf.data.Dataset.map`).
@@ -16,12 +17,13 @@ what makes a seed reproduce the same augmentations, and skip-ahead land on the s
 
 from __future__ import annotations
 
-import ast
 import functools
 from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
+
+from linvit_jax.data import pp_spec
 
 Features = dict[str, Any]
 Op = Callable[[Features], Features]
@@ -93,32 +95,9 @@ def keyed(
   return lift(getter) if getter is not None else lift
 
 
-def _parse(spec: str) -> tuple[str, tuple, dict]:
-  """'name(1, b="x")' -> ('name', (1,), {'b': 'x'}); arguments must be Python literals."""
-  try:
-    node = ast.parse(spec, mode="eval").body
-  except SyntaxError as err:
-    raise ValueError(f"preprocessing op {spec!r}: cannot parse it ({err.msg})") from None
-  if isinstance(node, ast.Name):
-    return node.id, (), {}
-  if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
-    raise ValueError(f"preprocessing op {spec!r}: expected `name` or `name(args)`")
-  try:
-    args = tuple(ast.literal_eval(a) for a in node.args)
-    kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
-  except ValueError:
-    raise ValueError(
-        f"preprocessing op {spec!r}: arguments must be Python literals "
-        "(numbers, strings, tuples, lists)"
-    ) from None
-  if None in kwargs:
-    raise ValueError(f"preprocessing op {spec!r}: `**kwargs` is not supported")
-  return node.func.id, args, kwargs
-
-
 def get_op(spec: str) -> Op:
   """Builds the op for one spec; errors name the spec and say what is wrong."""
-  name, args, kwargs = _parse(spec.strip())
+  name, args, kwargs = pp_spec.parse_op(spec)
   if name not in _GETTERS:
     raise ValueError(
         f"unknown preprocessing op {name!r} in {spec!r}; "
