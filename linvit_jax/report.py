@@ -294,13 +294,7 @@ def test_photos(config, teacher_model, teacher_params, student_model, student_pa
   test = config.eval.test
   test_paths, names, val_paths = test_sets(config)
   size = config.data.image_size
-  out = photo_eval.evaluate_photos(
-      teacher_model,
-      teacher_params,
-      student_model,
-      student_params,
-      test_paths,
-      val_paths,
+  spec = photo_eval.PhotoEvalSpec(
       pp=pp_spec.inference_pp(config.data.pp_eval),  # its decode and normalisation
       res=int(size[0] if isinstance(size, (tuple, list)) else size),
       factors=tuple(test.factors),
@@ -309,6 +303,15 @@ def test_photos(config, teacher_model, teacher_params, student_model, student_pa
       dense_k=test.dense_k,
       min_photos=test.min_photos,
       seed=config.seed,
+  )
+  out = photo_eval.evaluate_photos(
+      teacher_model,
+      teacher_params,
+      student_model,
+      student_params,
+      test_paths,
+      val_paths,
+      spec,
       test_names=names,
       cache=feature_cache.FeatureCache.from_env(),
   )
