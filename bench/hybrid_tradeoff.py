@@ -26,9 +26,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from linvit_jax import build
-from linvit_jax import report
 from linvit_jax.conversion import surgery
 from linvit_jax.evaluation import evaluate
+from linvit_jax.evaluation import plots
 from linvit_jax.models import vit
 
 
@@ -129,7 +129,7 @@ def main(argv=None) -> dict:
     )
   with open(args.out + ".md", "w") as f:
     f.write("\n".join(lines) + "\n")
-  fig = report.new_figure(figsize=(9, 3.5))
+  fig = plots.new_figure(figsize=(9, 3.5))
   ax1, ax2 = fig.subplots(1, 2)
   ks = [r["k"] for r in rows]
   ax1.plot(ks, [r.get("cls_cosine", np.nan) for r in rows], "o-", label="cls cosine")

@@ -17,7 +17,7 @@ import numpy as np
 from bench.common import GB
 from bench.common import fmt
 from bench.common import fmt_bytes
-from linvit_jax import report as report_lib
+from linvit_jax.evaluation import plots
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LINEAR = ("elu1", "relu", "hedgehog", "favor")
@@ -343,7 +343,7 @@ def plot(speed: dict, path_speed: str, path_memory: str) -> None:
           )
       )
   machine = speed["machine"]
-  report_lib.plot_lines(
+  plots.plot_lines(
       panels,
       path_speed,
       size=(11, 8),
@@ -367,7 +367,7 @@ def plot(speed: dict, path_speed: str, path_memory: str) -> None:
       )
       for what in ("layer", "vit")
   ]
-  report_lib.plot_lines(panels, path_memory)
+  plots.plot_lines(panels, path_memory)
 
 
 # ----------------------------------------------------------------------------- document

@@ -91,11 +91,8 @@ def _run_cli(args: argparse.Namespace) -> dict[str, Any]:
       student.params,
       test,
       val,
-      pp=pp,
-      res=res,
-      factors=factors,
+      photo_eval.PhotoEvalSpec(pp=pp, res=res, factors=factors, min_photos=args.min_photos),
       test_names=names,
-      min_photos=args.min_photos,
       cache=feature_cache.FeatureCache.from_env(),
   )
 

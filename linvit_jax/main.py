@@ -120,12 +120,12 @@ def convert(config: Any, workdir: str) -> None:
         "this is an ablation config (it has an `ablation` block): run it with "
         "`python -m linvit_jax.studies.ablation --config ... --workdir ...`"
     )
-  from linvit_jax import report  # heavy imports after flag parsing: fast --help
-  from linvit_jax import run as run_lib
+  from linvit_jax import run as run_lib  # heavy imports after flag parsing: fast --help
+  from linvit_jax.evaluation import summary
 
   results = run_lib.run(config, workdir)
-  print(report.format_summary(results))
-  print(report.format_where_exported(workdir))
+  print(summary.format_summary(results))
+  print(summary.format_where_exported(workdir))
 
 
 def main(argv: list[str], command: Command = convert) -> None:

@@ -20,8 +20,8 @@ import pytest
 import tqdm
 
 from linvit_jax import main as main_lib
-from linvit_jax import report
 from linvit_jax.data import sample_photos
+from linvit_jax.evaluation import summary
 from linvit_jax.models import foreign
 from linvit_jax.models import import_weights
 from tests.helpers.subprocs import ROOT
@@ -186,19 +186,19 @@ def test_run_ends_with_where_the_student_is_and_how_to_load_it(monkeypatch, caps
       "  import linvit_jax",
       f'  student = linvit_jax.load_student("{folder}")',
   ]
-  assert report.format_where_exported("gs://b/w").endswith('load_student("gs://b/w")')
+  assert summary.format_where_exported("gs://b/w").endswith('load_student("gs://b/w")')
 
 
 # ------------------------------------------------------------------------------------------------
-# report.format_summary: the k-NN line of a run that did not measure it
+# summary.format_summary: the k-NN line of a run that did not measure it
 
 
 def test_summary_says_why_knn_was_not_measured():
   why = "no labelled reference set; pass --config.eval.knn.dataset=... to measure it"
   results = {"config": {"student": {}}, "timing_s": {"total": 1.0}, "knn_skipped": why}
-  lines = report.format_summary(results).splitlines()
+  lines = summary.format_summary(results).splitlines()
   assert f"k-NN: not measured — {why}" in lines
-  assert not any("k-NN" in line for line in report.format_summary(results | {"knn_skipped": ""}))
+  assert not any("k-NN" in line for line in summary.format_summary(results | {"knn_skipped": ""}))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ import shutil
 import pytest
 
 from tools import docs_tables
+from tools import docs_tables_photos
+from tools import docs_tables_runs
 
 ROOT = docs_tables.ROOT
 
@@ -93,22 +95,22 @@ def test_flop_ratio_is_the_textbook_count():
     dense = 24.0 * n * d * d
     softmax = dense + 4.0 * n * n * d
     linear = dense + 4.0 * n * h * f * dh + 4.0 * n * h * f + 4.0 * n * h * dh * f / 2
-    assert docs_tables.flop_ratio(size) == pytest.approx(softmax / linear, rel=1e-12)
+    assert docs_tables_runs.flop_ratio(size) == pytest.approx(softmax / linear, rel=1e-12)
 
 
 def test_goals_table_turns_a_goal_met_when_the_run_meets_it(copy):
   """The goals verdicts read the study's numbers: raising the 896-px cls cosine past 0.92 and
   the k-NN retention past 99 % flips exactly those rows to "met"."""
-  path = copy / docs_tables.FULL_STUDY
+  path = copy / docs_tables_photos.FULL_STUDY
   study = json.loads(path.read_text())
-  before = docs_tables._goals(docs_tables.FULL_STUDY, "full")(
-      lambda p: study if p == docs_tables.FULL_STUDY else None
+  before = docs_tables_photos.goals(docs_tables_photos.FULL_STUDY, "full")(
+      lambda p: study if p == docs_tables_photos.FULL_STUDY else None
   )
   run = study["full"]
   row = next(r for r in run["test"]["rows"] if (r["size"], r["view"]) == (896, "whole"))
   row["cls_cosine"]["mean"] = 0.95
   run["knn"]["retention"] = 1.001
-  after = docs_tables._goals(docs_tables.FULL_STUDY, "full")(lambda p: study)
+  after = docs_tables_photos.goals(docs_tables_photos.FULL_STUDY, "full")(lambda p: study)
   changed = [(a, b) for a, b in zip(before.splitlines(), after.splitlines()) if a != b]
   assert len(changed) == 2, changed
   assert all(b.endswith("| met |") and a.endswith("| not met |") for a, b in changed), changed

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from linvit_jax import report
+from linvit_jax.evaluation import plots
 from linvit_jax.runtime import gfile
 
 
@@ -54,7 +54,7 @@ def test_ablation_plot_goes_through_gfile(root):
       ]
   }
   path = os.path.join(root, "ablation.png")
-  report.plot_ablation_curves(runs, path, teacher_top1=0.7)
+  plots.plot_ablation_curves(runs, path, teacher_top1=0.7)
   with gfile.open(path, "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 

@@ -11,6 +11,7 @@ from linvit_jax import report
 from linvit_jax import run as run_lib
 from linvit_jax.evaluation import evaluate
 from linvit_jax.evaluation import feature_cache
+from linvit_jax.evaluation import summary
 from linvit_jax.runtime.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -88,10 +89,12 @@ def test_knn_on_a_labelled_folder_in_the_report(tmp_path, monkeypatch):
   assert knn["train_examples"] + knn["eval_examples"] == 24
   assert knn["teacher_top1"] == 1.0  # two colours: trivially separable for any feature
   assert 0 <= knn["retention"] <= 1.0 + 1e-9
-  assert "k-NN top-1 (k=5" in report.format_summary(results)
+  assert "k-NN top-1 (k=5" in summary.format_summary(results)
   # The converted (untrained) linear student is not the teacher: its cosine is below 1.
   assert -1.0 <= knn["cls_cosine_min"] <= knn["cls_cosine"] < 0.9999
-  assert "pooled-feature cosine to the teacher on those 24 images" in report.format_summary(results)
+  assert "pooled-feature cosine to the teacher on those 24 images" in summary.format_summary(
+      results
+  )
   card = json.loads((tmp_path / "work" / "student_config.json").read_text())
   assert card["fidelity"]["knn"]["teacher_top1"] == 1.0
   assert card["fidelity"]["knn"]["cls_cosine"] == pytest.approx(knn["cls_cosine"])

@@ -14,6 +14,7 @@ from linvit_jax import compare
 from linvit_jax.artifacts import export
 from linvit_jax.configuration import config_lib
 from linvit_jax.data import inference_pp
+from linvit_jax.evaluation import dense
 from linvit_jax.evaluation import photo_eval
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
@@ -58,11 +59,15 @@ def _perturbed(params, scale):
   return jax.tree.unflatten(tree, [x + scale * np.std(x) * rs.randn(*x.shape) for x in leaves])
 
 
+def _spec(**kw) -> photo_eval.PhotoEvalSpec:
+  return photo_eval.PhotoEvalSpec(pp=PP, res=16, **kw)
+
+
 def _evaluate(teacher, student_params, photos, **kw):
   model, params = teacher
-  kw = {"factors": (1, 2), "bootstrap": 200, "dense_k": 4, "min_photos": 4, **kw}
+  spec = _spec(**{"factors": (1, 2), "bootstrap": 200, "dense_k": 4, "min_photos": 4, **kw})
   return photo_eval.evaluate_photos(
-      model, params, model, student_params, photos[:6], photos[6:], pp=PP, res=16, **kw
+      model, params, model, student_params, photos[:6], photos[6:], spec
   )
 
 
@@ -154,9 +159,32 @@ def _parts(n_photos, seed, k=8, dim=48, patches=64, noise=0.08):
 
 
 def _dense(val_t, val_s, test_t, test_s, k=8):
-  fit = photo_eval._fit_dense(val_t, val_s, k, 0, photo_eval._FIT_PATCHES)
+  """The dense measure as a run reports it: per-photo shares as STATs, and the probe ratio."""
+  fit = dense.fit(val_t, val_s, k, 0, photo_eval.FIT_PATCHES)
   names = [f"p{i}" for i in range(len(test_t))]
-  return photo_eval._score_dense(fit, test_t, test_s, names, 200, 0)
+  out = {
+      name: photo_eval.stat(values, names, 200, 0)
+      for name, values in dense.score(fit, test_t, test_s).items()
+  }
+  out["probe_ratio"] = out["probe_student"]["mean"] / out["probe_teacher"]["mean"]
+  return out
+
+
+def test_kmeans_finds_well_separated_blobs_and_is_seeded():
+  """scipy's kmeans2 as the dense measure calls it: k blobs far apart, of unequal sizes, come
+  back as k centroids at their centres, every point labelled by its blob; the same seed gives the
+  same centroids."""
+  rs = np.random.RandomState(0)
+  centres = 10 * np.eye(5, 16)  # 5 centres, pairwise sqrt(200) apart
+  truth = np.repeat(np.arange(5), [10, 20, 40, 80, 160])
+  x = centres[truth] + 0.1 * rs.randn(len(truth), 16)
+  centroids = dense.kmeans(x, 5, seed=1)
+  labels = dense.assign(x, centroids)
+  assert np.abs(np.sort(centroids, axis=0) - np.sort(centres, axis=0)).max() < 0.1
+  for blob in range(5):  # one label per blob, a different one for each
+    assert len(set(labels[truth == blob])) == 1
+  assert len(set(labels)) == 5
+  np.testing.assert_array_equal(centroids, dense.kmeans(x, 5, seed=1))
 
 
 def test_the_probe_reproduces_well_separated_parts_and_reads_the_students_own_tokens():
@@ -189,14 +217,16 @@ def test_too_few_photos_are_said_not_hidden(teacher, photos, caplog):
   assert "test set: 6 photos" in caplog.text
   assert "note: test set: 6 photos" in photo_eval.format_table(out)
   none = photo_eval.evaluate_photos(
-      *teacher, *teacher, photos[:2], [], pp=PP, res=16, factors=(1,), min_photos=8
+      *teacher, *teacher, photos[:2], [], _spec(factors=(1,), min_photos=8)
   )
   assert "dense" not in none["rows"][0] and "validation set: 0 photos" in none["too_few"]
-  empty = photo_eval.evaluate_photos(*teacher, *teacher, [], photos[:8], pp=PP, res=16)
+  empty = photo_eval.evaluate_photos(*teacher, *teacher, [], photos[:8], _spec())
   assert empty["rows"] == [] and empty["too_few"].startswith("test set: 0 photos (< 8)")
   assert photo_eval.format_table(empty).endswith("nothing measured")
   with pytest.raises(photo_eval.PhotoEvalError, match="factor 1.1: 1.1 × 16 px = 17.6 px"):
-    photo_eval.evaluate_photos(*teacher, *teacher, photos, [], pp=PP, res=16, factors=(1.1,))
+    photo_eval.evaluate_photos(*teacher, *teacher, photos, [], _spec(factors=(1.1,)))
+  with pytest.raises(photo_eval.PhotoEvalError, match="view 'tiles'"):
+    _spec(views=("whole", "tiles"))  # before any compute
 
 
 def _hf_export(folder):
@@ -256,10 +286,10 @@ def test_the_teachers_tokens_come_from_the_cache_the_second_time(teacher, photos
   # batch 8 at these sizes: 14 test and 12 validation photos are two batches each, one past
   # the three that always run (the compile and two timed batches).
   many = photos + write_photos(str(tmp_path / "more"), 16, seed=3)
+  spec = _spec(factors=(1,), views=("whole",), bootstrap=50, dense_k=4, min_photos=2)
   run = lambda params, c: photo_eval.evaluate_photos(  # noqa: E731
-      teacher[0], params, teacher[0], student, many[:14], many[14:], pp=PP, res=16,
-      factors=(1,), views=("whole",), bootstrap=50, dense_k=4, min_photos=2, cache=c,
-  )  # fmt: skip
+      teacher[0], params, teacher[0], student, many[:14], many[14:], spec, cache=c
+  )
   plain = run(teacher[1], None)
   first, second = run(teacher[1], cache), run(teacher[1], cache)
   assert "teacher_cache" not in plain

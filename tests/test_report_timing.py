@@ -1,4 +1,4 @@
-"""report.format_summary's time table: where a run's time went (minutes, share of the total) and
+"""summary.format_summary's time table: where a run's time went (minutes, share of the total) and
 each training stage's step cost beside the teacher's forward, from results dicts old and new."""
 
 import json
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from linvit_jax import report
+from linvit_jax.evaluation import summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,7 +52,7 @@ def _row(lines, label):
 
 
 def test_where_the_time_went():
-  lines = report.format_summary(_results()).splitlines()
+  lines = summary.format_summary(_results()).splitlines()
   assert _row(lines, "surgery and first scoring") == [1.0, 2.5]
   assert _row(lines, "stage distill") == [10.0, 25.0]
   assert _row(lines, "stage align") == [20.0, 50.0]
@@ -63,7 +64,7 @@ def test_where_the_time_went():
 
 
 def test_step_cost_beside_the_teachers_forward():
-  lines = report.format_summary(_results()).splitlines()
+  lines = summary.format_summary(_results()).splitlines()
   assert "training step cost beside the teacher's forward (10.00 images/s at batch 8)" in lines
   # distill: 600 s / 100 steps; median logged rate 1 step/s × batch 4 = 4 images/s: 2.5 teacher
   # forwards per training image. align: 24 s/step, 0.25 × 8 = 2 images/s: 5 forwards.
@@ -77,30 +78,30 @@ def test_missing_keys_leave_rows_out():
   """An older results.json, a run without teacher, histories or stages: no error."""
   no_hist = _results()
   del no_hist["histories"], no_hist["teacher_images_per_s"]
-  lines = report.format_summary(no_hist).splitlines()
+  lines = summary.format_summary(no_hist).splitlines()
   distill = next(line for line in lines if line.startswith("  distill "))
   assert distill.split() == ["distill", "100", "4", "6.00", "0.67", "-"]  # the wall rate
   assert "training step cost" in lines  # no teacher: no "beside" part
   minimal = {"config": {"student": {}}, "timing_s": {"total": 90.0}}
-  text = report.format_summary(minimal)
+  text = summary.format_summary(minimal)
   assert "training step cost" not in text and "(90 s)" in text
   assert "the rest: loading" in text
-  assert "not recorded" in report.format_summary({"config": {"student": {}}})
-  assert "not recorded" in report.format_summary({"timing_s": {}})
+  assert "not recorded" in summary.format_summary({"config": {"student": {}}})
+  assert "not recorded" in summary.format_summary({"timing_s": {}})
   no_total = _results()
   del no_total["timing_s"]["total"]
-  assert "(1980 s)" in report.format_summary(no_total)  # the sum of the parts
+  assert "(1980 s)" in summary.format_summary(no_total)  # the sum of the parts
 
 
 def test_an_unknown_timing_key_is_its_own_row():
   """A part a newer run.py times (e.g. the test photos) is shown by name and leaves the rest."""
   results = _results()
   results["timing_s"]["test_photos"] = 180.0
-  lines = report.format_summary(results).splitlines()
+  lines = summary.format_summary(results).splitlines()
   assert _row(lines, "test_photos") == [3.0, 7.5]
   assert _row(lines, "the rest: loading, scoring after each stage") == [4.0, 10.0]
   results["timing_s"]["knn"] = 60.0  # timed on its own: no longer part of the rest
-  lines = report.format_summary(results | {"knn": {"k": 1, "dataset": "d", "train_examples": 2,
+  lines = summary.format_summary(results | {"knn": {"k": 1, "dataset": "d", "train_examples": 2,
       "eval_examples": 1, "teacher_top1": 1.0, "student_top1": 1.0, "retention": 1.0}}).splitlines()  # fmt: skip
   assert _row(lines, "k-NN check") == [1.0, 2.5]
   assert _row(lines, "the rest: loading, scoring after each stage") == [3.0, 7.5]
@@ -111,13 +112,13 @@ def test_knn_line_says_when_the_teachers_features_were_cached():
   knn = {"k": 5, "dataset": "d", "train_examples": 10, "eval_examples": 4, "teacher_top1": 1.0,
          "student_top1": 0.5, "retention": 0.5, "teacher_features_cached": True,
          "teacher_features_saved_seconds": 241.0}  # fmt: skip
-  text = report.format_summary(_results(knn=knn))
+  text = summary.format_summary(_results(knn=knn))
   assert "came from the feature cache (computing them took 241 s)" in text
   assert "k-NN" in text.split("the rest: ")[1].splitlines()[0]
   knn["teacher_features_cached"] = False
-  assert "feature cache" not in report.format_summary(_results(knn=knn))
+  assert "feature cache" not in summary.format_summary(_results(knn=knn))
   why = "no labelled reference set"
-  assert f"k-NN: not measured — {why}" in report.format_summary(_results(knn_skipped=why))
+  assert f"k-NN: not measured — {why}" in summary.format_summary(_results(knn_skipped=why))
 
 
 def test_the_committed_default_run_formats():
@@ -125,7 +126,7 @@ def test_the_committed_default_run_formats():
   its timing total, and the parts add up to it."""
   with open(os.path.join(ROOT, "docs", "vits14_lora8_w0_results.json")) as f:
     results = json.load(f)
-  lines = report.format_summary(results).splitlines()
+  lines = summary.format_summary(results).splitlines()
   total = results["timing_s"]["total"]
   total_line = next(line for line in lines if line.strip().startswith("total"))
   assert f"({total:.0f} s)" in total_line

@@ -85,14 +85,15 @@ def test_token_structure_measures_the_shared_part_and_the_deviations(tiny_run, t
   from linvit_jax.conversion import distill
   from linvit_jax.data import inference_pp
   from linvit_jax.evaluation import photo_eval
+  from linvit_jax.evaluation import photo_tokens
 
   _, res, student, teacher, teacher_params, paths, values = resolution_curves.validation_setup(
       tiny_run
   )
   pps = {"whole": inference_pp.Preprocess(photo_eval.view_pp("whole", 32, values))}
-  tokens, _ = photo_eval._forward_all(
-      photo_eval._Tokens(teacher, teacher_params, res),
-      photo_eval._Tokens(student.model, student.params, res), paths, pps, 32,
+  tokens, _ = photo_tokens.forward_all(
+      photo_tokens.Tokens(teacher, teacher_params, res),
+      photo_tokens.Tokens(student.model, student.params, res), paths, pps, 32,
   )  # fmt: skip
   t, s = tokens["whole"]
   prefix = teacher.num_prefix_tokens

@@ -12,6 +12,7 @@ from linvit_jax import report
 from linvit_jax.artifacts import export
 from linvit_jax.configuration import config_lib
 from linvit_jax.evaluation import results as results_lib
+from linvit_jax.evaluation import summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMITTED = sorted(glob.glob(os.path.join(ROOT, "docs", "*_results.json")))
@@ -113,7 +114,7 @@ def test_missing_keys_read_as_not_measured_and_a_newer_layout_is_refused():
   r = results_lib.Results.from_json({})
   assert r.final() is None and r.stages == [] and r.knn is None and not r.teacher_scored
   assert r.softmax_layers == [] and r.top1_before_finetune is None and r.measures() == []
-  assert "where the time went: not recorded" in report.format_summary(r)
+  assert "where the time went: not recorded" in summary.format_summary(r)
   # The keys a run always writes, even when not labelled (None).
   assert set(r.to_json()) == {"config", "timing_s", "labelled", "student_top1"}
   # An unlabelled run: the teacher scored (None), unlike a run that did not score it at all.
@@ -175,7 +176,7 @@ def test_a_new_measure_needs_only_its_field_and_its_evaluator():
   r.depth_rmse = 0.25
   assert r.to_json()["depth_rmse"] == 0.25
   assert _WithDepth.from_json(r.to_json()).depth_rmse == 0.25
-  assert "depth RMSE (drop-in): 0.2500" in report.format_summary(r).splitlines()
+  assert "depth RMSE (drop-in): 0.2500" in summary.format_summary(r).splitlines()
   c = config_lib.base_config()
   with c.unlocked():
     c.stages = ()

@@ -11,9 +11,9 @@ from absl import flags
 from ml_collections import config_flags
 
 from linvit_jax import preflight
-from linvit_jax import report
 from linvit_jax import run as run_lib
 from linvit_jax.configuration import config_lib
+from linvit_jax.evaluation import summary
 from linvit_jax.models import checkpoints
 from linvit_jax.runtime.errors import ConfigError
 
@@ -62,7 +62,7 @@ def test_evaluate_only_reproduces_the_exported_student(converted, tmp_path):
   assert again.student_top1 == results.student_top1
   np.testing.assert_allclose(again.student_logits_sample, results.student_logits_sample, atol=1e-6)
   assert not os.path.exists(tmp_path / "surgery_report.json")  # loaded, not converted
-  assert "student as loaded" in report.format_summary(again)
+  assert "student as loaded" in summary.format_summary(again)
 
 
 def test_student_init_for_another_model_is_refused(converted, tmp_path):

@@ -134,8 +134,7 @@ def measure(
     views: tuple[str, ...] = ("whole",),
     teacher_init: str = "",
 ) -> dict[str, Any]:
-  from linvit_jax.data import inference_pp
-  from linvit_jax.evaluation import photo_eval
+  from linvit_jax.evaluation import photo_tokens
 
   config, res, student, teacher, teacher_params, paths, values = validation_setup(
       workdir, teacher_init
@@ -147,7 +146,6 @@ def measure(
         + "; ".join(reasons)
         + "): their curve would describe models the run never had"
     )
-  prefix, has_cls = teacher.num_prefix_tokens, teacher.pool_type == "tok"
   sizes = sizes_for(res, factors, teacher.patch_size)
   checkpoints = [
       (stage, step) for stage in config.stages for step in checkpoint_steps(workdir, stage)
@@ -159,17 +157,7 @@ def measure(
     offsets[stage] = seen_before
     seen_before += int(config[stage].steps) * int(config[stage].batch_size)
   t0 = time.time()
-  t_tok = photo_eval._Tokens(teacher, teacher_params, res)
-  chunks, teacher_tokens, batches = {}, {}, {}
-  for size in sizes:  # the photos' views and the teacher's tokens: once per size
-    pps = {v: inference_pp.Preprocess(photo_eval.view_pp(v, size, values)) for v in views}
-    batches[size] = batch = photo_eval._batch_size(teacher, size)
-    chunks[size] = [
-        photo_eval._views(paths[i : i + batch], pps, size)[0] for i in range(0, len(paths), batch)
-    ]
-    teacher_tokens[size] = {
-        v: np.concatenate([t_tok(c[v], batch) for c in chunks[size]]) for v in views
-    }
+  teacher_side = _teacher_side(teacher, teacher_params, res, paths, values, sizes, views)
   print(f"teacher at {sizes} px: {time.time() - t0:.0f} s", flush=True)
   # One student forward for every checkpoint (one compile per size): its params are swapped in.
   s_tok = None
@@ -178,24 +166,12 @@ def measure(
     t0 = time.time()
     params = restore_params(workdir, stage, step)
     if s_tok is None:
-      s_tok = photo_eval._Tokens(student.model, params, res)
+      s_tok = photo_tokens.Tokens(student.model, params, res)
     else:
       s_tok.swap_params(params)
-    for size in sizes:
-      for view in views:
-        s = np.concatenate([s_tok(c[view], batches[size]) for c in chunks[size]])
-        t = teacher_tokens[size][view]
-        point = {
-            "stage": stage,
-            "step": step,
-            "images_seen": offsets[stage] + step * int(config[stage].batch_size),
-            "size": size,
-            "view": view,
-            "patch_cosine": float(photo_eval._cosine(s[:, prefix:], t[:, prefix:]).mean()),
-        }
-        if has_cls:
-          point["cls_cosine"] = float(photo_eval._cosine(s[:, 0], t[:, 0]).mean())
-        points.append(point)
+    seen = offsets[stage] + step * int(config[stage].batch_size)
+    base = {"stage": stage, "step": step, "images_seen": seen}
+    points += _points(teacher, s_tok, teacher_side, base)
     print(f"{stage} {step}: {len(sizes)} sizes in {time.time() - t0:.0f} s", flush=True)
   return {
       "workdir": workdir,
@@ -207,6 +183,48 @@ def measure(
       "stage_starts": offsets,
       "points": points,
   }
+
+
+def _teacher_side(teacher, teacher_params, res, paths, values, sizes, views) -> dict[int, Any]:
+  """Per size: (the photos' views in batches, the batch size, the teacher's tokens per view);
+  made once, then read for every checkpoint."""
+  from linvit_jax.data import inference_pp
+  from linvit_jax.evaluation import photo_eval
+  from linvit_jax.evaluation import photo_tokens
+
+  t_tok = photo_tokens.Tokens(teacher, teacher_params, res)
+  out = {}
+  for size in sizes:
+    pps = {v: inference_pp.Preprocess(photo_eval.view_pp(v, size, values)) for v in views}
+    batch = photo_tokens.batch_size(teacher, size)
+    chunks = [
+        photo_tokens.decode_views(paths[i : i + batch], pps, size)[0]
+        for i in range(0, len(paths), batch)
+    ]
+    tokens = {v: np.concatenate([t_tok(c[v], batch) for c in chunks]) for v in views}
+    out[size] = (chunks, batch, tokens)
+  return out
+
+
+def _points(teacher, s_tok, teacher_side, base: dict[str, Any]) -> list[dict[str, Any]]:
+  """One checkpoint's points: patch (and cls) cosine to the teacher per size and view."""
+  from linvit_jax.evaluation import photo_eval
+
+  prefix, has_cls = teacher.num_prefix_tokens, teacher.pool_type == "tok"
+  points = []
+  for size, (chunks, batch, teacher_tokens) in teacher_side.items():
+    for view, t in teacher_tokens.items():
+      s = np.concatenate([s_tok(c[view], batch) for c in chunks])
+      point = {
+          **base,
+          "size": size,
+          "view": view,
+          "patch_cosine": float(photo_eval.cosine(s[:, prefix:], t[:, prefix:]).mean()),
+      }
+      if has_cls:
+        point["cls_cosine"] = float(photo_eval.cosine(s[:, 0], t[:, 0]).mean())
+      points.append(point)
+  return points
 
 
 def plot(curves: dict[str, Any], path: str) -> None:

@@ -38,6 +38,7 @@ def measure(
 ) -> dict[str, Any]:
   from linvit_jax.data import inference_pp
   from linvit_jax.evaluation import photo_eval
+  from linvit_jax.evaluation import photo_tokens
   from tools import resolution_curves
 
   config, res, student, teacher, teacher_params, paths, values = resolution_curves.validation_setup(
@@ -45,12 +46,12 @@ def measure(
   )
   prefix = teacher.num_prefix_tokens
   sizes = resolution_curves.sizes_for(res, factors, teacher.patch_size)
-  t_tok = photo_eval._Tokens(teacher, teacher_params, res)
-  s_tok = photo_eval._Tokens(student.model, student.params, res)
+  t_tok = photo_tokens.Tokens(teacher, teacher_params, res)
+  s_tok = photo_tokens.Tokens(student.model, student.params, res)
   rows = []
   for at in sizes:
     pps = {"whole": inference_pp.Preprocess(photo_eval.view_pp("whole", at, values))}
-    tokens, _ = photo_eval._forward_all(t_tok, s_tok, paths, pps, at)
+    tokens, _ = photo_tokens.forward_all(t_tok, s_tok, paths, pps, at)
     t, s = (x[:, prefix:] for x in tokens["whole"])
     t_dev, s_dev = t - t.mean(1, keepdims=True), s - s.mean(1, keepdims=True)
     share = np.linalg.norm(t.mean(1), axis=-1) / np.linalg.norm(t, axis=-1).mean(1)

@@ -1,6 +1,6 @@
 """Evaluation: masked means over eval batches (top-1), k-NN, per-layer attention fidelity, end-to-end
 fidelity, attention maps, speed and memory. Layers are read through `probe` (as the losses read
-them); summaries and plots are report.py's.
+them); the summary and the plots are summary.py's and plots.py's.
 
 Fidelity is measured teacher-forced: every student attention layer gets the teacher's own input at
 that layer, and its output (after the out projection) is compared with the teacher's, so a layer's

@@ -1,8 +1,8 @@
 r"""A student against its teacher on test photos: native resolution, intervals, a dense measure.
 
-    out = evaluate_photos(teacher, t_params, student, s_params, test_paths, val_paths,
-                          pp=pp_eval, res=224)                # a plain dict (schema below)
-    print(format_table(out))
+    spec = PhotoEvalSpec(pp=pp_eval, res=224)  # factors, views, bootstrap, dense_k, seed, ...
+    out = evaluate_photos(teacher, t_params, student, s_params, test_paths, val_paths, spec)
+    print(format_table(out))                   # out: a plain dict (schema below)
 
     python -m linvit_jax.compare --student WORKDIR --teacher INIT --photos DIR   (the CLI)
 
@@ -20,9 +20,10 @@ final cls token (after the encoder norm; only with a cls token), and `patch_cosi
 patch tokens (cls and registers excluded) of the cosine of the final tokens.
 
 The dense measure (does the student keep the teacher's parts of a photo?). At each size and view:
-  parts: k-means (k = `dense_k`, k-means++ seeded, 30 Lloyd steps, numpy) on the teacher's patch
-    tokens of the VALIDATION photos, each token scaled to unit length (at most `fit_patches`
-    tokens, a seeded sample); a patch's teacher label is its nearest centroid;
+  parts: k-means (k = `dense_k`; scipy's kmeans2: k-means++ seeding from a Generator seeded by
+    `seed`, then 30 Lloyd steps, dense.py) on the teacher's patch tokens of the VALIDATION
+    photos, each token scaled to unit length (at most `fit_patches` tokens, a seeded sample); a
+    patch's teacher label is its nearest centroid;
   drop-in: the same centroids applied to the student's tokens of a TEST photo; the value is the
     share of its patches given the teacher's label (the teacher's own value is 1 by construction);
   probe: a linear classifier (multinomial logistic regression with a bias, L2 1e-3 on the
@@ -72,15 +73,18 @@ Results (plain JSON types):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from linvit_jax.data import inference_pp
+from linvit_jax.evaluation import dense
+from linvit_jax.evaluation import photo_tokens
 from linvit_jax.runtime.errors import UserError
 
 DEFAULT_FACTORS = (1, 2, 4)
@@ -88,14 +92,7 @@ VIEWS = ("whole", "crop")
 DEFAULT_BOOTSTRAP = 1000
 DEFAULT_DENSE_K = 8
 DEFAULT_MIN_PHOTOS = 8
-# Tokens per forward batch: a 4·res softmax teacher holds an N×N attention per head and image.
-_TOKENS_PER_BATCH = 8192
-_MAX_BATCH = 8
-_FIT_PATCHES = 20_000
-# Teacher batches per size always computed (the first compiles, the second is timed) when the
-# rest come from the feature cache.
-_TIMED_CALLS = 3  # the compile and two timed batches: a speed from more than one batch
-_KMEANS_STEPS = 30
+FIT_PATCHES = 20_000  # the patches the dense measure's fits use at most (a seeded sample)
 _EPS = 1e-6  # probe.EPS: the cosine's guard on the norm product
 # The pp ops that fix the geometry: replaced by the views here; everything else is kept.
 _GEOMETRIC = ("resize", "resize_small", "central_crop", "keep")
@@ -132,11 +129,6 @@ def view_pp(view: str, size: int, values: str) -> str:
   return "|".join(p for p in (decode, geometry, rest) if p)
 
 
-def _enlarged(shape: tuple[int, ...], size: int) -> bool:
-  """Whether a view at `size` enlarges the photo (both views scale its shorter side to >= size)."""
-  return min(shape[:2]) < size
-
-
 # ------------------------------------------------------------------------------------ statistics
 
 
@@ -169,246 +161,6 @@ def stat(
   }
 
 
-# ---------------------------------------------------------------------------------- dense measure
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-  x = np.asarray(x, np.float32)
-  return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), _EPS)
-
-
-def kmeans(x: np.ndarray, k: int, seed: int = 0, steps: int = _KMEANS_STEPS) -> np.ndarray:
-  """k centroids of the rows of x: k-means++ seeding, then Lloyd steps (an empty cluster keeps
-  its centroid)."""
-  x = np.asarray(x, np.float64)
-  rng = np.random.default_rng(seed)
-  centroids = [x[rng.integers(len(x))]]
-  dist = np.sum((x - centroids[0]) ** 2, axis=1)
-  for _ in range(1, k):
-    total = dist.sum()
-    pick = rng.choice(len(x), p=dist / total) if total > 0 else rng.integers(len(x))
-    centroids.append(x[pick])
-    dist = np.minimum(dist, np.sum((x - x[pick]) ** 2, axis=1))
-  c = np.stack(centroids)
-  for _ in range(steps):
-    labels = assign(x, c)
-    for j in range(k):
-      members = x[labels == j]
-      if len(members):
-        c[j] = members.mean(axis=0)
-  return c
-
-
-def assign(x: np.ndarray, centroids: np.ndarray) -> np.ndarray:
-  """The nearest centroid of each row (squared Euclidean distance)."""
-  x, c = np.asarray(x, np.float64), np.asarray(centroids, np.float64)
-  d = np.sum(x * x, 1)[:, None] - 2 * x @ c.T + np.sum(c * c, 1)[None]
-  return np.argmin(d, axis=1)
-
-
-def logistic_fit(
-    x: np.ndarray, labels: np.ndarray, k: int, *, l2: float = 1e-3, iterations: int = 300
-) -> np.ndarray:
-  """Multinomial logistic regression [D + 1, k] (last row: the bias) of `labels` on the rows of
-  x: mean cross-entropy + l2/2 ‖W‖² (the bias not decayed), L-BFGS from zero (deterministic)."""
-  from scipy import optimize
-
-  x = np.asarray(x, np.float64)
-  xb = np.concatenate([x, np.ones((len(x), 1))], axis=1)
-  onehot = np.eye(k)[np.asarray(labels)]
-  decay = np.ones((xb.shape[1], 1))
-  decay[-1] = 0.0
-
-  def loss_and_grad(flat):
-    w = flat.reshape(xb.shape[1], k)
-    logits = xb @ w
-    logits -= logits.max(axis=1, keepdims=True)
-    p = np.exp(logits)
-    p /= p.sum(axis=1, keepdims=True)
-    loss = -np.mean(np.sum(onehot * np.log(p + 1e-12), axis=1)) + 0.5 * l2 * np.sum(decay * w * w)
-    grad = xb.T @ (p - onehot) / len(xb) + l2 * decay * w
-    return loss, grad.ravel()
-
-  start = np.zeros(xb.shape[1] * k)
-  fit = optimize.minimize(
-      loss_and_grad, start, jac=True, method="L-BFGS-B", options={"maxiter": iterations}
-  )
-  return fit.x.reshape(xb.shape[1], k)
-
-
-def logistic_predict(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-  """The most probable label of each row under logistic_fit's weights."""
-  x = np.asarray(x, np.float64)
-  return np.argmax(x @ w[:-1] + w[-1], axis=1)
-
-
-# --------------------------------------------------------------------------------------- forward
-
-
-def _train_grid(params: Any, res: int, patch: tuple[int, int]) -> tuple[int, int]:
-  grid = (res // patch[0], res // patch[1])
-  pe = params.get("pos_embedding") if hasattr(params, "get") else None
-  if pe is not None and np.shape(pe)[1] != grid[0] * grid[1]:
-    side = int(round(np.sqrt(np.shape(pe)[1])))
-    grid = (side, side)
-  return grid
-
-
-class _Tokens:
-  """A model's final normalised tokens [B, N, D] (float32) at fixed-size batches: one compile per
-  size."""
-
-  def __init__(self, model: Any, params: Any, res: int):
-    import jax
-
-    self.model, self.params = model, params
-    self.patch = tuple(int(p) for p in model.patch_size)
-    self.train_grid = _train_grid(params, res, self.patch)
-    self._fn = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False)[1]["encoded"])
-    self._sized: dict[int, Any] = {}
-    # size -> [seconds, images] of the forwards after the first (which compiles) at that size
-    self.timing: dict[int, list[float]] = {}
-
-  def __call__(self, images: np.ndarray, batch: int) -> np.ndarray:
-    import jax
-
-    from linvit_jax.models import vit_checkpoint
-
-    size = images.shape[1]
-    if size not in self._sized:  # one size on the device at a time: a 4·res table is large
-      grid = (size // self.patch[0], size // self.patch[1])
-      resized = vit_checkpoint.with_posemb_grid(self.params, grid, self.train_grid)
-      self._sized = {size: jax.device_put(resized)}
-    k = len(images)
-    if k < batch:  # padded: one compile per size, not per chunk
-      images = np.concatenate([images, np.zeros((batch - k, *images.shape[1:]), images.dtype)])
-    t0 = time.perf_counter()
-    out = np.asarray(self._fn(self._sized[size], images), np.float32)[:k]
-    if size in self.timing:
-      self.timing[size][0] += time.perf_counter() - t0
-      self.timing[size][1] += batch  # padded rows cost the same
-    else:
-      self.timing[size] = [0.0, 0]
-    return out
-
-  def images_per_s(self, size: int) -> float | None:
-    seconds, images = self.timing.get(size, (0.0, 0))
-    return images / seconds if images else None
-
-  def timed_images(self, size: int) -> int:
-    return int(self.timing.get(size, (0.0, 0))[1])
-
-  def swap_params(self, params: Any) -> None:
-    """Other params of the same tree (another checkpoint): the compiled forwards are kept."""
-    self.params, self._sized = params, {}
-
-
-class _CachedTokens:
-  """The teacher's tokens of one batch, from `cache` when an earlier evaluation computed them for
-  the same params, model and pixels (feature_cache's key: a changed photo, pp or weight misses).
-  The first `_TIMED_CALLS` batches at each size always run, so the teacher's images/s (the speed
-  goal's denominator) stays measured on two batches, compile excluded, when every other batch
-  is a hit."""
-
-  def __init__(self, tokens: _Tokens, cache: Any):
-    from linvit_jax.evaluation import feature_cache
-
-    self.inner, self.cache, self.model = tokens, cache, tokens.model
-    self.digest = feature_cache.params_digest(tokens.params) if cache is not None else None
-    model = tokens.model
-    self.fields = {
-        f.name: getattr(model, f.name)
-        for f in dataclasses.fields(model)
-        if f.name not in ("parent", "name")
-    }
-    self.calls: dict[int, int] = {}
-    self.hits, self.misses, self.saved_seconds = 0, 0, 0.0
-
-  def _parts(self, images: np.ndarray, batch: int) -> dict[str, Any]:
-    import hashlib
-
-    import jax
-
-    pixels = np.ascontiguousarray(images, np.float32)
-    return {
-        "what": "photo_eval tokens(encoded)",
-        "params": self.digest,
-        "model": self.fields,
-        "batch": int(batch),
-        "train_grid": list(self.inner.train_grid),
-        "inputs": hashlib.sha256(pixels.reshape(-1).view(np.uint8)).hexdigest(),
-        "shape": list(pixels.shape),
-        "backend": jax.default_backend(),
-        "jax": jax.__version__,
-    }
-
-  def __call__(self, images: np.ndarray, batch: int) -> np.ndarray:
-    size = images.shape[1]
-    self.calls[size] = calls = self.calls.get(size, 0) + 1
-    if self.digest is None:
-      return self.inner(images, batch)
-    parts = self._parts(images, batch)
-    if calls > _TIMED_CALLS:
-      entry = self.cache.get(parts)
-      if entry is not None and entry["tokens"].shape[0] == len(images):
-        self.hits += 1
-        self.saved_seconds += float(entry["seconds"])
-        return entry["tokens"]
-    t0 = time.perf_counter()
-    out = self.inner(images, batch)
-    self.misses += 1
-    if calls > _TIMED_CALLS:  # the timed batches run every time: storing them saves nothing
-      self.cache.put(parts, {"tokens": out, "seconds": np.float64(time.perf_counter() - t0)})
-    return out
-
-  def images_per_s(self, size: int) -> float | None:
-    return self.inner.images_per_s(size)
-
-  def timed_images(self, size: int) -> int:
-    return self.inner.timed_images(size)
-
-  def summary(self) -> dict[str, Any]:
-    return {"hits": self.hits, "computed": self.misses, "saved_seconds": self.saved_seconds}
-
-
-def _batch_size(model: Any, size: int) -> int:
-  tokens = (size // model.patch_size[0]) * (size // model.patch_size[1])
-  return max(1, min(_MAX_BATCH, _TOKENS_PER_BATCH // max(tokens, 1)))
-
-
-def _views(paths: Sequence[str], pps: dict[str, inference_pp.Preprocess], size: int):
-  """Per view: the batch [B, s, s, C] and how many photos were enlarged; each photo decoded once."""
-  out = {v: [] for v in pps}
-  up = dict.fromkeys(pps, 0)
-  for path in paths:
-    channels = next(iter(pps.values())).channels
-    original = inference_pp.decode(path, channels)
-    for view, pp in pps.items():
-      out[view].append(pp(original))
-      up[view] += _enlarged(original.shape, size)
-  return {v: np.stack(x).astype(np.float32) for v, x in out.items()}, up
-
-
-def _forward_all(teacher, student, paths, pps, size):
-  """Per view: (teacher tokens, student tokens) of every photo, and the enlarged counts."""
-  batch = _batch_size(teacher.model, size)
-  tokens = {v: ([], []) for v in pps}
-  up = dict.fromkeys(pps, 0)
-  for start in range(0, len(paths), batch):
-    views, enlarged = _views(paths[start : start + batch], pps, size)
-    for view, images in views.items():
-      tokens[view][0].append(teacher(images, batch))
-      tokens[view][1].append(student(images, batch))
-      up[view] += enlarged[view]
-  return {v: (np.concatenate(t), np.concatenate(s)) for v, (t, s) in tokens.items()}, up
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-  """probe.cosine in numpy: along the last axis, the norm product guarded by eps."""
-  num = np.sum(a * b, -1)
-  return num / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), _EPS)
-
-
 # ----------------------------------------------------------------------------------- evaluation
 
 
@@ -426,6 +178,44 @@ def too_few_message(n_test: int, n_val: int, min_photos: int) -> str | None:
   return "; ".join(parts) or None
 
 
+@dataclasses.dataclass(frozen=True)
+class PhotoEvalSpec:
+  """How the photos are evaluated (module doc): `pp`, a pp string whose decode and value ops
+  (the normalisation) are kept; `res`, the training size the factors multiply; the views; the
+  bootstrap resamples; the dense measure's parts (`dense_k`, 0: none) and the patches its fits
+  use at most; `min_photos`, below which a note is said; `seed`, the bootstrap's and the dense
+  measure's. A bad view name fails here, before any compute."""
+
+  pp: str
+  res: int
+  factors: tuple[float, ...] = DEFAULT_FACTORS
+  views: tuple[str, ...] = VIEWS
+  bootstrap: int = DEFAULT_BOOTSTRAP
+  dense_k: int = DEFAULT_DENSE_K
+  fit_patches: int = FIT_PATCHES
+  min_photos: int = DEFAULT_MIN_PHOTOS
+  seed: int = 0
+
+  def __post_init__(self):
+    object.__setattr__(self, "factors", tuple(self.factors))
+    object.__setattr__(self, "views", tuple(self.views))
+    for view in self.views:
+      view_pp(view, self.res, "decode")
+
+  def sizes(self, patch: tuple[int, int]) -> list[int]:
+    """Each factor × res in px; a PhotoEvalError unless a positive multiple of the patch."""
+    sizes = []
+    for f in self.factors:
+      size = int(round(f * self.res))
+      if f <= 0 or size != f * self.res or size % patch[0] or size % patch[1]:
+        raise PhotoEvalError(
+            f"factor {f}: {f} × {self.res} px = {f * self.res:g} px is not a positive multiple "
+            f"of the patch {patch[0]}"
+        )
+      sizes.append(size)
+    return sizes
+
+
 def evaluate_photos(
     teacher: Any,
     teacher_params: Any,
@@ -433,122 +223,107 @@ def evaluate_photos(
     student_params: Any,
     test_photos: Sequence[str],
     val_photos: Sequence[str],
+    spec: PhotoEvalSpec,
     *,
-    pp: str,
-    res: int,
-    factors: Sequence[float] = DEFAULT_FACTORS,
-    views: Sequence[str] = VIEWS,
-    bootstrap: int = DEFAULT_BOOTSTRAP,
-    dense_k: int = DEFAULT_DENSE_K,
-    min_photos: int = DEFAULT_MIN_PHOTOS,
-    seed: int = 0,
     test_names: Sequence[str] | None = None,
-    fit_patches: int = _FIT_PATCHES,
     cache: Any = None,
 ) -> dict[str, Any]:
-  """The student vs its teacher on `test_photos` (paths) at each factor × res and view; the dense
-  measure's parts and probes fitted on `val_photos` (module doc). `pp`: a pp string whose decode
-  and value ops (the normalisation) are kept; `test_names`: how photos are named (default: the
-  file names); `cache`: a feature_cache.FeatureCache keeping the teacher's tokens between
-  evaluations (None: computed every time). Returns the module doc's dict."""
+  """The student vs its teacher on `test_photos` (paths) at each of `spec`'s sizes and views; the
+  dense measure's parts and probes fitted on `val_photos` (module doc). `test_names`: how photos
+  are named (default: the file names); `cache`: a feature_cache.FeatureCache keeping the
+  teacher's tokens between evaluations (None: computed every time). Returns the module doc's
+  dict."""
   test_photos, val_photos = list(test_photos), list(val_photos)
-  for view in views:
-    view_pp(view, res, "decode")  # a bad view name fails before any compute
-  patch = tuple(int(p) for p in teacher.patch_size)
-  sizes = []
-  for f in factors:
-    size = int(round(f * res))
-    if f <= 0 or size != f * res or size % patch[0] or size % patch[1]:
-      raise PhotoEvalError(
-          f"factor {f}: {f} × {res} px = {f * res:g} px is not a positive multiple of the patch "
-          f"{patch[0]}"
-      )
-    sizes.append(size)
+  sizes = spec.sizes(tuple(int(p) for p in teacher.patch_size))
   names = list(test_names or [os.path.basename(p) for p in test_photos])
-  values = value_ops(pp)
   out: dict[str, Any] = {
-      "res": int(res),
-      "factors": [float(f) if float(f) != int(f) else int(f) for f in factors],
-      "views": list(views),
+      "res": int(spec.res),
+      "factors": [float(f) if float(f) != int(f) else int(f) for f in spec.factors],
+      "views": list(spec.views),
       "n_test": len(test_photos),
       "n_val": len(val_photos),
-      "bootstrap": int(bootstrap),
-      "dense_k": int(dense_k),
+      "bootstrap": int(spec.bootstrap),
+      "dense_k": int(spec.dense_k),
   }
-  message = too_few_message(len(test_photos), len(val_photos), min_photos)
+  message = too_few_message(len(test_photos), len(val_photos), spec.min_photos)
   if message:
     logging.warning("photo evaluation: %s", message)
     out["too_few"] = message
   if not test_photos:  # nothing to measure: said, not an error (a run goes on to its export)
     out["rows"] = []
     return out
-  t_tok = _CachedTokens(_Tokens(teacher, teacher_params, res), cache)
-  s_tok = _Tokens(student, student_params, res)
-  prefix, has_cls = teacher.num_prefix_tokens, teacher.pool_type == "tok"
-  rows = []
-  for size in sizes:
-    pps = {v: inference_pp.Preprocess(view_pp(v, size, values)) for v in views}
-    t0 = time.time()
-    fits = {}
-    if val_photos and dense_k:
-      val, _ = _forward_all(t_tok, s_tok, val_photos, pps, size)
-      fits = {
-          v: _fit_dense(t[:, prefix:], s[:, prefix:], dense_k, seed, fit_patches)
-          for v, (t, s) in val.items()
-      }
-    test, up = _forward_all(t_tok, s_tok, test_photos, pps, size)
-    seconds = time.time() - t0
-    for view in views:
-      t, s = test[view]
-      row: dict[str, Any] = {"size": size, "view": view, "n": len(t), "upsampled": up[view]}
-      if has_cls:
-        row["cls_cosine"] = stat(_cosine(s[:, 0], t[:, 0]), names, bootstrap, seed)
-      per_photo = _cosine(s[:, prefix:], t[:, prefix:]).mean(axis=1)
-      row["patch_cosine"] = stat(per_photo, names, bootstrap, seed)
-      if fits.get(view) is not None:
-        row["dense"] = _score_dense(
-            fits[view], t[:, prefix:], s[:, prefix:], names, bootstrap, seed
-        )
-      row["size_seconds"] = seconds
-      row["teacher_images_per_s"] = t_tok.images_per_s(size)
-      row["student_images_per_s"] = s_tok.images_per_s(size)
-      row["teacher_timed_images"] = t_tok.timed_images(size)
-      rows.append(row)
-  out["rows"] = rows
+  t_tok = photo_tokens.CachedTokens(photo_tokens.Tokens(teacher, teacher_params, spec.res), cache)
+  s_tok = photo_tokens.Tokens(student, student_params, spec.res)
+  photos = _Photos(test_photos, val_photos, names)
+  out["rows"] = [row for size in sizes for row in _size_rows(t_tok, s_tok, photos, size, spec)]
   if cache is not None:
     out["teacher_cache"] = t_tok.summary()
   return out
 
 
-def _fit_dense(t, s, k, seed, fit_patches):
-  """(centroids, teacher probe, student probe) from the validation photos' patch tokens."""
-  t, s = _unit(t.reshape(-1, t.shape[-1])), _unit(s.reshape(-1, s.shape[-1]))
-  if len(t) < k:
-    return None
-  if len(t) > fit_patches:  # the same seeded sample of patches for both models
-    keep = np.sort(np.random.default_rng(seed).choice(len(t), fit_patches, replace=False))
-    t, s = t[keep], s[keep]
-  centroids = kmeans(t, k, seed)
-  labels = assign(t, centroids)
-  return centroids, logistic_fit(t, labels, k), logistic_fit(s, labels, k)
+@dataclasses.dataclass(frozen=True)
+class _Photos:
+  """The photos of one evaluation: test and validation paths, the test photos' names."""
+
+  test: list[str]
+  val: list[str]
+  names: list[str]  # the test photos'
 
 
-def _score_dense(fit, t, s, names, resamples, seed):
-  centroids, w_teacher, w_student = fit
-  drop_in, probe_t, probe_s = [], [], []
-  for tp, sp in zip(t, s):  # one photo's patches at a time
-    tp, sp = _unit(tp), _unit(sp)
-    truth = assign(tp, centroids)
-    drop_in.append(np.mean(assign(sp, centroids) == truth))
-    probe_t.append(np.mean(logistic_predict(tp, w_teacher) == truth))
-    probe_s.append(np.mean(logistic_predict(sp, w_student) == truth))
-  out = {
-      "drop_in": stat(drop_in, names, resamples, seed),
-      "probe_teacher": stat(probe_t, names, resamples, seed),
-      "probe_student": stat(probe_s, names, resamples, seed),
-  }
+def _size_rows(
+    t_tok: photo_tokens.CachedTokens,
+    s_tok: photo_tokens.Tokens,
+    photos: _Photos,
+    size: int,
+    spec: PhotoEvalSpec,
+) -> list[dict[str, Any]]:
+  """The rows of one size, one per view: both models on the validation photos (the dense fits)
+  and the test photos, the fidelity and dense statistics, the size's seconds and speeds."""
+  teacher = t_tok.model
+  prefix, has_cls = teacher.num_prefix_tokens, teacher.pool_type == "tok"
+  values = value_ops(spec.pp)
+  pps = {v: inference_pp.Preprocess(view_pp(v, size, values)) for v in spec.views}
+  t0 = time.time()
+  fits = {}
+  if photos.val and spec.dense_k:
+    val, _ = photo_tokens.forward_all(t_tok, s_tok, photos.val, pps, size)
+    fits = {
+        v: dense.fit(t[:, prefix:], s[:, prefix:], spec.dense_k, spec.seed, spec.fit_patches)
+        for v, (t, s) in val.items()
+    }
+  test, up = photo_tokens.forward_all(t_tok, s_tok, photos.test, pps, size)
+  seconds = time.time() - t0
+  bootstrap = functools.partial(stat, names=photos.names, resamples=spec.bootstrap, seed=spec.seed)
+  rows = []
+  for view in spec.views:
+    t, s = test[view]
+    row: dict[str, Any] = {"size": size, "view": view, "n": len(t), "upsampled": up[view]}
+    if has_cls:
+      row["cls_cosine"] = bootstrap(cosine(s[:, 0], t[:, 0]))
+    row["patch_cosine"] = bootstrap(cosine(s[:, prefix:], t[:, prefix:]).mean(axis=1))
+    if fits.get(view) is not None:
+      row["dense"] = _dense_stats(dense.score(fits[view], t[:, prefix:], s[:, prefix:]), bootstrap)
+    row["size_seconds"] = seconds
+    row["teacher_images_per_s"] = t_tok.images_per_s(size)
+    row["student_images_per_s"] = s_tok.images_per_s(size)
+    row["teacher_timed_images"] = t_tok.timed_images(size)
+    rows.append(row)
+  return rows
+
+
+def _dense_stats(
+    per_photo: dict[str, list[float]], bootstrap: Callable[[Sequence[float]], dict[str, Any]]
+) -> dict[str, Any]:
+  """dense.score's per-photo shares as STATs, and probe_ratio (of the means)."""
+  out = {name: bootstrap(values) for name, values in per_photo.items()}
   out["probe_ratio"] = out["probe_student"]["mean"] / max(out["probe_teacher"]["mean"], 1e-12)
   return out
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """probe.cosine in numpy: along the last axis, the norm product guarded by eps."""
+  num = np.sum(a * b, -1)
+  return num / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), _EPS)
 
 
 # ----------------------------------------------------------------------------------------- table

@@ -27,7 +27,7 @@ from typing import Any
 import ml_collections as mlc
 import numpy as np
 
-from linvit_jax import report
+from linvit_jax.evaluation import plots
 from linvit_jax.evaluation import results as results_lib
 from linvit_jax.runtime import gfile
 from linvit_jax.runtime.errors import UserError
@@ -185,7 +185,7 @@ def write_report(config: mlc.ConfigDict, workdir: str) -> dict[str, Any]:
         f"distillation: {a.distill_steps} steps; tokens: {tokens(config)}\n\n{table}\n\n"
         f"Made of these runs (each `{workdir}/<arm>/seed<N>/results.json`):\n\n{runs_md}\n"
     )
-  report.plot_ablation_curves(results, os.path.join(workdir, "ablation.png"), teacher_top1)
+  plots.plot_ablation_curves(results, os.path.join(workdir, "ablation.png"), teacher_top1)
   print(table)
   return {"table": table, "teacher_top1": teacher_top1, "results": results}
 

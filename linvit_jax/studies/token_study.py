@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from linvit_jax import report
+from linvit_jax.evaluation import plots
 from linvit_jax.runtime import gfile
 from linvit_jax.studies import ablation
 
@@ -157,7 +157,7 @@ def tables(studies: Sequence[Mapping[str, Any]]) -> str:
 
 
 def plot(studies: Sequence[Mapping[str, Any]], path: str) -> None:
-  """ablation_tokens.png (report.plot_token_study) from the studies' per-arm top-1s."""
+  """ablation_tokens.png (plots.plot_token_study) from the studies' per-arm top-1s."""
   studies = sorted(studies, key=lambda s: s["tokens"])
   points = {
       arm: [
@@ -167,7 +167,7 @@ def plot(studies: Sequence[Mapping[str, Any]], path: str) -> None:
       ]
       for arm in ARM_ORDER
   }
-  report.plot_token_study(points, [s["tokens"] for s in studies], path)
+  plots.plot_token_study(points, [s["tokens"] for s in studies], path)
 
 
 def main(argv: Sequence[str] | None = None) -> str:

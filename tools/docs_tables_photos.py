@@ -1,0 +1,420 @@
+"""docs_tables' tables of the test photos (photo_eval's rows: sizes × views, intervals, the dense
+measure, speed), made from committed study JSONs that hold several runs' results: the first
+test-photo table, the deploy_res and seed pairs, the full default's test table, goals, cost,
+seeds, other folder, rerun and its cost, the resolution curves of every kept checkpoint, the
+w_structure pair, and the default on each tiny fixture. Each renderer (or a function that makes
+one from a study and run names) returns the Markdown between a table's markers
+(tools/docs_tables.py registers them).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tools.docs_tables_runs import Load
+
+TEST_PHOTOS = "docs/vits14_big3k_test_photos.json"
+
+
+def _ci(stat: dict[str, Any]) -> str:
+  return f"{stat['mean']:.3f} [{stat['lo']:.3f}, {stat['hi']:.3f}]"
+
+
+def test_photos(load: Load) -> str:
+  return _test_rows(load(TEST_PHOTOS)["rows"])
+
+
+def _test_rows(rows: Sequence[dict[str, Any]]) -> str:
+  lines = [
+      "| size | view | cls cosine [95 % CI] | patch cosine [95 % CI] | worst photo (patch) "
+      "| enlarged | student ÷ teacher images/s | dense drop-in [95 % CI] "
+      "| probe student / teacher |",
+      "|---|---|---|---|---|---|---|---|---|",
+  ]
+  for row in rows:
+    d = row["dense"]
+    speed = row["student_images_per_s"] / row["teacher_images_per_s"]
+    lines.append(
+        f"| {row['size']} px | {row['view']} | {_ci(row['cls_cosine'])} "
+        f"| {_ci(row['patch_cosine'])} | {row['patch_cosine']['worst']:.3f} "
+        f"`{row['patch_cosine']['worst_photo']}` | {row['upsampled']} of {row['n']} "
+        f"| {speed:.2f}× | {_ci(d['drop_in'])} | {d['probe_student']['mean']:.3f} / "
+        f"{d['probe_teacher']['mean']:.3f} ({d['probe_ratio']:.2f}) |"
+    )
+  return "\n".join(lines)
+
+
+DEPLOY_STUDY = "docs/deploy_res_study.json"
+# (name in the JSON, label): the arms of the deploy_res study, the reference first.
+DEPLOY_ARMS = (("base", "default"), ("deploy448_half", "deploy_res=448"))
+
+
+def test_pairs(ref: tuple[str, str], arm: tuple[str, str]) -> Callable[[Load], str]:
+  """A table of run `arm`'s test rows beside run `ref`'s (both in DEPLOY_STUDY), with the change."""
+
+  def render(load: Load) -> str:
+    study = load(DEPLOY_STUDY)
+    rows = {(r["size"], r["view"]): r for r in study[ref[0]]["test"]["rows"]}
+    lines = [
+        f"| size | view | cls cosine: {ref[1]} → {arm[1]} | patch cosine | dense drop-in "
+        "| probe ratio | enlarged |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in study[arm[0]]["test"]["rows"]:
+      a = rows[(r["size"], r["view"])]
+
+      def pair(get, a=a, r=r) -> str:
+        x, y = get(a), get(r)
+        return f"{x:.3f} → {y:.3f} ({y - x:+.3f})"
+
+      lines.append(
+          f"| {r['size']} px | {r['view']} | {pair(lambda q: q['cls_cosine']['mean'])} "
+          f"| {pair(lambda q: q['patch_cosine']['mean'])} "
+          f"| {pair(lambda q: q['dense']['drop_in']['mean'])} "
+          f"| {pair(lambda q: q['dense']['probe_ratio'])} | {r['upsampled']} of {r['n']} |"
+      )
+    return "\n".join(lines)
+
+  return render
+
+
+def deploy_res_cost(load: Load) -> str:
+  study = load(DEPLOY_STUDY)
+  lines = [
+      "| arm | stage | steps | batch | size | minutes |",
+      "|---|---|---|---|---|---|",
+  ]
+  for name, label in DEPLOY_ARMS + (("base_seed1", "default, seed 1"),):
+    run = study[name]
+    for stage, s in run["stages"].items():
+      size = s["image_size"][0] if isinstance(s["image_size"], list) else s["image_size"]
+      minutes = run["timing_s"][stage] / 60
+      lines.append(
+          f"| {label} | {stage} | {s['steps']} | {s['batch_size']} | {size} px | {minutes:.1f} |"
+      )
+    lines.append(f"| {label} | whole run | | | | {run['timing_s']['total'] / 60:.1f} |")
+  return "\n".join(lines)
+
+
+FULL_STUDY = "docs/default_full_study.json"
+
+
+def study_test(study_path: str, name: str) -> Callable[[Load], str]:
+  """Run `name`'s test table (sizes × views, intervals, dense measure, speed) from a study JSON."""
+
+  def render(load: Load) -> str:
+    return _test_rows(load(study_path)[name]["test"]["rows"])
+
+  return render
+
+
+# Issue 39's goals on the test photos: (size, what, threshold, how to read a row).
+GOALS = (
+    (224, "cls cosine", 0.96, lambda r: r["cls_cosine"]["mean"]),
+    (224, "patch cosine", 0.96, lambda r: r["patch_cosine"]["mean"]),
+    (448, "cls cosine", 0.95, lambda r: r["cls_cosine"]["mean"]),
+    (448, "patch cosine", 0.95, lambda r: r["patch_cosine"]["mean"]),
+    (896, "cls cosine", 0.92, lambda r: r["cls_cosine"]["mean"]),
+    (896, "patch cosine", 0.92, lambda r: r["patch_cosine"]["mean"]),
+    (896, "student ÷ teacher images/s", 4.0,
+     lambda r: r["student_images_per_s"] / r["teacher_images_per_s"]),
+    (None, "dense drop-in (share of patches)", 0.85, lambda r: r["dense"]["drop_in"]["mean"]),
+    (None, "dense probe, student ÷ teacher", 0.95, lambda r: r["dense"]["probe_ratio"]),
+)  # fmt: skip
+
+
+def goals(study_path: str, name: str) -> Callable[[Load], str]:
+  """Issue 39's goals against run `name` of a study: whole views (the photo as it is resized),
+  the dense goals at every size, k-NN retention and the run's minutes."""
+
+  def render(load: Load) -> str:
+    run = load(study_path)[name]
+    rows = {(r["size"], r["view"]): r for r in run["test"]["rows"]}
+    sizes = sorted({size for size, _ in rows})
+    lines = [
+        "| size | measure (whole views) | goal | measured [95 % CI] | |",
+        "|---|---|---|---|---|",
+    ]
+    for size, what, goal, get in GOALS:
+      for at in [size] if size else sizes:
+        row = rows[(at, "whole")]
+        value = get(row)
+        stat = {"cls cosine": "cls_cosine", "patch cosine": "patch_cosine"}.get(what)
+        shown = _ci(row[stat]) if stat else (
+            _ci(row["dense"]["drop_in"]) if what.startswith("dense drop-in") else f"{value:.3f}"
+        )  # fmt: skip
+        verdict = "met" if value >= goal else "not met"
+        lines.append(f"| {at} px | {what} | ≥ {goal:g} | {shown} | {verdict} |")
+    knn = run["knn"]
+    if knn.get("retention") is not None:
+      verdict = "met" if knn["retention"] >= 0.99 else "not met"
+      lines.append(
+          f"| {run['test']['res']} px | k-NN retention ({knn['dataset']}, "
+          f"{knn['eval_examples']} queries) | ≥ 99 % | {100 * knn['retention']:.1f} % "
+          f"({100 * knn['teacher_top1']:.1f} → {100 * knn['student_top1']:.1f} %) | {verdict} |"
+      )
+    total = run["timing_s"]["total"] / 60
+    verdict = "met" if total <= 105 else "not met"
+    lines.append(f"| | the whole run on 2 CPU cores | ≤ 105 min | {total:.0f} min | {verdict} |")
+    return "\n".join(lines)
+
+  return render
+
+
+def study_cost(study_path: str, name: str) -> Callable[[Load], str]:
+  """Where run `name`'s time went: each timed part's minutes and share, each stage's step cost."""
+
+  def render(load: Load) -> str:
+    run = load(study_path)[name]
+    timing = run["timing_s"]
+    total = timing["total"]
+    labels = {
+        "convert_and_evaluate": "surgery, calibration and the first fidelity report",
+        "knn": "k-NN check (teacher and student features)",
+        "test_photos": "test photos at 3 sizes × 2 views, dense measure",
+        "speed_resolution_plots": "speed, resolution sweep, plots",
+    }
+    lines = ["| part | steps × batch at size | s / step (median) | minutes | share |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    named = 0.0
+    for part, seconds in timing.items():
+      if part == "total":
+        continue
+      named += seconds
+      stage = run["stages"].get(part)
+      shape = (
+          f"{stage['steps']} × {stage['batch_size']} at {stage['image_size']} px" if stage else ""
+      )
+      step = run["step_seconds"].get(part)
+      lines.append(
+          f"| {'stage `' + part + '`' if stage else labels.get(part, part)} | {shape} "
+          f"| {f'{step:.2f}' if step else ''} | {seconds / 60:.1f} | {100 * seconds / total:.0f} % |"
+      )
+    rest = total - named
+    lines.append(
+        f"| the rest (export, model card, writing) | | | {rest / 60:.1f} | {100 * rest / total:.0f} % |"
+    )
+    lines.append(f"| **whole run** | | | **{total / 60:.1f}** | 100 % |")
+    return "\n".join(lines)
+
+  return render
+
+
+# The whole-view measures the seed and folder tables compare (a test row -> its value).
+WHOLE_MEASURES = (
+    ("cls cosine", lambda r: r["cls_cosine"]["mean"]),
+    ("patch cosine", lambda r: r["patch_cosine"]["mean"]),
+    ("dense drop-in", lambda r: r["dense"]["drop_in"]["mean"]),
+    ("probe ratio", lambda r: r["dense"]["probe_ratio"]),
+)
+
+
+def _whole(run: dict[str, Any], size: int) -> dict[str, Any]:
+  """Run `run`'s test row of the whole view at `size`."""
+  return next(r for r in run["test"]["rows"] if (r["size"], r["view"]) == (size, "whole"))
+
+
+def _sizes(run: dict[str, Any]) -> list[int]:
+  """The sizes run `run`'s test table measured, smallest first."""
+  return sorted({r["size"] for r in run["test"]["rows"]})
+
+
+def seed_spread(study_path: str, names: Sequence[str]) -> Callable[[Load], str]:
+  """The same recipe under several seeds (runs `names` of a study, same folder and split): each
+  whole-view measure per seed, their mean and sample standard deviation, and the k-NN retention."""
+
+  def render(load: Load) -> str:
+    study = load(study_path)
+    runs = [study[n] for n in names]
+    seeds = [str(run["seed"]) for run in runs]
+    lines = [
+        f"| size | measure (whole views) | {' | '.join('seed ' + s for s in seeds)} "
+        "| mean ± sd over seeds |",
+        "|---|---|" + "---|" * len(runs) + "---|",
+    ]
+
+    def row(label: str, values: list[float], fmt: str) -> str:
+      sd = statistics.stdev(values) if len(values) > 1 else 0.0
+      shown = " | ".join(format(v, fmt) for v in values)
+      return f"{label} | {shown} | {format(statistics.mean(values), fmt)} ± {format(sd, fmt)} |"
+
+    for size in _sizes(runs[0]):
+      picked = [_whole(run, size) for run in runs]
+      for what, get in WHOLE_MEASURES:
+        lines.append(row(f"| {size} px | {what}", [get(r) for r in picked], ".3f"))
+    retention = [100 * run["knn"]["retention"] for run in runs]
+    lines.append(row("| | k-NN retention (%)", retention, ".1f"))
+    return "\n".join(lines)
+
+  return render
+
+
+RESOLUTION_CURVES = "docs/vits14_full_default_seed2_resolution_curves.json"
+
+
+def resolution_curves(load: Load) -> str:
+  """Every kept checkpoint of a run at every size (tools/resolution_curves.py): one row per
+  checkpoint, cls (cls-token models) / patch cosine per size, the best row per size in bold."""
+  curves = load(RESOLUTION_CURVES)
+  sizes, view = curves["sizes"], curves["views"][0]
+  at = {(p["stage"], p["step"], p["size"]): p for p in curves["points"] if p["view"] == view}
+  checkpoints = sorted({(p["images_seen"], p["stage"], p["step"]) for p in curves["points"]})
+  keys = [k for k in ("cls_cosine", "patch_cosine") if k in curves["points"][0]]
+  best = {
+      (size, key): max(p[key] for (_, _, s), p in at.items() if s == size)
+      for size in sizes
+      for key in keys
+  }
+
+  def cell(p: dict[str, Any], size: int, key: str) -> str:
+    text = f"{p[key]:.3f}"
+    return f"**{text}**" if p[key] == best[(size, key)] else text
+
+  names = " / ".join(k.split("_")[0] for k in keys)
+  lines = [
+      "| images seen | stage, step | " + " | ".join(f"{size} px {names}" for size in sizes) + " |",
+      "|---|---|" + "---|" * len(sizes),
+  ]
+  for seen, stage, step in checkpoints:
+    cells = [" / ".join(cell(at[(stage, step, size)], size, k) for k in keys) for size in sizes]
+    lines.append(f"| {seen:,} | `{stage}` {step} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+STRUCTURE_RUN = "docs/vits14_full_default_w_structure1_results.json"
+
+
+def structure_pair(load: Load) -> str:
+  """Seed 0 of the full default (default_full_study.json "full") beside the same run with
+  align_w_structure=1 (its results.json): whole views on the same test photos."""
+  base, arm = load(FULL_STUDY)["full"], load(STRUCTURE_RUN)
+
+  lines = [
+      "| whole view, seed 0 → w_structure 1 | cls cosine | patch cosine | dense drop-in "
+      "| probe ratio |",
+      "|---|---|---|---|---|",
+  ]
+  for size in _sizes(base):
+    a, b = _whole(base, size), _whole(arm, size)
+    cells = [
+        f"{a['cls_cosine']['mean']:.3f} → {b['cls_cosine']['mean']:.3f}",
+        f"{a['patch_cosine']['mean']:.3f} → {b['patch_cosine']['mean']:.3f}",
+        f"{a['dense']['drop_in']['mean']:.3f} → {b['dense']['drop_in']['mean']:.3f}",
+        f"{a['dense']['probe_ratio']:.3f} → {b['dense']['probe_ratio']:.3f}",
+    ]
+    lines.append(f"| {size} px (n = {a['patch_cosine']['n']}) | " + " | ".join(cells) + " |")
+  knn = lambda run: 100 * run["knn"]["retention"]  # noqa: E731
+  lines.append(f"| k-NN retention (%) | {knn(base):.1f} → {knn(arm):.1f} | | | |")
+  return "\n".join(lines)
+
+
+def other_folder(names: Sequence[str], other: str) -> Callable[[Load], str]:
+  """The default trained on another folder (run `other` of FULL_STUDY: other training photos,
+  the same validation and test photos) beside the default folder's seeds (runs `names`)."""
+
+  def render(load: Load) -> str:
+    study = load(FULL_STUDY)
+    runs, arm = [study[n] for n in names], study[other]
+    lines = [
+        "| size | measure (whole views) | default folder, seed 0 | default folder, seeds "
+        f"{', '.join(str(r['seed']) for r in runs)}: min – max | other folder, seed {arm['seed']} "
+        "| other − seed 0 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for size in _sizes(runs[0]):
+      for what, get in WHOLE_MEASURES:
+        values = [get(_whole(run, size)) for run in runs]
+        mine = get(_whole(arm, size))
+        lines.append(
+            f"| {size} px | {what} | {values[0]:.3f} | {min(values):.3f} – {max(values):.3f} "
+            f"| {mine:.3f} | {mine - values[0]:+.3f} |"
+        )
+    knn = [100 * run["knn"]["retention"] for run in runs]
+    mine = 100 * arm["knn"]["retention"]
+    lines.append(
+        f"| | k-NN retention (%) | {knn[0]:.1f} | {min(knn):.1f} – {max(knn):.1f} | {mine:.1f} "
+        f"| {mine - knn[0]:+.1f} |"
+    )
+    return "\n".join(lines)
+
+  return render
+
+
+def rerun(load: Load) -> str:
+  """Seed 0 of the full default (FULL_STUDY "full") against the same command run again
+  ("full_rerun", another machine): every whole-view measure, the k-NN retention."""
+  study = load(FULL_STUDY)
+  first, again = study["full"], study["full_rerun"]
+  lines = [
+      "| size | measure (whole views) | seed 0, first run | seed 0, run again | change |",
+      "|---|---|---|---|---|",
+  ]
+  for size in _sizes(first):
+    for what, get in WHOLE_MEASURES:
+      a, b = get(_whole(first, size)), get(_whole(again, size))
+      lines.append(f"| {size} px | {what} | {a:.4f} | {b:.4f} | {b - a:+.4f} |")
+  a, b = (100 * run["knn"]["retention"] for run in (first, again))
+  lines.append(f"| | k-NN retention (%) | {a:.2f} | {b:.2f} | {b - a:+.2f} |")
+  return "\n".join(lines)
+
+
+def rerun_cost(load: Load) -> str:
+  """Where the time went on one machine: the other-folder run (FULL_STUDY "full_lomiri", the
+  first on a fresh machine: no cached teacher features) and the default run after it
+  ("full_rerun": the teacher's k-NN features and test / validation photo tokens cached)."""
+  study = load(FULL_STUDY)
+  runs = (study["full_lomiri"], study["full_rerun"])
+  parts = [p for p in runs[0]["timing_s"] if p != "total"]
+  lines = [
+      "| part | other folder, nothing cached (min) | default folder, run after it (min) | ratio |",
+      "|---|---|---|---|",
+  ]
+  for part in parts + ["total"]:
+    a, b = (run["timing_s"].get(part, 0.0) / 60 for run in runs)
+    name = f"**{part}**" if part == "total" else part
+    lines.append(f"| {name} | {a:.1f} | {b:.1f} | {b / a:.2f} |")
+  cache = [run["test"]["teacher_cache"] for run in runs]
+  lines.append(
+      "| teacher photo tokens: cached / computed | "
+      + " | ".join(f"{c['hits']} / {c['computed']}" for c in cache)
+      + " | |"
+  )
+  knn = [run["knn"].get("teacher_features_cached") for run in runs]
+  lines.append(
+      "| teacher k-NN features cached | " + " | ".join("yes" if k else "no" for k in knn) + " | |"
+  )
+  return "\n".join(lines)
+
+
+FIXTURE_STUDY = "docs/fixture_conversions.json"
+
+
+def _cls_patch(row: dict[str, Any]) -> str:
+  cls = f"{row['cls_cosine']['mean']:.3f}" if "cls_cosine" in row else "no cls"
+  return f"{cls} / {row['patch_cosine']['mean']:.3f}"
+
+
+def fixtures(load: Load) -> str:
+  """The default recipe on each tiny Hugging Face / timm fixture (tools/convert_fixtures.py)."""
+  study = load(FIXTURE_STUDY)
+  lines = [
+      "| fixture | pool | registers | pooled cosine, validation: converted → after align "
+      "| test cls / patch cosine, whole, 28 px | the same at the largest size | k-NN retention "
+      "| reloaded `encode` | minutes |",
+      "|---|---|---|---|---|---|---|---|---|",
+  ]
+  for f in study["fixtures"]:
+    rows = {(r["size"], r["view"]): r for r in f["test"]["rows"]}
+    small, large = rows[(28, "whole")], rows[(max(s for s, _ in rows), "whole")]
+    knn = f["knn"].get("retention")
+    lines.append(
+        f"| `{f['fixture']}` | {f['pool_type']} | {f['reg_tokens']} "
+        f"| {f['pooled_cosine']['converted']:.3f} → {f['pooled_cosine']['after_align']:.3f} "
+        f"| {_cls_patch(small)} | {_cls_patch(large)} ({large['size']} px) "
+        f"| {'' if knn is None else f'{100 * knn:.1f} %'} "
+        f"| {'×'.join(map(str, f['reloaded_feature_shape']))}"
+        f"{'' if f['reloaded_feature_finite'] else ' (non-finite)'} | {f['minutes']:.1f} |"
+    )
+  return "\n".join(lines)
