@@ -7,13 +7,17 @@ import os
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import linvit_jax
+from linvit_jax.artifacts import export_folder
 from linvit_jax.artifacts import export_format
 from linvit_jax.artifacts import model_card
 from linvit_jax.artifacts import provenance
+from linvit_jax.artifacts import safetensors_file
 from linvit_jax.data import pp_spec
 from linvit_jax.models import checkpoints
 
@@ -54,6 +58,47 @@ def test_safetensors_holds_the_same_params_and_the_config(tiny_hf_conversion):
   with safe_open(str(workdir / "student.safetensors"), framework="numpy") as f:
     meta = json.loads(f.metadata()["student_config"])
   assert meta == json.loads((workdir / "student_config.json").read_text())
+
+
+def test_safetensors_file_round_trip_bfloat16_included(tmp_path):
+  """safetensors_file writes what safetensors' own save_file writes, and reads it back, bfloat16
+  included, from a local file (safe_open) and from its bytes (a remote file's path)."""
+  import ml_dtypes
+  from safetensors import numpy as st_numpy
+  from safetensors import safe_open
+
+  rng = np.random.default_rng(0)
+  flat = {
+      "embedding/kernel": rng.normal(size=(4, 4, 3, 8)).astype(np.float32),
+      "Transformer/encoder_norm/scale": rng.normal(size=(8,)).astype(ml_dtypes.bfloat16),
+      "steps": np.arange(3, dtype=np.int32),
+  }
+  cfg = {"format": 2, "model": {"width": 8}}
+  path = str(tmp_path / "student.safetensors")
+  safetensors_file.write(path, flat, cfg)
+  st_numpy.save_file(flat, str(tmp_path / "ref.safetensors"), {"student_config": json.dumps(cfg)})
+  assert (tmp_path / "ref.safetensors").read_bytes() == (
+      tmp_path / "student.safetensors"
+  ).read_bytes()
+  with safe_open(path, framework="numpy") as f:
+    assert json.loads(f.metadata()["student_config"]) == cfg
+  with open(path, "rb") as f:
+    data = f.read()
+  for read in (safetensors_file.read(path), safetensors_file.from_bytes(data)):
+    assert sorted(read) == sorted(flat)
+    for name, a in flat.items():
+      assert read[name].dtype == a.dtype and read[name].shape == a.shape, name
+      np.testing.assert_array_equal(read[name].view(np.uint8), a.view(np.uint8))
+
+
+def test_a_bfloat16_student_loads_from_safetensors_alone(tiny_hf_conversion, tmp_path):
+  student, _ = tiny_hf_conversion
+  bf16 = jax.tree.map(lambda a: np.asarray(a).astype(jnp.bfloat16), student.params)
+  export_folder.save(str(tmp_path / "bf16"), bf16, student.config, npz=False)
+  again = linvit_jax.load_student(str(tmp_path / "bf16"))
+  for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(bf16)):
+    assert a.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16))
 
 
 def test_student_api(tiny_hf_conversion, tmp_path):
