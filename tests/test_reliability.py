@@ -389,3 +389,25 @@ def test_load_student_opens_each_file_once(tmp_path, monkeypatch):
   opens = _count_opens(monkeypatch, *(os.path.join(folder, n) for n in names))
   student_loader.load_student(folder)
   assert list(opens.values()) == [1, 1]
+
+
+def test_load_student_from_safetensors_opens_it_once(tmp_path, monkeypatch):
+  """Without student.npz the params come from student.safetensors, opened once by the
+  safetensors package (safe_open maps it: no Python open() of it), the config once."""
+  import safetensors
+
+  from tests.test_student_any_size import make_export
+
+  folder = make_export(tmp_path / "s")
+  os.remove(os.path.join(folder, "student.npz"))
+  st = os.path.join(folder, "student.safetensors")
+  opens = _count_opens(monkeypatch, os.path.join(folder, "student_config.json"), st)
+  real, mapped = safetensors.safe_open, []
+
+  def counting(path, *args, **kwargs):
+    mapped.append(os.path.realpath(path))
+    return real(path, *args, **kwargs)
+
+  monkeypatch.setattr(safetensors, "safe_open", counting)
+  student_loader.load_student(folder)
+  assert list(opens.values()) == [1, 0] and mapped == [os.path.realpath(st)]

@@ -69,7 +69,7 @@ def card_values(cfg: Mapping[str, Any]) -> dict[str, str]:
       "recipe": _recipe(rec),
       "protocol": _protocol(fid.get("protocol")),
       "measures": "\n".join(_measures(fid)),
-      "test_photos": "\n" + "\n".join(_test_section(fid["test"])) if fid.get("test") else "",
+      "test_photos": ("\n" + "\n".join(_test_section(fid["test"]))) if fid.get("test") else "",
       "surgery_only": _SURGERY_ONLY if surgery_only else "",
       "licence": _licence(teacher, name),
   }
