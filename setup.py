@@ -21,8 +21,9 @@ INSTALL_REQUIRES = [
     "matplotlib>=3.8,<4",
     "absl-py>=2.1,<3",
     "scikit-image>=0.22",
-    # student.safetensors export (numpy API: no torch)
-    "safetensors>=0.4,<1",
+    # student.safetensors export (numpy API: no torch); from 0.4.1 safe_open's numpy framework
+    # returns bfloat16 tensors (as ml_dtypes.bfloat16)
+    "safetensors>=0.4.1,<1",
     # tensorflow-datasets 4.9.x imports it but declares it only for Python < 3.9.
     "importlib_resources>=6",
 ]
@@ -45,8 +46,10 @@ setup(
     packages=find_packages(include=["linvit_jax", "linvit_jax.*"]) + ["linvit_jax.configs"],
     package_dir={"linvit_jax.configs": "configs"},
     # The notebook's headless example reads assets/tiny_dinov2_registers (a 108 KB HF folder).
+    # The model card's template (linvit_jax.artifacts.model_card) ships as data too.
     package_data={
-        "linvit_jax": ["assets/*.npz", "assets/*.json", "assets/*.md", "assets/tiny_*/*"]
+        "linvit_jax": ["assets/*.npz", "assets/*.json", "assets/*.md", "assets/tiny_*/*"],
+        "linvit_jax.artifacts": ["model_card.md"],
     },
     license="Apache-2.0",
     python_requires=">=3.10",

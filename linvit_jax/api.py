@@ -19,8 +19,8 @@ import os
 import re
 from typing import Any
 
-from linvit_jax.artifacts.export import Student  # noqa: F401  (re-exported)
-from linvit_jax.artifacts.export import load_student  # noqa: F401  (re-exported)
+from linvit_jax.artifacts.student import Student  # noqa: F401  (re-exported)
+from linvit_jax.artifacts.student_loader import load_student  # noqa: F401  (re-exported)
 from linvit_jax.configuration import config_files
 from linvit_jax.configuration import options
 from linvit_jax.configuration.options import OptionError  # noqa: F401  (re-exported)

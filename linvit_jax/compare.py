@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 import linvit_jax
-from linvit_jax.artifacts import export
+from linvit_jax.artifacts import export_format
 from linvit_jax.evaluation import feature_cache
 from linvit_jax.evaluation import photo_eval
 from linvit_jax.models import vit
@@ -31,7 +31,7 @@ def load_teacher(init: str, student: Any, res: int) -> tuple[Any, Any]:
   """The student's own architecture with softmax attention, its params read from `init` (any
   source `vit.load` reads) at the student's training size (else res)."""
 
-  fields = {**export.model_fields(student.config), "attention": "softmax"}
+  fields = {**export_format.model_fields(student.config), "attention": "softmax"}
   model = vit.Model(**fields)
   h, w = student.training_size or (res, res)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), np.zeros((1, h, w, student.channels)))
@@ -82,7 +82,7 @@ def _run_cli(args: argparse.Namespace) -> dict[str, Any]:
   teacher, teacher_params = load_teacher(args.teacher, student, res)
   try:
     pp = student._pp_string()
-  except export.ExportError:
+  except export_format.ExportError:
     pp = "decode|vgg_value_range"  # an old export: ImageNet's mean/std, the run's default
   return photo_eval.evaluate_photos(
       teacher,

@@ -20,7 +20,7 @@ from linvit_jax import build
 from linvit_jax import preflight
 from linvit_jax import report
 from linvit_jax import run_identity
-from linvit_jax.artifacts import export
+from linvit_jax.artifacts import export_folder
 from linvit_jax.conversion import calibrate
 from linvit_jax.conversion import stages
 from linvit_jax.conversion import surgery
@@ -132,8 +132,8 @@ def _run(config, workdir, mesh, sample, identity, knn_skipped, records) -> resul
   ).tolist()
   if jax.process_index() == 0:
     kwargs = build.model_kwargs(config.model)
-    student_cfg = export.student_config(kwargs, record.student_attention, config, record)
-    export.save(
+    student_cfg = export_folder.student_config(kwargs, record.student_attention, config, record)
+    export_folder.save(
         workdir,
         student_params,
         student_cfg,
@@ -252,7 +252,7 @@ def _run_stages(config, workdir, mesh, scorer, student_model, student_params, re
   )
   record.histories = histories
   record.images_seen = images_seen
-  record.student_attention = export.attention_json(student_model)
+  record.student_attention = export_folder.attention_json(student_model)
   return student_model, student_params
 
 

@@ -222,10 +222,10 @@ def test_convert_folder_headless_end_to_end(folder_run):
 def test_convert_folder_hybrid_export_round_trips(folder_run):
   config, workdir, results, teacher_params = folder_run
   assert len(results["softmax_layers"]) == 1
-  from linvit_jax.artifacts import export
+  from linvit_jax.artifacts import export_format
 
   with open(os.path.join(workdir, "student_config.json")) as f:
-    student_cfg = export.model_fields(json.load(f))
+    student_cfg = export_format.model_fields(json.load(f))
   attention = student_cfg["attention"]
   assert isinstance(attention, list) and len(attention) == 2
   assert attention[results["softmax_layers"][0]] == "softmax"

@@ -1,16 +1,23 @@
-"""Export and reload of a student (linvit_jax/artifacts/export.py) and the Python API (linvit_jax.convert,
-linvit_jax.load_student), on the tiny Hugging Face conversion shared with test_import_weights."""
+"""Export and reload of a student (linvit_jax/artifacts/: export_folder, model_card, safetensors_file,
+student_loader) and the Python API (linvit_jax.convert, linvit_jax.load_student), on the tiny Hugging Face conversion shared with test_import_weights.
+"""
 
 import json
 import os
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import linvit_jax
-from linvit_jax.artifacts import export
+from linvit_jax.artifacts import export_folder
+from linvit_jax.artifacts import export_format
+from linvit_jax.artifacts import model_card
+from linvit_jax.artifacts import provenance
+from linvit_jax.artifacts import safetensors_file
 from linvit_jax.data import pp_spec
 from linvit_jax.models import checkpoints
 
@@ -53,6 +60,47 @@ def test_safetensors_holds_the_same_params_and_the_config(tiny_hf_conversion):
   assert meta == json.loads((workdir / "student_config.json").read_text())
 
 
+def test_safetensors_file_round_trip_bfloat16_included(tmp_path):
+  """safetensors_file writes what safetensors' own save_file writes, and reads it back, bfloat16
+  included, from a local file (safe_open) and from its bytes (a remote file's path)."""
+  import ml_dtypes
+  from safetensors import numpy as st_numpy
+  from safetensors import safe_open
+
+  rng = np.random.default_rng(0)
+  flat = {
+      "embedding/kernel": rng.normal(size=(4, 4, 3, 8)).astype(np.float32),
+      "Transformer/encoder_norm/scale": rng.normal(size=(8,)).astype(ml_dtypes.bfloat16),
+      "steps": np.arange(3, dtype=np.int32),
+  }
+  cfg = {"format": 2, "model": {"width": 8}}
+  path = str(tmp_path / "student.safetensors")
+  safetensors_file.write(path, flat, cfg)
+  st_numpy.save_file(flat, str(tmp_path / "ref.safetensors"), {"student_config": json.dumps(cfg)})
+  assert (tmp_path / "ref.safetensors").read_bytes() == (
+      tmp_path / "student.safetensors"
+  ).read_bytes()
+  with safe_open(path, framework="numpy") as f:
+    assert json.loads(f.metadata()["student_config"]) == cfg
+  with open(path, "rb") as f:
+    data = f.read()
+  for read in (safetensors_file.read(path), safetensors_file.from_bytes(data)):
+    assert sorted(read) == sorted(flat)
+    for name, a in flat.items():
+      assert read[name].dtype == a.dtype and read[name].shape == a.shape, name
+      np.testing.assert_array_equal(read[name].view(np.uint8), a.view(np.uint8))
+
+
+def test_a_bfloat16_student_loads_from_safetensors_alone(tiny_hf_conversion, tmp_path):
+  student, _ = tiny_hf_conversion
+  bf16 = jax.tree.map(lambda a: np.asarray(a).astype(jnp.bfloat16), student.params)
+  export_folder.save(str(tmp_path / "bf16"), bf16, student.config, npz=False)
+  again = linvit_jax.load_student(str(tmp_path / "bf16"))
+  for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(bf16)):
+    assert a.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16))
+
+
 def test_student_api(tiny_hf_conversion, tmp_path):
   student, workdir = tiny_hf_conversion
   photo = sorted((workdir.parent / "photos").iterdir())[0]
@@ -66,7 +114,7 @@ def test_student_api(tiny_hf_conversion, tmp_path):
   feats = student.encode([str(photo)])
   np.testing.assert_allclose(feats, student.encode(by_path), rtol=1e-6)
   assert feats.shape == (1, 32) and student.tokens(by_path).shape == (1, 1 + 3 + 16, 32)
-  with pytest.raises(export.ExportError, match="no head"):
+  with pytest.raises(export_format.ExportError, match="no head"):
     student.predict(by_path)
   # save() and load_student() round trip, also from safetensors alone
   student.save(str(tmp_path / "copy"))
@@ -96,7 +144,7 @@ def test_format_1_export_and_bad_folders(tiny_hf_conversion, tmp_path):
   (old / "student_config.json").write_text(json.dumps(student.config["model"]))  # format 1
   x = np.zeros((1, 28, 28, 3), np.float32)
   np.testing.assert_allclose(linvit_jax.load_student(str(old)).encode(x), student.encode(x))
-  with pytest.raises(export.ExportError, match="no student_config.json"):
+  with pytest.raises(export_format.ExportError, match="no student_config.json"):
     linvit_jax.load_student(str(tmp_path))
   with pytest.raises(linvit_jax.api.UserError, match="no shipped config"):
     linvit_jax.load_config("nope")
@@ -110,7 +158,7 @@ def test_inference_pp_drops_augmentation_and_labels():
 
 
 # ------------------------------------------------------------------------------------------------
-# The model card (export.model_card), on tiny exports built in a second.
+# The model card (model_card.model_card), on tiny exports built in a second.
 
 
 def _front_matter(card):
@@ -163,12 +211,12 @@ def test_card_licence_from_a_hugging_face_folder_or_other(tmp_path):
 
   hf = tmp_path / "dinov2"
   shutil.copytree(os.path.join(ROOT, "tests", "data", "foreign", "hf_dinov2"), hf)
-  info = export.teacher_info(str(hf))
+  info = provenance.teacher_info(str(hf))
   assert info["name"] == "dinov2" and info["license"] is None
   conf = json.loads((hf / "config.json").read_text())
   (hf / "config.json").write_text(json.dumps({**conf, "_name_or_path": "facebook/dinov2-small"}))
   (hf / "README.md").write_text("---\nlicense: apache-2.0\ntags:\n- dino\n---\n# DINOv2\n")
-  info = export.teacher_info(str(hf))
+  info = provenance.teacher_info(str(hf))
   assert info["name"] == "facebook/dinov2-small" and info["license"] == "apache-2.0"
   # nothing recorded: license other, and the card says the teacher's licence applies
   from tests.test_student_any_size import make_export
@@ -213,14 +261,14 @@ def test_card_of_a_surgery_only_export_and_knn_skipped(tmp_path):
 
 def test_card_of_a_classifier_and_a_hybrid():
   assert (
-      export.describe_attention(["softmax", "hedgehog", "hedgehog"], 3)
+      model_card.describe_attention(["softmax", "hedgehog", "hedgehog"], 3)
       == "layer 0: softmax attention; layers 1–2: linear attention with the hedgehog feature map"
   )
   cfg = {
       "model": {"num_classes": 10, "depth": 3, "attention": ["softmax", "elu1", "elu1"]},
       "teacher": {"init": "/home/someone/teacher.npz"},
   }
-  card = export.model_card(cfg)
+  card = model_card.model_card(cfg)
   assert _front_matter(card)["pipeline_tag"] == "image-classification"
   assert "/home/someone" not in card and "`teacher.npz`" in card
 
@@ -233,14 +281,14 @@ def test_licence_ids_and_public_names():
       ("mit-like terms", None),
       ("proprietary", None),
   ):
-    assert export.hub_license(text) == lic, text
+    assert provenance.hub_license(text) == lic, text
   for name, public in (
       ("image_folder:/home/me/photos", "image_folder:photos"),
       ("facebook/dinov2-small", "facebook/dinov2-small"),
       ("gs://bucket/x/teacher.npz", "teacher.npz"),
       ("/abs/hf_dinov2/", "hf_dinov2"),
   ):
-    assert export.public_name(name) == public, name
+    assert provenance.public_name(name) == public, name
 
 
 def test_card_on_test_photos(tmp_path):
@@ -274,5 +322,5 @@ def test_card_on_test_photos(tmp_path):
   cfg = json.loads((tmp_path / "export" / "student_config.json").read_text())
   assert cfg["fidelity"]["test"]["rows"][0]["drop_in"] == [0.7, 0.85, 0.95]
   assert "private" not in json.dumps(cfg)
-  empty = export.model_card({"model": {}, "fidelity": {"test": {"n_test": 0, "rows": []}}})
+  empty = model_card.model_card({"model": {}, "fidelity": {"test": {"n_test": 0, "rows": []}}})
   assert "No test photo was measured." in empty

@@ -21,7 +21,7 @@ import sys
 import numpy as np
 import pytest
 
-from linvit_jax.artifacts import export
+from linvit_jax.artifacts import student_loader
 from linvit_jax.models import checkpoints
 from linvit_jax.runtime.errors import UserError
 
@@ -84,7 +84,7 @@ def test_killed_at_random_points_resumes_to_the_same_student(teacher, tmp_path):
     killed = _run(teacher, workdir, str(tmp_path / f"run{i}.log"), kill)
     assert killed.returncode == -9, (seed, kill, killed.returncode, killed.stderr[-2000:])
     try:  # a kill leaves no export that loads but is not the finished student
-      loaded = export.load_student(workdir)
+      loaded = student_loader.load_student(workdir)
     except UserError:
       continue
     got = checkpoints.flatten(loaded.params)

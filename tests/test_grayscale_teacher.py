@@ -78,7 +78,7 @@ def test_an_rgb_teacher_keeps_its_pp_strings_as_written(tmp_path):
 
 def test_a_grayscale_teacher_converts_end_to_end_and_its_student_reads_photos(tmp_path):
   from linvit_jax import run as run_lib
-  from linvit_jax.artifacts import export
+  from linvit_jax.artifacts import student_loader
 
   ckpt = str(tmp_path / "gray.npz")
   teacher = _checkpoint(ckpt, 1)
@@ -88,7 +88,7 @@ def test_a_grayscale_teacher_converts_end_to_end_and_its_student_reads_photos(tm
   config.eval.plots, config.eval.resolution_factors = False, [1]
   results = run_lib.run(config, str(tmp_path / "work"))
   assert np.isfinite(results["end_to_end_after_distill_attention"]["cls_cosine"])
-  student = export.load_student(str(tmp_path / "work"))
+  student = student_loader.load_student(str(tmp_path / "work"))
   assert student.channels == 1
   np.testing.assert_array_equal(
       student.params["embedding"]["kernel"], teacher["embedding"]["kernel"]

@@ -125,11 +125,11 @@ def test_demo_tiny_runs_end_to_end(demo_run):
 def test_exported_student_loads_back_with_same_logits(demo_run):
   config, workdir, results = demo_run
   from linvit_jax import build
-  from linvit_jax.artifacts import export
+  from linvit_jax.artifacts import export_format
   from linvit_jax.models import vit
 
   with open(os.path.join(workdir, "student_config.json")) as f:
-    student_cfg = export.model_fields(json.load(f))
+    student_cfg = export_format.model_fields(json.load(f))
   model = vit.Model(**student_cfg)
   sample = build.sample_images(config, 4)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), sample[:1])["params"]

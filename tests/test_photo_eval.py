@@ -11,7 +11,7 @@ from PIL import Image
 
 from linvit_jax import build
 from linvit_jax import compare
-from linvit_jax.artifacts import export
+from linvit_jax.artifacts import export_folder
 from linvit_jax.configuration import config_lib
 from linvit_jax.data import inference_pp
 from linvit_jax.evaluation import dense
@@ -241,8 +241,8 @@ def _hf_export(folder):
     c.data.image_size = 28
     c.data.pp_eval = 'decode|resize_small(32)|central_crop(28)|vgg_value_range|keep("image")'
     c.teacher.init, c.stages = HF, ()
-  cfg = export.student_config(kw, "elu1", c, {})
-  export.save(str(folder), params, cfg)
+  cfg = export_folder.student_config(kw, "elu1", c, {})
+  export_folder.save(str(folder), params, cfg)
   return str(folder)
 
 

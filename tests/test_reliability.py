@@ -20,7 +20,8 @@ from PIL import Image
 
 from linvit_jax import run as run_lib
 from linvit_jax import run_identity
-from linvit_jax.artifacts import export
+from linvit_jax.artifacts import export_format
+from linvit_jax.artifacts import student_loader
 from linvit_jax.configuration import config_files
 from linvit_jax.data import inference_pp
 from linvit_jax.models import checkpoint_record
@@ -269,14 +270,14 @@ def test_num_heads_that_contradicts_the_source_is_refused(tmp_path, capsys):
 def student(tmp_path_factory):
   from tests.test_student_any_size import make_export
 
-  return export.load_student(make_export(tmp_path_factory.mktemp("student")))
+  return student_loader.load_student(make_export(tmp_path_factory.mktemp("student")))
 
 
 def test_float_batch_of_raw_pixels_is_refused(student):
   lo, hi = student.value_bounds()
   assert lo < -1.5 and hi > 1.5  # ImageNet's mean/std: black -2.1, white 2.6
   raw = np.random.RandomState(0).uniform(0, 255, (2, 16, 16, 3)).astype(np.float32)
-  with pytest.raises(export.ExportError, match=r"values span \[.*raw pixels as uint8"):
+  with pytest.raises(export_format.ExportError, match=r"values span \[.*raw pixels as uint8"):
     student.encode(raw)
   with pytest.warns(UserWarning, match=r"raw 0..1 pixels\?"):
     student.encode(raw / 255.0)
@@ -298,8 +299,8 @@ def test_empty_student_config_says_so(tmp_path):
   folder = make_export(tmp_path / "s")
   with open(os.path.join(folder, "student_config.json"), "w") as f:
     f.write("{}")
-  with pytest.raises(export.ExportError, match="holds no model fields"):
-    export.load_student(folder)
+  with pytest.raises(export_format.ExportError, match="holds no model fields"):
+    student_loader.load_student(folder)
 
 
 def test_options_the_run_will_not_read_are_said(tmp_path, caplog):
@@ -386,5 +387,27 @@ def test_load_student_opens_each_file_once(tmp_path, monkeypatch):
   folder = make_export(tmp_path / "s")
   names = ("student_config.json", "student.npz")
   opens = _count_opens(monkeypatch, *(os.path.join(folder, n) for n in names))
-  export.load_student(folder)
+  student_loader.load_student(folder)
   assert list(opens.values()) == [1, 1]
+
+
+def test_load_student_from_safetensors_opens_it_once(tmp_path, monkeypatch):
+  """Without student.npz the params come from student.safetensors, opened once by the
+  safetensors package (safe_open maps it: no Python open() of it), the config once."""
+  import safetensors
+
+  from tests.test_student_any_size import make_export
+
+  folder = make_export(tmp_path / "s")
+  os.remove(os.path.join(folder, "student.npz"))
+  st = os.path.join(folder, "student.safetensors")
+  opens = _count_opens(monkeypatch, os.path.join(folder, "student_config.json"), st)
+  real, mapped = safetensors.safe_open, []
+
+  def counting(path, *args, **kwargs):
+    mapped.append(os.path.realpath(path))
+    return real(path, *args, **kwargs)
+
+  monkeypatch.setattr(safetensors, "safe_open", counting)
+  student_loader.load_student(folder)
+  assert list(opens.values()) == [1, 0] and mapped == [os.path.realpath(st)]

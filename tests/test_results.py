@@ -9,7 +9,8 @@ import re
 import pytest
 
 from linvit_jax import report
-from linvit_jax.artifacts import export
+from linvit_jax.artifacts import export_folder
+from linvit_jax.artifacts import model_card
 from linvit_jax.configuration import config_lib
 from linvit_jax.evaluation import results as results_lib
 from linvit_jax.evaluation import summary
@@ -180,7 +181,7 @@ def test_a_new_measure_needs_only_its_field_and_its_evaluator():
   c = config_lib.base_config()
   with c.unlocked():
     c.stages = ()
-  cfg = export.student_config({"width": 8, "depth": 2}, "elu1", c, r)
+  cfg = export_folder.student_config({"width": 8, "depth": 2}, "elu1", c, r)
   assert cfg["fidelity"]["depth_rmse"] == 0.25
   assert cfg["fidelity"]["end_to_end"]["measured"] == "after_finetune"
-  assert "- depth rmse: 0.2500" in export.model_card(cfg).splitlines()
+  assert "- depth rmse: 0.2500" in model_card.model_card(cfg).splitlines()

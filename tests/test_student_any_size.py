@@ -1,5 +1,5 @@
 """An exported student at any resolution, on every kind of input, in batch buckets
-(linvit_jax/artifacts/export.py's Student), on a tiny export built here in a second."""
+(linvit_jax/artifacts/student.py's Student), on a tiny export built here in a second."""
 
 import json
 import os
@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 import linvit_jax
-from linvit_jax.artifacts import export
+from linvit_jax.artifacts import export_folder
+from linvit_jax.artifacts import export_format
+from linvit_jax.artifacts import model_card
 from linvit_jax.configuration import config_lib
 from linvit_jax.data import sample_photos
 from linvit_jax.models import vit
@@ -50,8 +52,8 @@ def make_export(folder, *, fields=None, attention=ATTENTION, results=None, **con
       block, _, name = key.rpartition(".")
       (c[block] if block else c)[name] = value
   results = results or {"end_to_end_after_finetune": {"cls_cosine": 0.95, "patch_cosine": 0.9}}
-  cfg = export.student_config(fields, attention, c, results)
-  export.save(str(folder), params, cfg)
+  cfg = export_folder.student_config(fields, attention, c, results)
+  export_folder.save(str(folder), params, cfg)
   return str(folder)
 
 
@@ -80,7 +82,7 @@ def test_runs_at_any_multiple_of_the_patch(folder, photos, tmp_path):
   )
   # non-square sizes (not with a convolution on values: it needs a square grid), and a size
   # chosen at load time
-  with pytest.raises(export.ExportError, match="conv_v.*needs a square patch grid"):
+  with pytest.raises(export_format.ExportError, match="conv_v.*needs a square patch grid"):
     student.encode(photos[:1], image_size=(24, 32))
   plain = linvit_jax.load_student(make_export(tmp_path, attention="hedgehog"))
   assert plain.encode(photos[:1], image_size=(24, 32)).shape == (1, 32)
@@ -121,14 +123,16 @@ def test_inputs_of_every_kind(folder, photos):
 
 def test_bad_sizes_name_the_size_the_patch_and_the_nearest(folder, photos):
   student = linvit_jax.load_student(folder)
-  with pytest.raises(export.ExportError, match=r"30 is not a positive multiple of the patch 4 "
+  with pytest.raises(export_format.ExportError, match=r"30 is not a positive multiple of the patch 4 "
                      r"\(nearest valid: 28 or 32\)"):  # fmt: skip
     student.encode(photos[:1], image_size=30)
-  with pytest.raises(export.ExportError, match="18 is not a positive multiple of the patch 4"):
+  with pytest.raises(
+      export_format.ExportError, match="18 is not a positive multiple of the patch 4"
+  ):
     student.encode(np.zeros((1, 18, 16, 3), np.float32))
-  with pytest.raises(export.ExportError, match="image size 30×30"):
+  with pytest.raises(export_format.ExportError, match="image size 30×30"):
     linvit_jax.load_student(folder, image_size=30)
-  with pytest.raises(export.ExportError, match=r"preprocessed batch \[B, H, W, 3\]"):
+  with pytest.raises(export_format.ExportError, match=r"preprocessed batch \[B, H, W, 3\]"):
     student.encode(np.zeros((16, 16, 3), np.float32))
 
 
@@ -207,4 +211,4 @@ def test_old_exports_still_load(folder, tmp_path):
     (tmp_path / name / "student_config.json").write_text(json.dumps(content))
     student = linvit_jax.load_student(str(tmp_path / name))
     np.testing.assert_allclose(student.encode(x), ref, rtol=1e-6)
-  assert "/somewhere" not in export.model_card(old)
+  assert "/somewhere" not in model_card.model_card(old)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import linvit_jax
-from linvit_jax.artifacts import export
+from linvit_jax.artifacts import export_format
 from linvit_jax.runtime.errors import UserError
 from tests.test_student_any_size import make_export
 
@@ -41,7 +41,7 @@ def _one_line(excinfo, *parts):
 def test_invalid_json(good, tmp_path):
   folder = _copy(good, tmp_path)
   (folder / "student_config.json").write_text('{"format": 2, "model": {')
-  with pytest.raises(export.ExportError) as e:
+  with pytest.raises(export_format.ExportError) as e:
     linvit_jax.load_student(str(folder))
   _one_line(e, "student_config.json", "not valid JSON")
 
@@ -49,7 +49,7 @@ def test_invalid_json(good, tmp_path):
 def test_json_that_is_a_list(good, tmp_path):
   folder = _copy(good, tmp_path)
   (folder / "student_config.json").write_text("[1, 2]")
-  with pytest.raises(export.ExportError) as e:
+  with pytest.raises(export_format.ExportError) as e:
     linvit_jax.load_student(str(folder))
   _one_line(e, "student_config.json", "expected a JSON object", "list")
 
@@ -58,7 +58,7 @@ def test_truncated_safetensors(good, tmp_path):
   folder = _copy(good, tmp_path, drop=("student.npz",))
   data = (folder / "student.safetensors").read_bytes()
   (folder / "student.safetensors").write_bytes(data[: len(data) // 2])
-  with pytest.raises(export.ExportError) as e:
+  with pytest.raises(export_format.ExportError) as e:
     linvit_jax.load_student(str(folder))
   _one_line(e, "student.safetensors", "cannot read it")
 
@@ -66,7 +66,7 @@ def test_truncated_safetensors(good, tmp_path):
 def test_corrupt_npz(good, tmp_path):
   folder = _copy(good, tmp_path)
   (folder / "student.npz").write_bytes(b"PK\x03\x04 not a zip at all")
-  with pytest.raises(export.ExportError) as e:
+  with pytest.raises(export_format.ExportError) as e:
     linvit_jax.load_student(str(folder))
   _one_line(e, "student.npz", "truncated or corrupt")
 
@@ -76,7 +76,7 @@ def test_unknown_attention_kind(good, tmp_path):
   cfg = _config(folder)
   cfg["model"]["attention"] = "hedgehgo"
   (folder / "student_config.json").write_text(json.dumps(cfg))
-  with pytest.raises(export.ExportError) as e:
+  with pytest.raises(export_format.ExportError) as e:
     linvit_jax.load_student(str(folder))
   _one_line(e, "student_config.json", "attention", "unknown attention kind 'hedgehgo'")
 
@@ -86,7 +86,7 @@ def test_unknown_model_field_suggests_the_nearest(good, tmp_path):
   cfg = _config(folder)
   cfg["model"]["widht"] = cfg["model"].pop("width")
   (folder / "student_config.json").write_text(json.dumps(cfg))
-  with pytest.raises(export.ExportError) as e:
+  with pytest.raises(export_format.ExportError) as e:
     linvit_jax.load_student(str(folder))
   _one_line(e, "student_config.json", "unknown model field 'widht'", "did you mean 'width'?")
 
@@ -96,7 +96,7 @@ def test_width_mismatch_is_one_short_line(good, tmp_path):
   cfg = _config(folder)
   cfg["model"]["width"] = 16
   (folder / "student_config.json").write_text(json.dumps(cfg))
-  with pytest.raises(export.ExportError) as e:
+  with pytest.raises(export_format.ExportError) as e:
     linvit_jax.load_student(str(folder))
   _one_line(e, "student.npz' holds width 32, student_config.json says 16")
   assert len(str(e.value)) < 300
@@ -107,7 +107,7 @@ def test_other_shape_mismatch_is_one_line(good, tmp_path):
   cfg = _config(folder)
   cfg["model"]["mlp_dim"] = 48
   (folder / "student_config.json").write_text(json.dumps(cfg))
-  with pytest.raises(export.ExportError) as e:
+  with pytest.raises(export_format.ExportError) as e:
     linvit_jax.load_student(str(folder))
   _one_line(e, "student.npz", "does not match student_config.json", "MlpBlock")
 

@@ -17,7 +17,8 @@ import os
 import numpy as np
 import pytest
 
-from linvit_jax.artifacts import export
+from linvit_jax.artifacts import export_format
+from linvit_jax.artifacts import student as student_lib
 from linvit_jax.data import inference_pp
 from linvit_jax.data import sample_photos
 
@@ -136,11 +137,11 @@ def test_features_through_either_path_agree(photos):
       gelu_approximate=False,
   )
   cfg = {
-      "format": export.FORMAT,
+      "format": export_format.FORMAT,
       "model": fields,
       "preprocessing": {"image_size": [224, 224], "pp": EVAL_PP, "patch_size": [14, 14]},
   }
-  student = export.Student(
+  student = student_lib.Student(
       model=vit.Model(**fields),
       params=checkpoints.load_npz(DINOV2),
       config=cfg,

@@ -1,6 +1,7 @@
-"""student_config.json, the file an export writes beside its params: its name, its format number
-and its model fields. Below both its writer (export.py) and a later run that starts from an
-exported student (build.student_attention reads the attention it was exported with)."""
+"""The export folder's format: its file names, the format number of student_config.json, that
+file's model fields, and `ExportError` (a folder that cannot be read). Below the writer
+(export_folder.py), the reader (student_loader.py) and a later run that starts from an exported
+student (build.student_attention reads the attention it was exported with)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from linvit_jax.runtime import gfile
+from linvit_jax.runtime.errors import UserError
 
 CONFIG_FILE = "student_config.json"
+NPZ_FILE = "student.npz"
+SAFETENSORS_FILE = "student.safetensors"
+CARD_FILE = "README.md"
 FORMAT = 2
+
+
+class ExportError(UserError, ValueError):
+  """An export folder that cannot be read; the message names the folder and what is missing."""
 
 
 def model_fields(student_config: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from linvit_jax.runtime.errors import UserError
 # The hub repository of each prefix: `timm:<name>` is the repo `timm/<name>`.
 PREFIXES = {"hf": "", "timm": "timm/"}
 # What linvit_jax.models.foreign reads from a model folder (sharded weights included), and the
-# model card whose front matter names the licence (export.teacher_info).
+# model card whose front matter names the licence (artifacts/provenance.teacher_info).
 FILES = (
     "README.md",
     "config.json",
