@@ -1,4 +1,4 @@
-"""big_vision ViT checkpoints into a model: old layouts, scan <-> loop, posemb resampling, `load`.
+"""big_vision ViT checkpoints into a model: old layouts, scan <-> loop, the architecture, `load`.
 
 What makes a checkpoint fit *this ViT* lives here, beside the model (as in big_vision's
 models/vit.py); generic .npz reading/writing and the strict merge are in linvit_jax/models/checkpoints.py.
@@ -8,7 +8,8 @@ never mutated.
 The one path in is `load_vit_params` (what `vit.load` delegates to):
   read_vit_checkpoint -> pyloop/scan layout -> merge_params -> resample the posemb -> cast
 where `read_vit_checkpoint` is load_npz -> fix_old_checkpoints for a big_vision .npz, and
-models/foreign.py for a Hugging Face / timm folder or .safetensors file.
+models/foreign.py for a Hugging Face / timm folder or .safetensors file; the position table is
+resized by models/posemb.py.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import scipy.ndimage
 
 from linvit_jax.models import checkpoint_record
-from linvit_jax.models import foreign
 from linvit_jax.models import layout
+from linvit_jax.models import posemb
 from linvit_jax.models.checkpoint_record import CheckpointRecord
 from linvit_jax.models.checkpoints import CheckpointError
 from linvit_jax.models.checkpoints import Params
@@ -198,83 +198,17 @@ def scan_to_pyloop(params: Mapping[str, Any]) -> Params:
 # Position embeddings.
 
 
-def _square_side(n: int, what: str) -> int:
-  side = math.isqrt(n)
-  if side * side != n:
-    raise CheckpointError(
-        f"{what} has {n} positions, not a square grid; pass its (h, w) "
-        "explicitly to resample_posemb"
-    )
-  return side
-
-
-def resample_posemb(
-    old: np.ndarray,
-    new: Any,
-    old_hw: tuple[int, int] | None = None,
-    new_hw: tuple[int, int] | None = None,
-) -> np.ndarray:
-  """Resizes a (1, h*w, D) learned posemb to another grid: bilinear, as big_vision does.
-
-  `new` is the target array or its shape. Grids are square unless given as (h, w). Corners map to
-  corners (scipy.ndimage.zoom, order=1, its default align-corners grid), like big_vision's
-  "high-res fine-tuning".
-  """
-  old = np.asarray(old)
-  new_shape = tuple(new.shape if hasattr(new, "shape") else new)
-  if old.ndim != 3 or len(new_shape) != 3 or old.shape[0] != 1 or new_shape[0] != 1:
-    raise CheckpointError(f"pos_embedding must be (1, N, D): got {old.shape} -> {new_shape}")
-  if old.shape[2] != new_shape[2]:
-    raise CheckpointError(
-        f"pos_embedding width differs, cannot resample: checkpoint "
-        f"{old.shape} vs model {new_shape}"
-    )
-  oh, ow = old_hw or (_square_side(old.shape[1], f"checkpoint pos_embedding {old.shape}"),) * 2
-  nh, nw = new_hw or (_square_side(new_shape[1], f"model pos_embedding {new_shape}"),) * 2
-  if oh * ow != old.shape[1] or nh * nw != new_shape[1]:
-    raise CheckpointError(
-        f"pos_embedding grids ({oh}, {ow}) -> ({nh}, {nw}) do not match "
-        f"the shapes {old.shape} -> {new_shape}"
-    )
-  if (oh, ow) == (nh, nw):
-    return old
-  # scipy has no bfloat16; interpolate in float32 and cast back.
-  grid = old.reshape(oh, ow, -1).astype(np.float32)
-  grid = scipy.ndimage.zoom(grid, (nh / oh, nw / ow, 1), order=1)
-  assert grid.shape[:2] == (nh, nw), (grid.shape, nh, nw)  # zoom rounds; exact ratios hit.
-  return grid.reshape(new_shape).astype(old.dtype)
-
-
-def zoom_matrix(n_in: int, n_out: int) -> np.ndarray:
-  """[n_out, n_in] float32 weights of `resample_posemb`'s rule along one axis: the zoom is linear,
-  so zooming the identity gives each output's weights over the inputs (the model's in-graph
-  resampling, vit.resample_posemb_in_graph, applies them)."""
-  eye = np.eye(n_in, dtype=np.float64)
-  return scipy.ndimage.zoom(eye, (n_out / n_in, 1), order=1).astype(np.float32)
-
-
 def with_posemb_grid(
     params: Mapping[str, Any], new_grid: tuple[int, int], old_grid: tuple[int, int] | None = None
 ) -> dict:
   """A copy of `params` whose learned position table (if any) is resampled to `new_grid`
-  (resample_posemb; `old_grid` None: the table's square grid)."""
+  (posemb.resample_posemb; `old_grid` None: the table's square grid)."""
   params = dict(params)
   if "pos_embedding" in params:
     pe = np.asarray(params["pos_embedding"])
     new_shape = (1, new_grid[0] * new_grid[1], pe.shape[-1])
-    params["pos_embedding"] = resample_posemb(pe, new_shape, old_grid, tuple(new_grid))
+    params["pos_embedding"] = posemb.resample_posemb(pe, new_shape, old_grid, tuple(new_grid))
   return params
-
-
-def resample_posemb_as(method: str, old: np.ndarray, new_shape: tuple[int, ...]) -> np.ndarray:
-  """The position table resized the way its source framework does ('big_vision': bilinear;
-  'torch_bicubic[_antialias]': torch's F.interpolate, as Hugging Face and timm do)."""
-  if method == "big_vision" or tuple(old.shape) == tuple(new_shape):
-    return resample_posemb(old, new_shape)
-  if old.shape[2] != new_shape[2]:
-    raise CheckpointError(f"pos_embedding width differs: {old.shape} vs model {new_shape}")
-  side = _square_side(new_shape[1], f"model pos_embedding {tuple(new_shape)}")
-  return foreign.resample_posemb_torch(old, (side, side), method.endswith("antialias"))
 
 
 def read_vit_checkpoint(
@@ -291,7 +225,7 @@ def read_vit_checkpoint(
     return record.imported.params, record.imported.posemb_resample
   params = fix_old_checkpoints(record.tree, model_posemb_len=model_posemb_len)
   method = record.sidecar.get("posemb_resample", "big_vision")
-  return params, method if method in foreign.RESAMPLERS else "big_vision"
+  return params, method if method in posemb.RESAMPLERS else "big_vision"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -535,7 +469,7 @@ def load_vit_params(
     value = np.asarray(value)
     if is_posemb(name) and value.shape != shape_of(init_val):
       try:
-        value = resample_posemb_as(posemb_method, value, shape_of(init_val))
+        value = posemb.resample_posemb_as(posemb_method, value, shape_of(init_val))
       except CheckpointError as e:
         raise CheckpointError(f"checkpoint '{init_file}': cannot resample {name!r}: " f"{e}") from e
     out[name] = value.astype(dtype_of(init_val), copy=False)
