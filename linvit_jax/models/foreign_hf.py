@@ -101,21 +101,7 @@ def from_hf(folder: str, config: dict[str, Any]) -> Imported:
   """The Hugging Face model in `folder` (whose config.json is `config`) in big_vision's layout."""
   kind, arch_name, config = _family(folder, config)
   t, tensors, weights, stem = _weights(folder, kind)
-  width, heads, depth = (
-      config["hidden_size"],
-      config["num_attention_heads"],
-      config["num_hidden_layers"],
-  )
-  patch = config["patch_size"]
-  t.check_shape(stem, (width, config.get("num_channels", 3), patch, patch), "config.json")
-  check_heads(width, int(heads), folder, "config.json's num_attention_heads")
-  gelu = gelu_approximate(config.get("hidden_act", "gelu"), os.path.join(folder, "config.json"))
-  eps = float(config.get("layer_norm_eps", 1e-12))
-  if config.get("use_swiglu_ffn"):
-    raise CheckpointError(
-        f"checkpoint '{folder}': use_swiglu_ffn=true (DINOv2-g's SwiGLU MLP); the ViT here has a "
-        "GELU MLP"
-    )
+  width, heads, depth, patch, gelu = _checked_config(t, stem, config, folder)
   trunk = _siglip_trunk(t, weights) if kind.startswith("siglip") else _vit_trunk(t, kind, weights)
   per_layer = [
       {k: trunk.layer.format(i=i) + v for k, v in trunk.names.items()} for i in range(depth)
@@ -148,7 +134,7 @@ def from_hf(folder: str, config: dict[str, Any]) -> Imported:
       num_classes=int(head["kernel"].shape[1]) if head else None,
       rep_size=int(pre_logits["kernel"].shape[1]) if pre_logits else False,
       gelu_approximate=gelu,
-      layernorm_epsilon=eps,
+      layernorm_epsilon=float(config.get("layer_norm_eps", 1e-12)),
       reg_tokens=0 if trunk.reg_tok is None else int(trunk.reg_tok.shape[1]),
       posemb_grid=trunk.grid,
   )
@@ -194,6 +180,28 @@ def _weights(folder: str, kind: str) -> tuple[Tensors, dict[str, np.ndarray], st
   if kind == "siglip" and not prefix.endswith("vision_model."):
     prefix = "vision_model."
   return Tensors(tensors, prefix, weights), tensors, weights, stem
+
+
+def _checked_config(
+    t: Tensors, stem: str, config: dict[str, Any], folder: str
+) -> tuple[int, int, int, int, bool]:
+  """(width, heads, depth, patch, gelu_approximate) from config.json, checked against the patch
+  embedding's shape, before any block is read; a SwiGLU MLP is refused."""
+  width, heads, depth = (
+      config["hidden_size"],
+      config["num_attention_heads"],
+      config["num_hidden_layers"],
+  )
+  patch = config["patch_size"]
+  t.check_shape(stem, (width, config.get("num_channels", 3), patch, patch), "config.json")
+  check_heads(width, int(heads), folder, "config.json's num_attention_heads")
+  gelu = gelu_approximate(config.get("hidden_act", "gelu"), os.path.join(folder, "config.json"))
+  if config.get("use_swiglu_ffn"):
+    raise CheckpointError(
+        f"checkpoint '{folder}': use_swiglu_ffn=true (DINOv2-g's SwiGLU MLP); the ViT here has a "
+        "GELU MLP"
+    )
+  return width, heads, depth, patch, gelu
 
 
 def _prefix_of(tensors: Mapping[str, np.ndarray], stem: str) -> str:

@@ -59,6 +59,7 @@ class Imported:
 
 
 def dense(w: np.ndarray, b: np.ndarray | None) -> dict[str, np.ndarray]:
+  """A torch Linear [out, in] as a flax Dense (kernel [in, out]; no bias: zeros)."""
   return {"kernel": w.T, "bias": b if b is not None else np.zeros(w.shape[0], w.dtype)}
 
 
@@ -83,11 +84,13 @@ def _fold(kernel: np.ndarray, gamma: np.ndarray) -> np.ndarray:
 
 
 def layer_norm(w: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
+  """A torch LayerNorm (weight, bias) as flax's (scale, bias)."""
   return {"scale": w, "bias": b}
 
 
 def conv(w: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
-  return {"kernel": np.transpose(w, (2, 3, 1, 0)), "bias": b}  # [D, C, kh, kw] -> [kh, kw, C, D]
+  """The patch embedding: torch's Conv2d [D, C, kh, kw] as flax's Conv [kh, kw, C, D]."""
+  return {"kernel": np.transpose(w, (2, 3, 1, 0)), "bias": b}
 
 
 class Tensors:
@@ -138,6 +141,7 @@ def posemb_and_prefix(pos: np.ndarray, prefix: list[np.ndarray], source: str):
 def params_tree(
     emb, cls_tok, reg_tok, pos, blocks, final_norm, head=None, map_head=None, pre_logits=None
 ) -> dict[str, Any]:
+  """The nested big_vision params of a ViT from its converted pieces (None: the model has none)."""
   flat: dict[str, Any] = {}
   for k, v in emb.items():
     flat[f"embedding/{k}"] = v
@@ -208,6 +212,7 @@ def check_used(t: Tensors, ignore: str) -> None:
 
 
 def gelu_approximate(act: str, source: str) -> bool:
+  """vit.Model's `gelu_approximate` for a source's activation name; not a GELU is refused."""
   if act not in _GELU_FORMS:
     raise CheckpointError(
         f"checkpoint '{source}': activation {act!r} is not a GELU; the ViT here supports "
@@ -232,6 +237,7 @@ def map_head(heads: int, probe, q, k, v, out, ln, fc1, fc2) -> dict[str, Any]:
 
 
 def pair(t: Tensors, name: str, optional_bias: bool = False) -> tuple[np.ndarray, Any]:
+  """(weight, bias) of the torch layer `name`."""
   return t(name + ".weight"), t(name + ".bias", optional=optional_bias)
 
 
@@ -260,6 +266,7 @@ def _divisors(n: int) -> str:
 
 
 def refuse_contradiction(given: int, declared: int, where: str, source: str) -> None:
+  """A --num_heads other than the heads the source's own config declares is refused."""
   raise CheckpointError(
       f"--num_heads {given} contradicts '{source}', which declares {declared} heads ({where}): "
       "the imported model would compute something else; drop --num_heads"

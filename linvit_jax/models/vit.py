@@ -231,6 +231,9 @@ class _Model(nn.Module):
 
   @nn.compact
   def __call__(self, image: jax.Array, *, train: bool = False):
+    """(logits or pooled features, out): big_vision's `out` keys. One forward pass read top to
+    bottom in big_vision's own order (stem, posemb, prefix tokens, encoder, pooling, pre-logits,
+    head), kept comparable with its Model.__call__ line for line, hence its length."""
     out = {}
     image = jnp.asarray(image, self.dtype_mm)
     x = out["stem"] = nn.Conv(

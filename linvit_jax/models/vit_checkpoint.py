@@ -252,43 +252,16 @@ def _check_against_config(
   problems = []
   emb = flat.get("embedding/kernel")
   if emb is not None and np.ndim(emb) == 4 and not skipped("embedding/kernel"):
-    if "patch_size" in cfg:
-      ps = cfg["patch_size"]
-      ps = tuple(ps) if isinstance(ps, Sequence) else (ps, ps)
-      if tuple(emb.shape[:2]) != tuple(ps):
-        problems.append(
-            f"patch size {tuple(emb.shape[:2])} (embedding/kernel "
-            f"{shape_of(emb)}) but the model config says {ps}"
-        )
-    if "width" in cfg and emb.shape[-1] != cfg["width"]:
+    problems += _embedding_problems(emb, cfg)
+  query = _first_block_param(flat, f"{layout.ATTN}/query/kernel")
+  if query is not None and "num_heads" in cfg and not skipped(query):
+    q = flat[query]
+    if q.shape[-2] != cfg["num_heads"]:
       problems.append(
-          f"width {emb.shape[-1]} (embedding/kernel {shape_of(emb)}) but the "
-          f"model config says {cfg['width']}"
-      )
-  block = next(
-      (
-          n.rsplit("/", 2)[0]
-          for n in sorted(flat)
-          if re.fullmatch(rf"Transformer/{layout.SCANNED_BLOCK}(_0)?/{layout.ATTN}/query/kernel", n)
-      ),
-      None,
-  )
-  if block is not None and "num_heads" in cfg:
-    name = block + "/query/kernel"
-    q = flat[name]
-    if not skipped(name) and q.shape[-2] != cfg["num_heads"]:
-      problems.append(
-          f"{q.shape[-2]} heads ({name} {shape_of(q)}) but the model config "
+          f"{q.shape[-2]} heads ({query} {shape_of(q)}) but the model config "
           f"says num_heads={cfg['num_heads']}"
       )
-  mlp = next(
-      (
-          n
-          for n in sorted(flat)
-          if re.fullmatch(rf"Transformer/{layout.SCANNED_BLOCK}(_0)?/MlpBlock_0/Dense_0/kernel", n)
-      ),
-      None,
-  )
+  mlp = _first_block_param(flat, "MlpBlock_0/Dense_0/kernel")
   if mlp is not None and "mlp_dim" in cfg and not skipped(mlp):
     if flat[mlp].shape[-1] != cfg["mlp_dim"]:
       problems.append(
@@ -296,6 +269,31 @@ def _check_against_config(
           f"model config says {cfg['mlp_dim']}"
       )
   raise_problems(source, problems)
+
+
+def _embedding_problems(emb: Any, cfg: Mapping[str, Any]) -> list[str]:
+  """The patch size and width of embedding/kernel [ph, pw, C, D] against the config's."""
+  problems = []
+  if "patch_size" in cfg:
+    ps = cfg["patch_size"]
+    ps = tuple(ps) if isinstance(ps, Sequence) else (ps, ps)
+    if tuple(emb.shape[:2]) != tuple(ps):
+      problems.append(
+          f"patch size {tuple(emb.shape[:2])} (embedding/kernel "
+          f"{shape_of(emb)}) but the model config says {ps}"
+      )
+  if "width" in cfg and emb.shape[-1] != cfg["width"]:
+    problems.append(
+        f"width {emb.shape[-1]} (embedding/kernel {shape_of(emb)}) but the "
+        f"model config says {cfg['width']}"
+    )
+  return problems
+
+
+def _first_block_param(flat: Mapping[str, Any], suffix: str) -> str | None:
+  """The name of the first block's (or the scanned block's) `suffix` param, None if absent."""
+  pattern = rf"Transformer/{layout.SCANNED_BLOCK}(_0)?/{suffix}"
+  return next((n for n in sorted(flat) if re.fullmatch(pattern, n)), None)
 
 
 def infer_vit_config(source: str | CheckpointRecord) -> dict[str, Any]:
@@ -315,7 +313,6 @@ def infer_vit_config(source: str | CheckpointRecord) -> dict[str, Any]:
   those keys are absent when nothing says.
   """
   record = checkpoint_record.of(source)
-  path = record.path
   if record.imported is not None:
     arch = dict(record.imported.arch)
     if record.imported.preprocessing:
@@ -323,7 +320,30 @@ def infer_vit_config(source: str | CheckpointRecord) -> dict[str, Any]:
     return arch
   params = fix_old_checkpoints(record.tree)
   flat = flatten(params)
-  problems = []
+  emb, query, dense0, scanned = _first_block_kernels(params, flat, record.path)
+  head = flat.get("head/kernel")
+  rep = flat.get("pre_logits/kernel")
+  pe = flat.get("pos_embedding")
+  reg = flat.get("reg")
+  return dict(
+      _declared(record.sidecar),
+      reg_tokens=int(reg.shape[1]) if reg is not None else 0,
+      patch_size=tuple(int(x) for x in emb.shape[:2]),
+      width=int(emb.shape[-1]),
+      depth=_depth(params, query, scanned),
+      num_heads=int(query.shape[-2]),
+      mlp_dim=int(dense0.shape[-1]),
+      posemb="learn" if pe is not None else "sincos2d",
+      pool_type="tok" if "cls" in params else "map" if "MAPHead_0" in params else "gap",
+      num_classes=int(head.shape[-1]) if head is not None else None,
+      rep_size=int(rep.shape[-1]) if rep is not None else False,
+      posemb_grid=_square_grid(pe),
+  )
+
+
+def _first_block_kernels(params: Params, flat: Mapping[str, Any], path: str):
+  """(embedding/kernel, the first block's query and Dense_0 kernels, whether the blocks are
+  scanned); a checkpoint without them is not a big_vision ViT, said naming `path`."""
   emb = flat.get("embedding/kernel")
   if emb is None or np.ndim(emb) != 4:
     raise_problems(
@@ -338,52 +358,40 @@ def infer_vit_config(source: str | CheckpointRecord) -> dict[str, Any]:
   query = flat.get(f"{block}/{layout.ATTN}/query/kernel")
   dense0 = flat.get(f"{block}/MlpBlock_0/Dense_0/kernel")
   if query is None or dense0 is None:
-    problems.append(
-        f"no first encoder block with attention query and MLP kernels under " f"{block!r}"
+    raise_problems(
+        path, [f"no first encoder block with attention query and MLP kernels under {block!r}"]
     )
-  raise_problems(path, problems)
+  return emb, query, dense0, scanned
+
+
+def _depth(params: Params, query: Any, scanned: bool) -> int:
   if scanned:
-    depth = int(query.shape[0])
-  else:
-    indices = [_block_index(n) for n in params["Transformer"]]
-    depth = 1 + max(i for i in indices if i is not None)
-  if "cls" in params:
-    pool = "tok"
-  elif "MAPHead_0" in params:
-    pool = "map"
-  else:
-    pool = "gap"
-  head = flat.get("head/kernel")
-  rep = flat.get("pre_logits/kernel")
-  pe = flat.get("pos_embedding")
-  grid = None
-  if pe is not None and np.ndim(pe) == 3:
-    side = math.isqrt(pe.shape[1])
-    grid = (side, side) if side * side == pe.shape[1] else None
-  declared = record.sidecar
+    return int(query.shape[0])
+  indices = [_block_index(n) for n in params["Transformer"]]
+  return 1 + max(i for i in indices if i is not None)
+
+
+def _square_grid(pe: Any) -> tuple[int, int] | None:
+  """The (side, side) grid of a [1, N, D] position table, None when there is none or N is not a
+  square."""
+  if pe is None or np.ndim(pe) != 3:
+    return None
+  side = math.isqrt(pe.shape[1])
+  return (side, side) if side * side == pe.shape[1] else None
+
+
+def _declared(sidecar: Mapping[str, Any]) -> dict[str, Any]:
+  """What the sidecar JSON of an .npz declares beyond the shapes: GELU form, LayerNorm epsilon,
+  input normalisation."""
   known = {
-      k: declared["model_config"][k]
+      k: sidecar["model_config"][k]
       for k in ("gelu_approximate", "layernorm_epsilon")
-      if k in declared.get("model_config", {})
+      if k in sidecar.get("model_config", {})
   }
-  if isinstance(declared.get("preprocessing"), dict) and "mean" in declared["preprocessing"]:
-    pre = declared["preprocessing"]
+  if isinstance(sidecar.get("preprocessing"), dict) and "mean" in sidecar["preprocessing"]:
+    pre = sidecar["preprocessing"]
     known["preprocessing"] = {"mean": list(pre["mean"]), "std": list(pre["std"])}
-  reg = flat.get("reg")
-  return dict(
-      known,
-      reg_tokens=int(reg.shape[1]) if reg is not None else 0,
-      patch_size=tuple(int(x) for x in emb.shape[:2]),
-      width=int(emb.shape[-1]),
-      depth=int(depth),
-      num_heads=int(query.shape[-2]),
-      mlp_dim=int(dense0.shape[-1]),
-      posemb="learn" if pe is not None else "sincos2d",
-      pool_type=pool,
-      num_classes=int(head.shape[-1]) if head is not None else None,
-      rep_size=int(rep.shape[-1]) if rep is not None else False,
-      posemb_grid=grid,
-  )
+  return known
 
 
 def input_channels(source: str | CheckpointRecord) -> int:
