@@ -36,6 +36,7 @@ import jax.numpy as jnp
 
 from bench import common
 from linvit_jax.models import attention as attn_lib
+from linvit_jax.models import attention_ops
 from linvit_jax.models import vit
 from linvit_jax.runtime import gfile
 
@@ -150,18 +151,18 @@ def _cudnn_softmax(enabled: bool) -> Iterator[None]:
   if not enabled:
     yield
     return
-  original = attn_lib.softmax_attention
+  original = attention_ops.softmax_attention
 
   def cudnn(q, k, v):
     dt = q.dtype
     q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
     return jax.nn.dot_product_attention(q, k, v, implementation="cudnn").astype(dt)
 
-  attn_lib.softmax_attention = cudnn
+  attention_ops.softmax_attention = cudnn
   try:
     yield
   finally:
-    attn_lib.softmax_attention = original
+    attention_ops.softmax_attention = original
 
 
 @dataclasses.dataclass

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from linvit_jax.models import attention as A
+from linvit_jax.models import attention_ops as ops
 from linvit_jax.models import feature_maps
 
 FMAPS = sorted(feature_maps.FEATURE_MAPS)
@@ -34,22 +35,22 @@ def test_linear_attention_equals_naive_reference(name):
   q, k, v = _qkv(jax.random.PRNGKey(0))
   phi_q, phi_k = _phi(name, q, k)
   assert np.isfinite(np.asarray(phi_q)).all() and (np.asarray(phi_q) >= 0).all()
-  fast = A.linear_attention(phi_q, phi_k, v, eps=1e-6)
+  fast = ops.linear_attention(phi_q, phi_k, v, eps=1e-6)
   # Naive: materialise φ(Q)φ(K)ᵀ, normalise each row, multiply by V.
   a = np.einsum("bqhf,bkhf->bhqk", np.asarray(phi_q, np.float64), np.asarray(phi_k, np.float64))
   naive = np.einsum("bhqk,bkhd->bqhd", a, np.asarray(v, np.float64)) / (
       a.sum(-1).transpose(0, 2, 1)[..., None] + 1e-6
   )
   np.testing.assert_allclose(np.asarray(fast), naive, atol=1e-5, rtol=1e-5)
-  w = A.linear_weights(phi_q, phi_k)
+  w = ops.linear_weights(phi_q, phi_k)
   np.testing.assert_allclose(np.asarray(w).sum(-1), 1.0, atol=1e-5)
 
 
 @pytest.mark.parametrize("n,chunk", [(37, 8), (64, 64), (100, 512), (129, 32)])
 def test_chunked_softmax_equals_softmax(n, chunk):
   q, k, v = _qkv(jax.random.PRNGKey(2), n=n, scale=2.0)
-  ref = A.softmax_attention(q, k, v)
-  got = A.chunked_softmax_attention(q, k, v, chunk_size=chunk)
+  ref = ops.softmax_attention(q, k, v)
+  got = ops.chunked_softmax_attention(q, k, v, chunk_size=chunk)
   np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-5, rtol=0)
 
 
@@ -65,8 +66,8 @@ def test_chunked_softmax_module_matches_softmax_module():
 
 def test_softmax_weights_temperature():
   q, k, _ = _qkv(jax.random.PRNGKey(5))
-  w1 = A.softmax_weights(q, k, 1.0)
-  w2 = A.softmax_weights(q, k, 2.0)
+  w1 = ops.softmax_weights(q, k, 1.0)
+  w2 = ops.softmax_weights(q, k, 2.0)
   np.testing.assert_allclose(np.asarray(w1).sum(-1), 1.0, atol=1e-5)
   # Higher temperature flattens the distribution: lower max probability on average.
   assert float(w2.max(-1).mean()) < float(w1.max(-1).mean())
@@ -98,7 +99,7 @@ def test_bf16_extreme_inputs_stay_finite(name, case):
   else:
     q = k = v = jnp.ones((2, 256, 3, 16), jnp.bfloat16)
   phi_q, phi_k = _phi(name, q, k)
-  out = A.linear_attention(phi_q.astype(jnp.bfloat16), phi_k.astype(jnp.bfloat16), v)
+  out = ops.linear_attention(phi_q.astype(jnp.bfloat16), phi_k.astype(jnp.bfloat16), v)
   assert out.dtype == jnp.bfloat16
   assert np.isfinite(np.asarray(out.astype(jnp.float32))).all()
   if case == "all_equal" and name != "relu":
@@ -124,9 +125,11 @@ def test_favor_is_reproducible_and_redraws_only_when_asked():
 
 def test_favor_approximates_softmax_with_many_features():
   q, k, v = _qkv(jax.random.PRNGKey(10), n=64, d=16, scale=0.5)
-  ref = np.asarray(A.softmax_weights(q, k))
+  ref = np.asarray(ops.softmax_weights(q, k))
   fm = feature_maps.Favor(num_features=4096, seed=0)
-  w = np.asarray(A.linear_weights(fm.apply({}, q, is_query=True), fm.apply({}, k, is_query=False)))
+  w = np.asarray(
+      ops.linear_weights(fm.apply({}, q, is_query=True), fm.apply({}, k, is_query=False))
+  )
   assert np.abs(w - ref).mean() < 0.1 * ref.mean()
 
 
@@ -160,7 +163,7 @@ def test_folded_feature_path_equals_unfolded(name):
   phi_q, phi_k = A.feature_maps_of(A.parse_spec(name), q, k, params)
   v = jnp.einsum("bnd,dhk->bnhk", x, params["value"]["kernel"]) + params["value"]["bias"]
   ref = (
-      jnp.einsum("bnhk,hkd->bnd", A.linear_attention(phi_q, phi_k, v), params["out"]["kernel"])
+      jnp.einsum("bnhk,hkd->bnd", ops.linear_attention(phi_q, phi_k, v), params["out"]["kernel"])
       + params["out"]["bias"]
   )
   np.testing.assert_allclose(np.asarray(y), np.asarray(ref), atol=5e-5, rtol=1e-4)
@@ -192,8 +195,8 @@ def test_chunked_softmax_gradient_equals_softmax_gradient(n, chunk):
   def grads(f):
     return jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * ct), argnums=(0, 1, 2))(q, k, v)
 
-  ref = grads(A.softmax_attention)
-  got = grads(lambda q, k, v: A.chunked_softmax_attention(q, k, v, chunk_size=chunk))
+  ref = grads(ops.softmax_attention)
+  got = grads(lambda q, k, v: ops.chunked_softmax_attention(q, k, v, chunk_size=chunk))
   for g, r in zip(got, ref):
     np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=2e-5, rtol=1e-4)
 
@@ -210,6 +213,6 @@ def test_chunked_softmax_backward_keeps_no_scores_under_an_outer_remat():
     return jax.jit(g).lower(x, x, x).compile().memory_analysis().temp_size_in_bytes
 
   scores = n * n * h * 4
-  chunked = temp_bytes(lambda q, k, v: A.chunked_softmax_attention(q, k, v, chunk_size=chunk))
+  chunked = temp_bytes(lambda q, k, v: ops.chunked_softmax_attention(q, k, v, chunk_size=chunk))
   assert chunked < 0.5 * scores, (chunked, scores)
-  assert temp_bytes(A.softmax_attention) > scores  # the check can fail: softmax keeps them
+  assert temp_bytes(ops.softmax_attention) > scores  # the check can fail: softmax keeps them

@@ -15,6 +15,7 @@ import pytest
 
 from linvit_jax import build
 from linvit_jax.models import checkpoints as ckpt
+from linvit_jax.models import posemb
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint as vit_ckpt
 from linvit_jax.models.checkpoints import CheckpointError
@@ -298,7 +299,7 @@ def test_resample_posemb_bilinear_on_grids():
   i, j = np.mgrid[:4, :4].astype(np.float32)
   plane = (2 * i + 3 * j + 1)[..., None] * np.ones(5, np.float32)  # (4, 4, 5) linear ramp
   old = plane.reshape(1, 16, 5)
-  new = vit_ckpt.resample_posemb(old, (1, 64, 5))
+  new = posemb.resample_posemb(old, (1, 64, 5))
   grid = new.reshape(8, 8, 5)
   assert new.shape == (1, 64, 5) and new.dtype == np.float32
   # Corners map to corners, and a plane stays a plane (so its mean is kept).
@@ -309,16 +310,16 @@ def test_resample_posemb_bilinear_on_grids():
   np.testing.assert_allclose(grid[..., 0], 2 * ii + 3 * jj + 1, rtol=1e-5)
   # Random data: mean roughly kept; same shape: identity.
   rnd = np.random.default_rng(1).normal(size=(1, 16, 8)).astype(np.float32)
-  up = vit_ckpt.resample_posemb(rnd, np.zeros((1, 64, 8)))
+  up = posemb.resample_posemb(rnd, np.zeros((1, 64, 8)))
   assert abs(up.mean() - rnd.mean()) < 0.1
-  assert vit_ckpt.resample_posemb(rnd, rnd).tobytes() == rnd.tobytes()
+  assert posemb.resample_posemb(rnd, rnd).tobytes() == rnd.tobytes()
   # Non-square grids with explicit (h, w); bf16 in, bf16 out.
-  ns = vit_ckpt.resample_posemb(rnd.astype(ml_dtypes.bfloat16), (1, 48, 8), new_hw=(6, 8))
+  ns = posemb.resample_posemb(rnd.astype(ml_dtypes.bfloat16), (1, 48, 8), new_hw=(6, 8))
   assert ns.shape == (1, 48, 8) and ns.dtype == ml_dtypes.bfloat16
   with pytest.raises(CheckpointError, match="48 positions, not a square grid"):
-    vit_ckpt.resample_posemb(rnd, (1, 48, 8))
+    posemb.resample_posemb(rnd, (1, 48, 8))
   with pytest.raises(CheckpointError, match="width differs"):
-    vit_ckpt.resample_posemb(rnd, (1, 64, 9))
+    posemb.resample_posemb(rnd, (1, 64, 9))
 
 
 def test_load_resamples_posemb_to_the_model_grid_and_casts(params):
@@ -328,7 +329,7 @@ def test_load_resamples_posemb_to_the_model_grid_and_casts(params):
   out = vit_ckpt.load_vit_params(init, FIXTURE, CFG)
   flat = ckpt.flatten(out)
   assert all(type(v) is np.ndarray and v.dtype == ml_dtypes.bfloat16 for v in flat.values())
-  expected = vit_ckpt.resample_posemb(params["pos_embedding"], (1, 64, 192))
+  expected = posemb.resample_posemb(params["pos_embedding"], (1, 64, 192))
   np.testing.assert_array_equal(flat["pos_embedding"], expected.astype(ml_dtypes.bfloat16))
 
 

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from linvit_jax.models import posemb
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
 from linvit_jax.runtime.errors import ConfigError
@@ -22,14 +23,14 @@ from tests.test_convert_folder import _photos
 )
 def test_in_graph_resampling_is_resample_posemb(old, new):
   pe = np.random.RandomState(0).randn(1, old[0] * old[1], 6).astype(np.float32)
-  want = vit_checkpoint.resample_posemb(pe, (1, new[0] * new[1], 6), old, new)
+  want = posemb.resample_posemb(pe, (1, new[0] * new[1], 6), old, new)
   got = vit.resample_posemb_in_graph(jnp.asarray(pe), old, new)
   assert got.shape == want.shape
   np.testing.assert_allclose(np.asarray(got), want, atol=1e-6)
 
 
 def test_zoom_matrix_rows_are_interpolation_weights():
-  m = vit_checkpoint.zoom_matrix(4, 7)
+  m = posemb.zoom_matrix(4, 7)
   assert m.shape == (7, 4)
   np.testing.assert_allclose(m.sum(axis=1), 1.0, atol=1e-6)  # a convex blend of two inputs
   assert (m >= 0).all() and ((m > 0).sum(axis=1) <= 2).all()

@@ -19,6 +19,7 @@ from linvit_jax.conversion import distill
 from linvit_jax.conversion import optim
 from linvit_jax.conversion import surgery
 from linvit_jax.models import attention as attn_lib
+from linvit_jax.models import attention_ops
 from linvit_jax.models import probe
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
@@ -129,7 +130,7 @@ def at_and_off_equality(tiny):
     updates, state = opt.update(ones, opt.init(s_params), s_params)
     # The routing xent is minimal (= the teacher's entropy) rather than zero at equality.
     tg = probe.teacher_targets(teacher, t_params, images)
-    p = attn_lib.softmax_weights(tg["q"][1], tg["k"][1])
+    p = attention_ops.softmax_weights(tg["q"][1], tg["k"][1])
     entropy = -jnp.mean(jnp.sum(jax.scipy.special.xlogy(p, p), -1))
     xent = distill.routing_loss(
         tg["q"][1],

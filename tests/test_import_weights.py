@@ -15,7 +15,9 @@ import pytest
 
 from linvit_jax.models import checkpoints
 from linvit_jax.models import foreign
+from linvit_jax.models import foreign_files
 from linvit_jax.models import import_weights
+from linvit_jax.models import posemb
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
 
@@ -91,8 +93,8 @@ def test_source_config_read():
 def test_torch_bicubic_identity_and_shape():
   pe = np.random.RandomState(0).randn(1, 16, 5).astype(np.float32)
   for aa in (False, True):
-    np.testing.assert_allclose(foreign.resample_posemb_torch(pe, (4, 4), aa), pe, atol=1e-6)
-    assert foreign.resample_posemb_torch(pe, (6, 3), aa).shape == (1, 18, 5)
+    np.testing.assert_allclose(posemb.resample_posemb_torch(pe, (4, 4), aa), pe, atol=1e-6)
+    assert posemb.resample_posemb_torch(pe, (6, 3), aa).shape == (1, 18, 5)
 
 
 def test_import_weights_cli_round_trip(tmp_path):
@@ -131,7 +133,7 @@ def _copy_folder(tmp_path, family, drop=(), config_edit=None):
   dst = tmp_path / family
   shutil.copytree(os.path.join(FOREIGN, family), dst)
   if drop:
-    tensors = foreign.read_safetensors(str(dst / "model.safetensors"))
+    tensors = foreign_files.read_safetensors(str(dst / "model.safetensors"))
     _write_safetensors(
         str(dst / "model.safetensors"), {k: v for k, v in tensors.items() if k not in drop}
     )
@@ -191,7 +193,7 @@ def test_pickle_and_extra_tensors(tmp_path):
   ):
     foreign.read(str(pth))
   src = tmp_path / "timm.safetensors"
-  tensors = foreign.read_safetensors(os.path.join(FOREIGN, "timm_vit", "model.safetensors"))
+  tensors = foreign_files.read_safetensors(os.path.join(FOREIGN, "timm_vit", "model.safetensors"))
   _write_safetensors(str(src), dict(tensors, **{"blocks.0.attn.q_norm.weight": np.ones(16)}))
   with pytest.raises(checkpoints.CheckpointError, match="qk_norm"):
     foreign.read(str(src), num_heads=2)

@@ -18,8 +18,8 @@ from linvit_jax.artifacts import export_format
 from linvit_jax.artifacts import model_card
 from linvit_jax.configuration import config_lib
 from linvit_jax.data import sample_photos
+from linvit_jax.models import posemb
 from linvit_jax.models import vit
-from linvit_jax.models import vit_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIELDS = dict(
@@ -78,7 +78,7 @@ def test_runs_at_any_multiple_of_the_patch(folder, photos, tmp_path):
   pe = np.asarray(student.params["pos_embedding"])
   np.testing.assert_array_equal(
       np.asarray(student._params_at((32, 32))["pos_embedding"]),
-      vit_checkpoint.resample_posemb(pe, (1, 64, 32)),
+      posemb.resample_posemb(pe, (1, 64, 32)),
   )
   # non-square sizes (not with a convolution on values: it needs a square grid), and a size
   # chosen at load time

@@ -52,6 +52,7 @@ import ml_collections
 
 from linvit_jax.configuration import config_lib
 from linvit_jax.models import attention as attn_lib
+from linvit_jax.models import attention_ops
 from linvit_jax.models import layout
 from linvit_jax.models import probe
 from linvit_jax.models import vit
@@ -146,16 +147,16 @@ def routing_loss(
   idx = _sample_queries(teacher_q.shape[1], num_queries, rng)
   if idx is not None:
     teacher_q, student_q = teacher_q[:, idx], student_q[:, idx]
-  p = attn_lib.softmax_weights(teacher_q, teacher_k, temperature)
+  p = attention_ops.softmax_weights(teacher_q, teacher_k, temperature)
   if spec.kind == "linear" and student_phi is not None:
     phi_q, phi_k = student_phi
     phi_q = phi_q if idx is None else phi_q[:, idx]
-    w = attn_lib.linear_weights(phi_q, phi_k, spec.eps)
+    w = attention_ops.linear_weights(phi_q, phi_k, spec.eps)
   elif spec.kind == "linear":
     phi_q, phi_k = attn_lib.feature_maps_of(spec, student_q, student_k, fmap_params)
-    w = attn_lib.linear_weights(phi_q, phi_k, spec.eps)
+    w = attention_ops.linear_weights(phi_q, phi_k, spec.eps)
   else:
-    w = attn_lib.softmax_weights(student_q, student_k, 1.0)
+    w = attention_ops.softmax_weights(student_q, student_k, 1.0)
   xent = -jnp.sum(p * jnp.log(w + LOG_EPS), axis=-1)
   if kind == "kl":
     xent = xent + jnp.sum(jax.scipy.special.xlogy(p, p), axis=-1)

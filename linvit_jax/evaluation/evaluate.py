@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linvit_jax.models import attention as attn_lib
+from linvit_jax.models import attention_ops
 from linvit_jax.models import layout
 from linvit_jax.models import probe
 from linvit_jax.models import vit
@@ -283,9 +284,9 @@ def _cls_attention_maps(model, params, images):
     q, k = blocks[name]["q"][:, :1], blocks[name]["k"]
     if spec.kind == "linear" and not (spec.exact_prefix_rows and model.num_prefix_tokens):
       phi_q, phi_k = attn_lib.feature_maps_of(spec, q, k, p[name][layout.ATTN])
-      weights = attn_lib.linear_weights(phi_q, phi_k, spec.eps)
+      weights = attention_ops.linear_weights(phi_q, phi_k, spec.eps)
     else:
-      weights = attn_lib.softmax_weights(q, k)
+      weights = attention_ops.softmax_weights(q, k)
     weights = weights[:, :, 0, -h * w :]  # drop the cls→cls entry when there is a cls token
     maps.append(weights.reshape(weights.shape[0], weights.shape[1], h, w))
   return jnp.stack(maps)

@@ -13,7 +13,7 @@ antialiased bilinear filter (inference_pp's `resize(..., method="bilinear", anti
 box-like when shrinking, bilinear when enlarging); then the pp string's own decode and value ops
 (its normalisation). A photo smaller than s is enlarged from its original, and counted
 ("upsampled" in each row). The position table of both models is resampled from the training grid
-to the size's grid by big_vision's rule (vit_checkpoint.resample_posemb), as `load_student` does.
+to the size's grid by big_vision's rule (posemb.resample_posemb), as `load_student` does.
 
 Fidelity per photo, as evaluate.end_to_end_fidelity defines it: `cls_cosine`, the cosine of the
 final cls token (after the encoder norm; only with a cls token), and `patch_cosine`, the mean over

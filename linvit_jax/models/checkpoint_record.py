@@ -24,6 +24,7 @@ from linvit_jax.models import hub
 from linvit_jax.models.checkpoints import Params
 from linvit_jax.models.checkpoints import load_npz
 from linvit_jax.models.checkpoints import resolve_name
+from linvit_jax.models.foreign_layout import Imported
 from linvit_jax.runtime import gfile
 
 
@@ -35,7 +36,7 @@ class CheckpointRecord:
 
   path: str
   tree: Params | None
-  imported: foreign.Imported | None
+  imported: Imported | None
   sidecar: Mapping[str, Any]
   digest: Mapping[str, Any]
 

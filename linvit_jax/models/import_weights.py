@@ -25,10 +25,10 @@ from linvit_jax.runtime import gfile
 from linvit_jax.runtime.errors import UserError
 
 if TYPE_CHECKING:
-  from linvit_jax.models import foreign
+  from linvit_jax.models.foreign_layout import Imported
 
 
-def import_weights(src: str, out: str, num_heads: int | None = None) -> foreign.Imported:
+def import_weights(src: str, out: str, num_heads: int | None = None) -> Imported:
   """Converts `src` and writes `out` (.npz) with its sidecar JSON; returns what was imported."""
   # Imported here, not at the top: they load ml_dtypes (~1 s), and --help should answer at once.
   from linvit_jax.models import checkpoints

@@ -26,6 +26,7 @@ import numpy as np
 
 from linvit_jax.models import attention as attn_lib
 from linvit_jax.models import layout
+from linvit_jax.models import posemb
 from linvit_jax.models import vit_checkpoint
 from linvit_jax.models.variants import decode_variant
 
@@ -48,11 +49,11 @@ def posemb_sincos_2d(
 def resample_posemb_in_graph(
     pe: jax.Array, old_grid: tuple[int, int], new_grid: tuple[int, int]
 ) -> jax.Array:
-  """`vit_checkpoint.resample_posemb`'s bilinear rule as two fixed matrices (differentiable, so
+  """`posemb.resample_posemb`'s bilinear rule as two fixed matrices (differentiable, so
   the stored table trains at any resolution); equal to it within float32 rounding."""
   (oh, ow), (nh, nw) = old_grid, new_grid
   grid = jnp.reshape(pe.astype(jnp.float32), (oh, ow, -1))
-  rows, cols = vit_checkpoint.zoom_matrix(oh, nh), vit_checkpoint.zoom_matrix(ow, nw)
+  rows, cols = posemb.zoom_matrix(oh, nh), posemb.zoom_matrix(ow, nw)
   grid = jnp.einsum("ih,jw,hwc->ijc", rows, cols, grid, precision=jax.lax.Precision.HIGHEST)
   return jnp.reshape(grid, (1, nh * nw, -1)).astype(pe.dtype)
 
@@ -219,7 +220,7 @@ class _Model(nn.Module):
   layernorm_epsilon: float = 1e-6
   reg_tokens: int = 0
   # The grid (h, w) the learned position table is stored at, when the input's grid may differ:
-  # the table is resampled inside the forward (the rule of `vit_checkpoint.resample_posemb`), so
+  # the table is resampled inside the forward (the rule of `posemb.resample_posemb`), so
   # one set of params trains and runs at any resolution. None: the table is the input's grid.
   posemb_grid: tuple[int, int] | None = None
 
@@ -230,6 +231,9 @@ class _Model(nn.Module):
 
   @nn.compact
   def __call__(self, image: jax.Array, *, train: bool = False):
+    """(logits or pooled features, out): big_vision's `out` keys. One forward pass read top to
+    bottom in big_vision's own order (stem, posemb, prefix tokens, encoder, pooling, pre-logits,
+    head), kept comparable with its Model.__call__ line for line, hence its length."""
     out = {}
     image = jnp.asarray(image, self.dtype_mm)
     x = out["stem"] = nn.Conv(

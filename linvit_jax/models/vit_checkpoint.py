@@ -1,4 +1,4 @@
-"""big_vision ViT checkpoints into a model: old layouts, scan <-> loop, posemb resampling, `load`.
+"""big_vision ViT checkpoints into a model: old layouts, scan <-> loop, the architecture, `load`.
 
 What makes a checkpoint fit *this ViT* lives here, beside the model (as in big_vision's
 models/vit.py); generic .npz reading/writing and the strict merge are in linvit_jax/models/checkpoints.py.
@@ -8,7 +8,8 @@ never mutated.
 The one path in is `load_vit_params` (what `vit.load` delegates to):
   read_vit_checkpoint -> pyloop/scan layout -> merge_params -> resample the posemb -> cast
 where `read_vit_checkpoint` is load_npz -> fix_old_checkpoints for a big_vision .npz, and
-models/foreign.py for a Hugging Face / timm folder or .safetensors file.
+models/foreign.py for a Hugging Face / timm folder or .safetensors file; the position table is
+resized by models/posemb.py.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import scipy.ndimage
 
 from linvit_jax.models import checkpoint_record
-from linvit_jax.models import foreign
 from linvit_jax.models import layout
+from linvit_jax.models import posemb
 from linvit_jax.models.checkpoint_record import CheckpointRecord
 from linvit_jax.models.checkpoints import CheckpointError
 from linvit_jax.models.checkpoints import Params
@@ -198,83 +198,17 @@ def scan_to_pyloop(params: Mapping[str, Any]) -> Params:
 # Position embeddings.
 
 
-def _square_side(n: int, what: str) -> int:
-  side = math.isqrt(n)
-  if side * side != n:
-    raise CheckpointError(
-        f"{what} has {n} positions, not a square grid; pass its (h, w) "
-        "explicitly to resample_posemb"
-    )
-  return side
-
-
-def resample_posemb(
-    old: np.ndarray,
-    new: Any,
-    old_hw: tuple[int, int] | None = None,
-    new_hw: tuple[int, int] | None = None,
-) -> np.ndarray:
-  """Resizes a (1, h*w, D) learned posemb to another grid: bilinear, as big_vision does.
-
-  `new` is the target array or its shape. Grids are square unless given as (h, w). Corners map to
-  corners (scipy.ndimage.zoom, order=1, its default align-corners grid), like big_vision's
-  "high-res fine-tuning".
-  """
-  old = np.asarray(old)
-  new_shape = tuple(new.shape if hasattr(new, "shape") else new)
-  if old.ndim != 3 or len(new_shape) != 3 or old.shape[0] != 1 or new_shape[0] != 1:
-    raise CheckpointError(f"pos_embedding must be (1, N, D): got {old.shape} -> {new_shape}")
-  if old.shape[2] != new_shape[2]:
-    raise CheckpointError(
-        f"pos_embedding width differs, cannot resample: checkpoint "
-        f"{old.shape} vs model {new_shape}"
-    )
-  oh, ow = old_hw or (_square_side(old.shape[1], f"checkpoint pos_embedding {old.shape}"),) * 2
-  nh, nw = new_hw or (_square_side(new_shape[1], f"model pos_embedding {new_shape}"),) * 2
-  if oh * ow != old.shape[1] or nh * nw != new_shape[1]:
-    raise CheckpointError(
-        f"pos_embedding grids ({oh}, {ow}) -> ({nh}, {nw}) do not match "
-        f"the shapes {old.shape} -> {new_shape}"
-    )
-  if (oh, ow) == (nh, nw):
-    return old
-  # scipy has no bfloat16; interpolate in float32 and cast back.
-  grid = old.reshape(oh, ow, -1).astype(np.float32)
-  grid = scipy.ndimage.zoom(grid, (nh / oh, nw / ow, 1), order=1)
-  assert grid.shape[:2] == (nh, nw), (grid.shape, nh, nw)  # zoom rounds; exact ratios hit.
-  return grid.reshape(new_shape).astype(old.dtype)
-
-
-def zoom_matrix(n_in: int, n_out: int) -> np.ndarray:
-  """[n_out, n_in] float32 weights of `resample_posemb`'s rule along one axis: the zoom is linear,
-  so zooming the identity gives each output's weights over the inputs (the model's in-graph
-  resampling, vit.resample_posemb_in_graph, applies them)."""
-  eye = np.eye(n_in, dtype=np.float64)
-  return scipy.ndimage.zoom(eye, (n_out / n_in, 1), order=1).astype(np.float32)
-
-
 def with_posemb_grid(
     params: Mapping[str, Any], new_grid: tuple[int, int], old_grid: tuple[int, int] | None = None
 ) -> dict:
   """A copy of `params` whose learned position table (if any) is resampled to `new_grid`
-  (resample_posemb; `old_grid` None: the table's square grid)."""
+  (posemb.resample_posemb; `old_grid` None: the table's square grid)."""
   params = dict(params)
   if "pos_embedding" in params:
     pe = np.asarray(params["pos_embedding"])
     new_shape = (1, new_grid[0] * new_grid[1], pe.shape[-1])
-    params["pos_embedding"] = resample_posemb(pe, new_shape, old_grid, tuple(new_grid))
+    params["pos_embedding"] = posemb.resample_posemb(pe, new_shape, old_grid, tuple(new_grid))
   return params
-
-
-def resample_posemb_as(method: str, old: np.ndarray, new_shape: tuple[int, ...]) -> np.ndarray:
-  """The position table resized the way its source framework does ('big_vision': bilinear;
-  'torch_bicubic[_antialias]': torch's F.interpolate, as Hugging Face and timm do)."""
-  if method == "big_vision" or tuple(old.shape) == tuple(new_shape):
-    return resample_posemb(old, new_shape)
-  if old.shape[2] != new_shape[2]:
-    raise CheckpointError(f"pos_embedding width differs: {old.shape} vs model {new_shape}")
-  side = _square_side(new_shape[1], f"model pos_embedding {tuple(new_shape)}")
-  return foreign.resample_posemb_torch(old, (side, side), method.endswith("antialias"))
 
 
 def read_vit_checkpoint(
@@ -291,7 +225,7 @@ def read_vit_checkpoint(
     return record.imported.params, record.imported.posemb_resample
   params = fix_old_checkpoints(record.tree, model_posemb_len=model_posemb_len)
   method = record.sidecar.get("posemb_resample", "big_vision")
-  return params, method if method in foreign.RESAMPLERS else "big_vision"
+  return params, method if method in posemb.RESAMPLERS else "big_vision"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -318,43 +252,16 @@ def _check_against_config(
   problems = []
   emb = flat.get("embedding/kernel")
   if emb is not None and np.ndim(emb) == 4 and not skipped("embedding/kernel"):
-    if "patch_size" in cfg:
-      ps = cfg["patch_size"]
-      ps = tuple(ps) if isinstance(ps, Sequence) else (ps, ps)
-      if tuple(emb.shape[:2]) != tuple(ps):
-        problems.append(
-            f"patch size {tuple(emb.shape[:2])} (embedding/kernel "
-            f"{shape_of(emb)}) but the model config says {ps}"
-        )
-    if "width" in cfg and emb.shape[-1] != cfg["width"]:
+    problems += _embedding_problems(emb, cfg)
+  query = _first_block_param(flat, f"{layout.ATTN}/query/kernel")
+  if query is not None and "num_heads" in cfg and not skipped(query):
+    q = flat[query]
+    if q.shape[-2] != cfg["num_heads"]:
       problems.append(
-          f"width {emb.shape[-1]} (embedding/kernel {shape_of(emb)}) but the "
-          f"model config says {cfg['width']}"
-      )
-  block = next(
-      (
-          n.rsplit("/", 2)[0]
-          for n in sorted(flat)
-          if re.fullmatch(rf"Transformer/{layout.SCANNED_BLOCK}(_0)?/{layout.ATTN}/query/kernel", n)
-      ),
-      None,
-  )
-  if block is not None and "num_heads" in cfg:
-    name = block + "/query/kernel"
-    q = flat[name]
-    if not skipped(name) and q.shape[-2] != cfg["num_heads"]:
-      problems.append(
-          f"{q.shape[-2]} heads ({name} {shape_of(q)}) but the model config "
+          f"{q.shape[-2]} heads ({query} {shape_of(q)}) but the model config "
           f"says num_heads={cfg['num_heads']}"
       )
-  mlp = next(
-      (
-          n
-          for n in sorted(flat)
-          if re.fullmatch(rf"Transformer/{layout.SCANNED_BLOCK}(_0)?/MlpBlock_0/Dense_0/kernel", n)
-      ),
-      None,
-  )
+  mlp = _first_block_param(flat, "MlpBlock_0/Dense_0/kernel")
   if mlp is not None and "mlp_dim" in cfg and not skipped(mlp):
     if flat[mlp].shape[-1] != cfg["mlp_dim"]:
       problems.append(
@@ -362,6 +269,31 @@ def _check_against_config(
           f"model config says {cfg['mlp_dim']}"
       )
   raise_problems(source, problems)
+
+
+def _embedding_problems(emb: Any, cfg: Mapping[str, Any]) -> list[str]:
+  """The patch size and width of embedding/kernel [ph, pw, C, D] against the config's."""
+  problems = []
+  if "patch_size" in cfg:
+    ps = cfg["patch_size"]
+    ps = tuple(ps) if isinstance(ps, Sequence) else (ps, ps)
+    if tuple(emb.shape[:2]) != tuple(ps):
+      problems.append(
+          f"patch size {tuple(emb.shape[:2])} (embedding/kernel "
+          f"{shape_of(emb)}) but the model config says {ps}"
+      )
+  if "width" in cfg and emb.shape[-1] != cfg["width"]:
+    problems.append(
+        f"width {emb.shape[-1]} (embedding/kernel {shape_of(emb)}) but the "
+        f"model config says {cfg['width']}"
+    )
+  return problems
+
+
+def _first_block_param(flat: Mapping[str, Any], suffix: str) -> str | None:
+  """The name of the first block's (or the scanned block's) `suffix` param, None if absent."""
+  pattern = rf"Transformer/{layout.SCANNED_BLOCK}(_0)?/{suffix}"
+  return next((n for n in sorted(flat) if re.fullmatch(pattern, n)), None)
 
 
 def infer_vit_config(source: str | CheckpointRecord) -> dict[str, Any]:
@@ -381,7 +313,6 @@ def infer_vit_config(source: str | CheckpointRecord) -> dict[str, Any]:
   those keys are absent when nothing says.
   """
   record = checkpoint_record.of(source)
-  path = record.path
   if record.imported is not None:
     arch = dict(record.imported.arch)
     if record.imported.preprocessing:
@@ -389,7 +320,30 @@ def infer_vit_config(source: str | CheckpointRecord) -> dict[str, Any]:
     return arch
   params = fix_old_checkpoints(record.tree)
   flat = flatten(params)
-  problems = []
+  emb, query, dense0, scanned = _first_block_kernels(params, flat, record.path)
+  head = flat.get("head/kernel")
+  rep = flat.get("pre_logits/kernel")
+  pe = flat.get("pos_embedding")
+  reg = flat.get("reg")
+  return dict(
+      _declared(record.sidecar),
+      reg_tokens=int(reg.shape[1]) if reg is not None else 0,
+      patch_size=tuple(int(x) for x in emb.shape[:2]),
+      width=int(emb.shape[-1]),
+      depth=_depth(params, query, scanned),
+      num_heads=int(query.shape[-2]),
+      mlp_dim=int(dense0.shape[-1]),
+      posemb="learn" if pe is not None else "sincos2d",
+      pool_type="tok" if "cls" in params else "map" if "MAPHead_0" in params else "gap",
+      num_classes=int(head.shape[-1]) if head is not None else None,
+      rep_size=int(rep.shape[-1]) if rep is not None else False,
+      posemb_grid=_square_grid(pe),
+  )
+
+
+def _first_block_kernels(params: Params, flat: Mapping[str, Any], path: str):
+  """(embedding/kernel, the first block's query and Dense_0 kernels, whether the blocks are
+  scanned); a checkpoint without them is not a big_vision ViT, said naming `path`."""
   emb = flat.get("embedding/kernel")
   if emb is None or np.ndim(emb) != 4:
     raise_problems(
@@ -404,52 +358,40 @@ def infer_vit_config(source: str | CheckpointRecord) -> dict[str, Any]:
   query = flat.get(f"{block}/{layout.ATTN}/query/kernel")
   dense0 = flat.get(f"{block}/MlpBlock_0/Dense_0/kernel")
   if query is None or dense0 is None:
-    problems.append(
-        f"no first encoder block with attention query and MLP kernels under " f"{block!r}"
+    raise_problems(
+        path, [f"no first encoder block with attention query and MLP kernels under {block!r}"]
     )
-  raise_problems(path, problems)
+  return emb, query, dense0, scanned
+
+
+def _depth(params: Params, query: Any, scanned: bool) -> int:
   if scanned:
-    depth = int(query.shape[0])
-  else:
-    indices = [_block_index(n) for n in params["Transformer"]]
-    depth = 1 + max(i for i in indices if i is not None)
-  if "cls" in params:
-    pool = "tok"
-  elif "MAPHead_0" in params:
-    pool = "map"
-  else:
-    pool = "gap"
-  head = flat.get("head/kernel")
-  rep = flat.get("pre_logits/kernel")
-  pe = flat.get("pos_embedding")
-  grid = None
-  if pe is not None and np.ndim(pe) == 3:
-    side = math.isqrt(pe.shape[1])
-    grid = (side, side) if side * side == pe.shape[1] else None
-  declared = record.sidecar
+    return int(query.shape[0])
+  indices = [_block_index(n) for n in params["Transformer"]]
+  return 1 + max(i for i in indices if i is not None)
+
+
+def _square_grid(pe: Any) -> tuple[int, int] | None:
+  """The (side, side) grid of a [1, N, D] position table, None when there is none or N is not a
+  square."""
+  if pe is None or np.ndim(pe) != 3:
+    return None
+  side = math.isqrt(pe.shape[1])
+  return (side, side) if side * side == pe.shape[1] else None
+
+
+def _declared(sidecar: Mapping[str, Any]) -> dict[str, Any]:
+  """What the sidecar JSON of an .npz declares beyond the shapes: GELU form, LayerNorm epsilon,
+  input normalisation."""
   known = {
-      k: declared["model_config"][k]
+      k: sidecar["model_config"][k]
       for k in ("gelu_approximate", "layernorm_epsilon")
-      if k in declared.get("model_config", {})
+      if k in sidecar.get("model_config", {})
   }
-  if isinstance(declared.get("preprocessing"), dict) and "mean" in declared["preprocessing"]:
-    pre = declared["preprocessing"]
+  if isinstance(sidecar.get("preprocessing"), dict) and "mean" in sidecar["preprocessing"]:
+    pre = sidecar["preprocessing"]
     known["preprocessing"] = {"mean": list(pre["mean"]), "std": list(pre["std"])}
-  reg = flat.get("reg")
-  return dict(
-      known,
-      reg_tokens=int(reg.shape[1]) if reg is not None else 0,
-      patch_size=tuple(int(x) for x in emb.shape[:2]),
-      width=int(emb.shape[-1]),
-      depth=int(depth),
-      num_heads=int(query.shape[-2]),
-      mlp_dim=int(dense0.shape[-1]),
-      posemb="learn" if pe is not None else "sincos2d",
-      pool_type=pool,
-      num_classes=int(head.shape[-1]) if head is not None else None,
-      rep_size=int(rep.shape[-1]) if rep is not None else False,
-      posemb_grid=grid,
-  )
+  return known
 
 
 def input_channels(source: str | CheckpointRecord) -> int:
@@ -535,7 +477,7 @@ def load_vit_params(
     value = np.asarray(value)
     if is_posemb(name) and value.shape != shape_of(init_val):
       try:
-        value = resample_posemb_as(posemb_method, value, shape_of(init_val))
+        value = posemb.resample_posemb_as(posemb_method, value, shape_of(init_val))
       except CheckpointError as e:
         raise CheckpointError(f"checkpoint '{init_file}': cannot resample {name!r}: " f"{e}") from e
     out[name] = value.astype(dtype_of(init_val), copy=False)
