@@ -1,6 +1,6 @@
-"""Configs are data (shared/DESIGN.md): a config file imports config_lib alone and checks nothing
-itself; the checks it runs on its options live in config_checks, which stays light (no jax, no
-driver), so reading a config (`import linvit_jax` reads convert_folder's options) stays cheap."""
+"""Configs are data: a config file only states options, so it imports config_lib alone and checks
+nothing itself; the checks it runs on its options live in config_checks, which stays light (no jax,
+no driver), so reading a config (`import linvit_jax` reads convert_folder's options) stays cheap."""
 
 import ast
 import os
