@@ -22,6 +22,7 @@ from linvit_jax.models import attention as attn_lib
 from linvit_jax.models import probe
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
+from tests.helpers import robust_common as robust
 
 _jit = functools.partial(
     jax.jit,
@@ -82,13 +83,6 @@ def tiny():
 
 def _attn_leaf(path: str) -> bool:
   return "/MultiHeadDotProductAttention_0/" in path and path.startswith("Transformer/")
-
-
-def _flat(tree):
-  return {
-      "/".join(str(k.key) for k in p): np.asarray(v)
-      for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]
-  }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -184,7 +178,7 @@ def test_every_loss_is_minimal_at_student_equals_teacher_and_positive_otherwise(
 
 def test_gradients_reach_only_the_trainable_parameters(at_and_off_equality):
   mask, s_params, _, _, g_forced, updates, state, _, _ = at_and_off_equality
-  g_forced, updates, flat_mask = map(_flat, (g_forced, updates, mask))
+  g_forced, updates, flat_mask = map(robust.flat, (g_forced, updates, mask))
   assert any(flat_mask.values()) and not all(flat_mask.values())
   for path, trainable in flat_mask.items():
     assert trainable == _attn_leaf(path), path
