@@ -95,15 +95,8 @@ def at_and_off_equality(tiny):
   teacher, t_params, student, s_params, images = tiny
   same_params, report = surgery.transplant(t_params, t_params, "copy_all")
   assert report.counts()["keep"] == 0
-  every = dict(
-      w_routing=1.0,
-      routing_kind="kl",
-      routing_queries=8,
-      lookahead=3,
-      w_lookahead=1.0,
-      w_feature=1.0,
-      w_logit_kd=1.0,
-  )
+  weights = dict.fromkeys(("w_routing", "w_lookahead", "w_feature", "w_logit_kd"), 1.0)
+  every = dict(weights, routing_kind="kl", routing_queries=8, lookahead=3)  # every loss on
   same_loss = distill.make_distill_loss(teacher, teacher, every)
   lin_loss = distill.make_distill_loss(teacher, student, every)
   forced = distill.make_distill_loss(
