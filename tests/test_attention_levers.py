@@ -10,6 +10,7 @@ import pytest
 from linvit_jax.conversion import surgery
 from linvit_jax.models import attention as A
 from linvit_jax.models import vit
+from tests.helpers import tiny_teacher
 
 X = jax.random.normal(jax.random.PRNGKey(0), (2, 1 + 16, 32))  # cls + a 4×4 grid
 
@@ -117,16 +118,7 @@ def test_bad_lever_values_fail_before_compute():
 def test_levers_in_a_vit_and_surgery():
   """A ViT student with the levers: the prefix count reaches every block, surgery keeps conv_v
   fresh (the teacher has none) and copies the registers like cls."""
-  kw = dict(
-      num_classes=None,
-      patch_size=(4, 4),
-      width=32,
-      depth=2,
-      mlp_dim=64,
-      num_heads=2,
-      pool_type="tok",
-      reg_tokens=2,
-  )
+  kw = dict(tiny_teacher.TINY, patch_size=(4, 4), reg_tokens=2)
   images = jnp.zeros((1, 16, 16, 3))
   teacher = vit.Model(**kw)
   student = vit.Model(

@@ -1,7 +1,6 @@
 """checkpoints.py and models/vit_checkpoint.py against a real big_vision checkpoint (tests/data,
 see its .json)."""
 
-import json
 import os
 import threading
 import time
@@ -21,28 +20,19 @@ from linvit_jax.models import vit_checkpoint as vit_ckpt
 from linvit_jax.models.checkpoints import CheckpointError
 from linvit_jax.models.variants import decode_variant
 from linvit_jax.runtime import gfile
+from tests.helpers import bv_checkpoint
 from tests.helpers import robust_common as robust
 from tests.helpers import robust_config as rc
 from tests.helpers.robust_common import GS_PATH
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 FIXTURE = os.path.join(DATA, "vit_w192_d4_p16_i64_tok_learn.npz")
-CFG = dict(
-    patch_size=(16, 16),
-    width=192,
-    depth=4,
-    mlp_dim=768,
-    num_heads=3,
-    num_classes=10,
-    pool_type="tok",
-    posemb="learn",
-)
+CFG = bv_checkpoint.model_config()
 
 
 @pytest.fixture(scope="module")
 def meta():
-  with open(FIXTURE[: -len(".npz")] + ".json") as f:
-    return json.load(f)
+  return bv_checkpoint.meta()
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,11 @@ from linvit_jax.models import checkpoints
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
 from linvit_jax.runtime.errors import ConfigError
+from tests.helpers import real_dinov2
 from tests.helpers import tiny_teacher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REAL = os.path.join(ROOT, "..", "shared", "fixtures", "real", "dinov2s14_focus_bv")
+REAL = real_dinov2.PATH
 TINY = tiny_teacher.TINY
 _headless_checkpoint = tiny_teacher.headless_checkpoint
 _photos = tiny_teacher.smooth_photos
@@ -57,19 +58,7 @@ def test_real_vit_s14_inferred_and_matches_reference():
   arch = vit_checkpoint.infer_vit_config(REAL + ".npz")
   # The JSON beside the npz says how inputs are normalised (ImageNet mean/std).
   assert arch.pop("preprocessing")["mean"] == [0.485, 0.456, 0.406]
-  assert arch == dict(
-      reg_tokens=0,
-      patch_size=(14, 14),
-      width=384,
-      depth=12,
-      num_heads=6,
-      mlp_dim=1536,
-      posemb="learn",
-      pool_type="tok",
-      num_classes=None,
-      rep_size=False,
-      posemb_grid=(16, 16),
-  )
+  assert arch == dict(real_dinov2.FIELDS, reg_tokens=0, rep_size=False, posemb_grid=(16, 16))
   kw = {k: v for k, v in arch.items() if k != "posemb_grid"}
   model = vit.Model(**kw, gelu_approximate=False)
   ref = np.load(REAL + ".ref.npz")

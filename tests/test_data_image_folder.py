@@ -48,6 +48,14 @@ def make_flat(root, n):
   return rels
 
 
+def split_after_40_new_photos(root, split):
+  """The files of `split` once 40 new photos are written into the folder `root`, rescanned."""
+  for i in range(40):
+    write(str(root / f"new{i}.png"), rgb(7))
+  again = image_folder.scan(str(root))
+  return {again.files[i] for i in image_folder.split_positions(again, split)}
+
+
 def files_of(ds):
   return [ex["file"].decode() for ex in ds.as_numpy_iterator()]
 
@@ -127,10 +135,7 @@ def test_holdout_split_disjoint_covering_and_stable(tmp_path):
   ]:
     assert input_pipeline.num_examples("image_folder", split, str(tmp_path)) == n
   # Unrelated files (new ones, another class) move no existing file between the splits.
-  for i in range(40):
-    write(str(tmp_path / f"new{i}.png"), rgb(7))
-  again = image_folder.scan(str(tmp_path))
-  held_again = {again.files[i] for i in image_folder.split_positions(again, "holdout")}
+  held_again = split_after_40_new_photos(tmp_path, "holdout")
   assert held_again & set(rels) == holdout
   assert set(eval_examples(tmp_path, split="holdout")) == held_again
 
@@ -152,10 +157,7 @@ def test_val_and_test_halve_the_holdout_stably(tmp_path):
   assert files("val") | files("test") == files("holdout")  # the default fraction too
   for split, n in (("val@0.3", len(val)), ("test@0.3", len(test))):
     assert input_pipeline.num_examples("image_folder", split, str(tmp_path)) == n
-  for i in range(40):
-    write(str(tmp_path / f"new{i}.png"), rgb(7))
-  again = image_folder.scan(str(tmp_path))
-  val_again = {again.files[i] for i in image_folder.split_positions(again, "val@0.3")}
+  val_again = split_after_40_new_photos(tmp_path, "val@0.3")
   assert val_again & set(rels) == val
 
 

@@ -295,25 +295,12 @@ def test_jft_counts_and_multi_hot(jft_glob):
   os.remove(os.path.join(os.path.dirname(files[0]), jft.COUNTS_FILE))  # Counted by reading.
   assert jft.count_examples(files) == [7, 7, 7]
   pp = f'decode|resize(4)|value_range(-1,1)|multi_hot({DEPTH})|keep("image","labels")'
-  it = input_pipeline.make_train_iterator(
-      dataset=f"jft:{jft_glob}", split="train", pp=pp, global_batch_size=7, seed=0, shuffle_buffer=5
-  )
-  batches = take(it, 6)
+  kw = dict(dataset=f"jft:{jft_glob}", split="train", pp=pp, global_batch_size=7, shuffle_buffer=5)
+  batches = take(input_pipeline.make_train_iterator(**kw, seed=0), 6)
   assert batches[0]["labels"].dtype == np.float32 and batches[0]["image"].shape == (7, 4, 4, 3)
   ids = np.concatenate([ids_of(b) for b in batches])
   assert sorted(ids[:21]) == sorted(ids[21:]) == list(range(21))
-  resumed = take(
-      input_pipeline.make_train_iterator(
-          dataset=f"jft:{jft_glob}",
-          split="train",
-          pp=pp,
-          global_batch_size=7,
-          seed=0,
-          shuffle_buffer=5,
-          start_step=4,
-      ),
-      2,
-  )
+  resumed = take(input_pipeline.make_train_iterator(**kw, seed=0, start_step=4), 2)
   assert_same_batches(batches[4:], resumed)
 
 

@@ -11,10 +11,10 @@ from linvit_jax.models import posemb
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
 from linvit_jax.runtime.errors import ConfigError
-from tests.test_convert_folder import TINY
-from tests.test_convert_folder import _config
-from tests.test_convert_folder import _headless_checkpoint
-from tests.test_convert_folder import _photos
+from tests.helpers.tiny_teacher import TINY
+from tests.helpers.tiny_teacher import convert_folder_config as _config
+from tests.helpers.tiny_teacher import headless_checkpoint as _headless_checkpoint
+from tests.helpers.tiny_teacher import smooth_photos as _photos
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ from linvit_jax.models import attention_ops
 from linvit_jax.models import probe
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
+from tests.helpers import robust_common as robust
 
 _jit = functools.partial(
     jax.jit,
@@ -85,13 +86,6 @@ def _attn_leaf(path: str) -> bool:
   return "/MultiHeadDotProductAttention_0/" in path and path.startswith("Transformer/")
 
 
-def _flat(tree):
-  return {
-      "/".join(str(k.key) for k in p): np.asarray(v)
-      for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]
-  }
-
-
 # ------------------------------------------------------------------------------------------------
 
 
@@ -102,15 +96,8 @@ def at_and_off_equality(tiny):
   teacher, t_params, student, s_params, images = tiny
   same_params, report = surgery.transplant(t_params, t_params, "copy_all")
   assert report.counts()["keep"] == 0
-  every = dict(
-      w_routing=1.0,
-      routing_kind="kl",
-      routing_queries=8,
-      lookahead=3,
-      w_lookahead=1.0,
-      w_feature=1.0,
-      w_logit_kd=1.0,
-  )
+  weights = dict.fromkeys(("w_routing", "w_lookahead", "w_feature", "w_logit_kd"), 1.0)
+  every = dict(weights, routing_kind="kl", routing_queries=8, lookahead=3)  # every loss on
   same_loss = distill.make_distill_loss(teacher, teacher, every)
   lin_loss = distill.make_distill_loss(teacher, student, every)
   forced = distill.make_distill_loss(
@@ -185,7 +172,7 @@ def test_every_loss_is_minimal_at_student_equals_teacher_and_positive_otherwise(
 
 def test_gradients_reach_only_the_trainable_parameters(at_and_off_equality):
   mask, s_params, _, _, g_forced, updates, state, _, _ = at_and_off_equality
-  g_forced, updates, flat_mask = map(_flat, (g_forced, updates, mask))
+  g_forced, updates, flat_mask = map(robust.flat, (g_forced, updates, mask))
   assert any(flat_mask.values()) and not all(flat_mask.values())
   for path, trainable in flat_mask.items():
     assert trainable == _attn_leaf(path), path

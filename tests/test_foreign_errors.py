@@ -5,9 +5,7 @@ and the heads, checked before the attention kernels are reshaped (before, `impor
 The fixtures are the tiny models of tests/data/foreign (width 32, 2 heads); cheap, no compile.
 """
 
-import json
 import os
-import shutil
 
 import pytest
 
@@ -15,19 +13,12 @@ from linvit_jax.models import foreign
 from linvit_jax.models import import_weights
 from linvit_jax.models.checkpoints import CheckpointError
 from linvit_jax.runtime.errors import UserError
-
-FOREIGN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "foreign")
+from tests.helpers.foreign_fixtures import FOREIGN
+from tests.helpers.foreign_fixtures import copy_folder
 
 
 def _folder(tmp_path, family, **config_edit):
-  dst = tmp_path / family
-  shutil.copytree(os.path.join(FOREIGN, family), dst)
-  with open(dst / "config.json") as f:
-    cfg = json.load(f)
-  cfg.update(config_edit)
-  with open(dst / "config.json", "w") as f:
-    json.dump(cfg, f)
-  return str(dst)
+  return copy_folder(tmp_path, family, config_edit=config_edit)
 
 
 def _one_line(e):

@@ -4,8 +4,6 @@ tools/make_import_fixtures.py with torch; no torch here)."""
 
 import json
 import os
-import shutil
-import struct
 import subprocess
 import sys
 
@@ -20,9 +18,11 @@ from linvit_jax.models import import_weights
 from linvit_jax.models import posemb
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
+from tests.helpers.foreign_fixtures import FOREIGN
+from tests.helpers.foreign_fixtures import copy_folder
+from tests.helpers.foreign_fixtures import write_safetensors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FOREIGN = os.path.join(ROOT, "tests", "data", "foreign")
 FAMILIES = {
     "hf_dinov2": dict(reg_tokens=0, pool_type="tok", gelu_approximate=False),
     "hf_dinov2_registers": dict(reg_tokens=3, pool_type="tok", gelu_approximate=False),
@@ -113,62 +113,29 @@ def test_import_weights_cli_round_trip(tmp_path):
     assert np.max(np.abs(np.asarray(o["encoded"]) - ref["encoded" + suffix])) <= TOL
 
 
-def _write_safetensors(path, tensors):
-  header, blobs, offset = {}, [], 0
-  for name, a in tensors.items():
-    a = np.ascontiguousarray(a, np.float32)
-    header[name] = {
-        "dtype": "F32",
-        "shape": list(a.shape),
-        "data_offsets": [offset, offset + a.nbytes],
-    }
-    blobs.append(a.tobytes())
-    offset += a.nbytes
-  head = json.dumps(header).encode()
-  with open(path, "wb") as f:
-    f.write(struct.pack("<Q", len(head)) + head + b"".join(blobs))
-
-
-def _copy_folder(tmp_path, family, drop=(), config_edit=None):
-  dst = tmp_path / family
-  shutil.copytree(os.path.join(FOREIGN, family), dst)
-  if drop:
-    tensors = foreign_files.read_safetensors(str(dst / "model.safetensors"))
-    _write_safetensors(
-        str(dst / "model.safetensors"), {k: v for k, v in tensors.items() if k not in drop}
-    )
-  if config_edit:
-    with open(dst / "config.json") as f:
-      cfg = json.load(f)
-    cfg.update(config_edit)
-    with open(dst / "config.json", "w") as f:
-      json.dump(cfg, f)
-  return str(dst)
-
-
 @pytest.mark.parametrize(
     "make, match",
     [
         (
-            lambda t: _copy_folder(
+            lambda t: copy_folder(
                 t,
                 "hf_dinov2",
                 config_edit={"model_type": "convnext", "architectures": ["ConvNextModel"]},
             ),
             r"ConvNextModel \(model_type 'convnext'\), not a ViT",
         ),
-        (lambda t: _copy_folder(t, "hf_vit", config_edit={"model_type": "bert"}), "not a ViT"),
+        (lambda t: copy_folder(t, "hf_vit", config_edit={"model_type": "bert"}), "not a ViT"),
         (
-            lambda t: _copy_folder(t, "hf_dinov2", drop=("encoder.layer.1.mlp.fc2.bias",)),
+            lambda t: copy_folder(t, "hf_dinov2", drop=("encoder.layer.1.mlp.fc2.bias",)),
             r"missing tensor 'encoder.layer.1.mlp.fc2.bias'",
         ),
         (
-            lambda t: _copy_folder(t, "hf_dinov2", config_edit={"hidden_size": 48}),
+            lambda t: copy_folder(t, "hf_dinov2", config_edit={"hidden_size": 48}),
             r"has shape \(32, 3, 7, 7\), but config.json says \(48, 3, 7, 7\)",
         ),
-        (lambda t: _copy_folder(t, "hf_dinov2", config_edit={"use_swiglu_ffn": True}), "SwiGLU"),
+        (lambda t: copy_folder(t, "hf_dinov2", config_edit={"use_swiglu_ffn": True}), "SwiGLU"),
         (
-            lambda t: _copy_folder(t, "timm_vit", drop=("norm.weight",)),
+            lambda t: copy_folder(t, "timm_vit", drop=("norm.weight",)),
             r"missing tensor 'norm.weight'",
         ),
         (lambda t: str(t), "without config.json"),
@@ -194,10 +161,10 @@ def test_pickle_and_extra_tensors(tmp_path):
     foreign.read(str(pth))
   src = tmp_path / "timm.safetensors"
   tensors = foreign_files.read_safetensors(os.path.join(FOREIGN, "timm_vit", "model.safetensors"))
-  _write_safetensors(str(src), dict(tensors, **{"blocks.0.attn.q_norm.weight": np.ones(16)}))
+  write_safetensors(str(src), dict(tensors, **{"blocks.0.attn.q_norm.weight": np.ones(16)}))
   with pytest.raises(checkpoints.CheckpointError, match="qk_norm"):
     foreign.read(str(src), num_heads=2)
-  _write_safetensors(str(src), tensors)
+  write_safetensors(str(src), tensors)
   with pytest.raises(checkpoints.CheckpointError, match="--num_heads"):
     foreign.read(str(src))  # a bare timm file: no config says how many heads
   assert foreign.read(str(src), num_heads=2).arch["num_heads"] == 2

@@ -8,13 +8,13 @@ import optax
 import pytest
 
 from linvit_jax import preflight
-from linvit_jax.configuration import config_lib
 from linvit_jax.conversion import lora
 from linvit_jax.conversion import optim
 from linvit_jax.runtime import tree as tree_lib
 from linvit_jax.runtime.errors import ConfigError
 from tests import test_train
 from tests.helpers import tiny_task as tt
+from tests.helpers.stage_configs import finetune_only
 
 
 def _params():
@@ -159,9 +159,7 @@ def test_a_bad_rank_is_refused_naming_the_field(bad):
 
 
 def test_a_bad_rank_fails_before_compute_naming_the_stage():
-  config = config_lib.base_config()
-  config.finetune = config_lib.stage("finetune", steps=2, batch_size=2, lr=1e-4, lora_rank=-2)
-  config.stages = ("finetune",)
+  config = finetune_only(lora_rank=-2)
   with pytest.raises(ConfigError, match=r"config.finetune.optimizer: optimizer.lora_rank=-2"):
     preflight.validate(config)
   config.finetune.optimizer.lora_rank = 4

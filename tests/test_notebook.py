@@ -346,24 +346,17 @@ def test_workdir_is_a_parameter(tmp_path, monkeypatch):
 
 
 def _stand_in_teacher(path):
-  """A random softmax ViT with the demo teacher's architecture, for when the asset is absent."""
+  """A random softmax ViT with the demo teacher's architecture (configs/demo.py's model block; a
+  random head, not zeros), for when the asset is absent."""
   import jax
   import numpy as np
 
+  import configs.demo as demo
+  from linvit_jax import build
   from linvit_jax.models import checkpoints
   from linvit_jax.models import vit
 
-  model = vit.Model(
-      num_classes=10,
-      width=128,
-      depth=4,
-      mlp_dim=256,
-      num_heads=4,
-      patch_size=(4, 4),
-      posemb="learn",
-      pool_type="tok",
-      head_zeroinit=False,
-  )
+  model = vit.Model(**{**build.model_kwargs(demo.get_config().model), "head_zeroinit": False})
   params = model.init(jax.random.PRNGKey(0), np.zeros((1, 28, 28, 1), np.float32))["params"]
   checkpoints.save_npz(path, jax.device_get(params))
 

@@ -158,6 +158,20 @@ def test_a_handler_installed_outside_python_comes_back(tmp_path):
 # The CLI, with real signals from outside.
 
 
+def _cli_args(teacher, workdir, steps: int) -> list[str]:
+  """`python -m linvit_jax.main` on the robustness config: a `steps`-step distillation stage that
+  checkpoints only when stopped."""
+  return [
+      sys.executable,
+      "-m",
+      "linvit_jax.main",
+      "--config",
+      f"{ROBUST_CONFIG}:teacher={teacher},steps={steps},finetune_steps=2,checkpoint_every=1000",
+      "--workdir",
+      str(workdir),
+  ]
+
+
 def _wait_for_rows(procs, metrics, rows: int = 3, timeout: float = 400) -> None:
   """Until `metrics` has `rows` lines (the stage is running), or a process ends."""
   deadline = time.time() + timeout
@@ -166,6 +180,40 @@ def _wait_for_rows(procs, metrics, rows: int = 3, timeout: float = 400) -> None:
       return
     time.sleep(0.05)
   raise AssertionError(f"the stage never got going: {metrics}")
+
+
+def _interrupt_cli(teacher, tmp_path, steps: int, signum, code: int, by: str = ""):
+  """Runs the CLI (one process, its output in first.log), sends `signum` once the stage is
+  running, and checks that it exits `code` without a traceback, naming the step it saved and
+  writing no results: (args, workdir, output, step)."""
+  workdir = tmp_path / "w"
+  args = _cli_args(teacher, workdir, steps)
+  with open(tmp_path / "first.log", "w") as f:
+    proc = subprocess.Popen(args, cwd=ROOT, env=subprocess_env(1), stdout=f, stderr=f)
+    try:
+      _wait_for_rows([proc], workdir / "distill_attention" / metrics_lib.METRICS_FILE)
+      proc.send_signal(signum)
+      proc.wait(timeout=120)
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+  out = (tmp_path / "first.log").read_text()
+  assert proc.returncode == code, out[-4000:]
+  assert "Traceback" not in out, out[-4000:]
+  step = _interrupted_step(last_line(out), workdir, steps, by)
+  assert not (workdir / "results.json").exists()
+  return args, workdir, out, step
+
+
+def _interrupted_step(last: str, workdir, total: int, by: str = "") -> int:
+  """The step in the CLI's last line `error: stage 'distill_attention' interrupted [by]at step N
+  of total; ...`, checked to lie inside the stage and to have its checkpoint."""
+  assert last.startswith(f"error: stage 'distill_attention' interrupted {by}at step "), last
+  assert last.endswith(f" of {total}; checkpoint saved, rerun the same command to resume"), last
+  step = int(last.split(" at step ")[1].split()[0])
+  assert 1 <= step < total
+  assert (workdir / "distill_attention" / "checkpoints" / str(step)).is_dir()
+  return step
 
 
 def _assert_resumed(args, workdir, step, total, env):
@@ -183,78 +231,14 @@ def _assert_resumed(args, workdir, step, total, env):
 
 def test_cli_ctrl_c_saves_exits_130_and_the_rerun_resumes(teacher, tmp_path):
   """SIGINT to `python -m linvit_jax.main` in the middle of a stage, then the same command."""
-  workdir = tmp_path / "w"
-  args = [
-      sys.executable,
-      "-m",
-      "linvit_jax.main",
-      "--config",
-      f"{ROBUST_CONFIG}:teacher={teacher},steps=400,finetune_steps=2,checkpoint_every=1000",
-      "--workdir",
-      str(workdir),
-  ]
-  log = workdir.parent / "first.log"
-  metrics = workdir / "distill_attention" / metrics_lib.METRICS_FILE
-  with open(log, "w") as f:
-    proc = subprocess.Popen(args, cwd=ROOT, env=subprocess_env(1), stdout=f, stderr=f)
-    try:
-      deadline = time.time() + 400
-      while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
-          proc.send_signal(signal.SIGINT)
-          break
-        time.sleep(0.05)
-      proc.wait(timeout=120)
-    finally:
-      if proc.poll() is None:
-        proc.kill()
-  out = log.read_text()
-  assert proc.returncode == 130, out[-4000:]
-  assert "Traceback" not in out, out[-4000:]
-  last = last_line(out)
-  assert last.startswith("error: stage 'distill_attention' interrupted at step "), last
-  assert last.endswith(" of 400; checkpoint saved, rerun the same command to resume"), last
-  step = int(last.split(" at step ")[1].split()[0])
-  assert 1 <= step < 400
-  assert (workdir / "distill_attention" / "checkpoints" / str(step)).is_dir()
-  assert not (workdir / "results.json").exists()
-
+  args, workdir, _, step = _interrupt_cli(teacher, tmp_path, 400, signal.SIGINT, 130)
   _assert_resumed(args, workdir, step, 400, subprocess_env(1))
 
 
 def test_cli_sigterm_saves_exits_143_and_the_rerun_resumes(teacher, tmp_path):
   """SIGTERM to `python -m linvit_jax.main` in the middle of a stage, then the same command."""
-  workdir = tmp_path / "w"
-  args = [
-      sys.executable,
-      "-m",
-      "linvit_jax.main",
-      "--config",
-      f"{ROBUST_CONFIG}:teacher={teacher},steps=200,finetune_steps=2,checkpoint_every=1000",
-      "--workdir",
-      str(workdir),
-  ]
-  log = tmp_path / "first.log"
-  with open(log, "w") as f:
-    proc = subprocess.Popen(args, cwd=ROOT, env=subprocess_env(1), stdout=f, stderr=f)
-    try:
-      _wait_for_rows([proc], workdir / "distill_attention" / metrics_lib.METRICS_FILE)
-      proc.send_signal(signal.SIGTERM)
-      proc.wait(timeout=120)
-    finally:
-      if proc.poll() is None:
-        proc.kill()
-  out = log.read_text()
-  assert proc.returncode == 143, out[-4000:]
-  assert "Traceback" not in out, out[-4000:]
+  _, _, out, _ = _interrupt_cli(teacher, tmp_path, 200, signal.SIGTERM, 143, by="by SIGTERM ")
   assert "SIGTERM: checkpointing after this step" in out, out[-4000:]
-  last = last_line(out)
-  assert last.startswith("error: stage 'distill_attention' interrupted by SIGTERM at step "), last
-  assert last.endswith(" of 200; checkpoint saved, rerun the same command to resume"), last
-  step = int(last.split(" at step ")[1].split()[0])
-  assert 1 <= step < 200
-  assert (workdir / "distill_attention" / "checkpoints" / str(step)).is_dir()
-  assert not (workdir / "results.json").exists()
   # SIGTERM saves through the same path as Ctrl-C (StageInterrupted after the step): the rerun
   # from that checkpoint is the Ctrl-C test's, not run twice.
 
@@ -265,15 +249,7 @@ def test_cli_two_processes_sigterm_to_one_stops_both_at_the_same_step(teacher, t
   step, name the same signal, and the checkpoint holds that step (the resume itself is the
   single-process Ctrl-C test's)."""
   workdir = tmp_path / "w"
-  args = [
-      sys.executable,
-      "-m",
-      "linvit_jax.main",
-      "--config",
-      f"{ROBUST_CONFIG}:teacher={teacher},steps=200,finetune_steps=2,checkpoint_every=1000",
-      "--workdir",
-      str(workdir),
-  ]
+  args = _cli_args(teacher, workdir, 200)
   port, procs, logs = local_multihost.free_port(), [], []
   try:
     for i in range(2):
@@ -300,10 +276,4 @@ def test_cli_two_processes_sigterm_to_one_stops_both_at_the_same_step(teacher, t
   assert [p.returncode for p in procs] == [143, 143], "\n".join(o[-3000:] for o in outs)
   lasts = [last_line(o) for o in outs]
   assert lasts[0] == lasts[1], lasts  # the same step on both
-  assert lasts[0].startswith(
-      "error: stage 'distill_attention' interrupted by SIGTERM at step "
-  ), lasts
-  assert lasts[0].endswith(" of 200; checkpoint saved, rerun the same command to resume"), lasts
-  step = int(lasts[0].split(" at step ")[1].split()[0])
-  assert 1 <= step < 200
-  assert (workdir / "distill_attention" / "checkpoints" / str(step)).is_dir()
+  _interrupted_step(lasts[0], workdir, 200, by="by SIGTERM ")

@@ -12,6 +12,7 @@ import pytest
 from linvit_jax import preflight
 from linvit_jax.configuration import config_lib
 from linvit_jax.runtime.errors import ConfigError
+from tests.helpers.stage_configs import finetune_only
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -153,25 +154,21 @@ def test_a_run_recorded_before_stage_pp_train_existed_still_resumes(tmp_path):
 
 
 def test_a_bad_start_weight_fails_before_compute_naming_the_stage():
-  config = config_lib.base_config()
-  config.finetune = config_lib.stage("finetune", steps=2, batch_size=2, lr=1e-4, start_weight=1.5)
-  config.stages = ("finetune",)
+  config = finetune_only(start_weight=1.5)
   with pytest.raises(ConfigError, match=r"config.finetune: stage 'finetune': start_weight=1.5"):
     preflight.validate(config)
   config.finetune.start_weight = 0.5
   preflight.validate(config)
-  config.finetune = config_lib.stage("finetune", steps=2, batch_size=2, lr=1e-4, ema_decay=1.0)
+  config = finetune_only(ema_decay=1.0)
   with pytest.raises(ConfigError, match=r"config.finetune.optimizer: optimizer.ema_decay=1.0"):
     preflight.validate(config)
-  config.finetune = config_lib.stage("finetune", steps=2, batch_size=2, lr=1e-4, average_last=2.0)
+  config = finetune_only(average_last=2.0)
   with pytest.raises(ConfigError, match=r"config.finetune.optimizer: optimizer.average_last=2.0"):
     preflight.validate(config)
 
 
 def test_mixup_is_checked_before_compute_naming_the_stage():
-  config = config_lib.base_config()
-  config.finetune = config_lib.stage("finetune", steps=2, batch_size=2, lr=1e-4, mixup=-0.5)
-  config.stages = ("finetune",)
+  config = finetune_only(mixup=-0.5)
   with pytest.raises(ConfigError, match=r"config.finetune.mixup=-0.5: the Beta concentration"):
     preflight.validate(config)
   config.finetune.mixup = float("nan")

@@ -4,27 +4,22 @@ Fashion-MNIST is installed and says why not elsewhere."""
 
 import os
 
-import jax
 import numpy as np
 import pytest
 from PIL import Image
 
 from linvit_jax import preflight
 from linvit_jax import run as run_lib
-from linvit_jax.models import checkpoints
-from linvit_jax.models import vit
 from linvit_jax.runtime.errors import UserError
-from tests import test_convert_folder
-
-TINY = test_convert_folder.TINY  # the tiny teacher convert_folder's tests write
+from tests.helpers import tiny_teacher
+from tests.helpers.tiny_teacher import convert_folder_config as _config
 
 
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
+  """The tiny headless teacher convert_folder's tests write."""
   path = str(tmp_path_factory.mktemp("teacher") / "t.npz")
-  model = vit.Model(**TINY)
-  params = model.init(jax.random.PRNGKey(0), np.zeros((1, 32, 32, 3), np.float32))["params"]
-  checkpoints.save_npz(path, jax.device_get(params))
+  tiny_teacher.headless_checkpoint(path)
   return path
 
 
@@ -39,12 +34,6 @@ def _photos(folder, n):
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
   return _photos(tmp_path_factory.mktemp("photos"), 4)
-
-
-def _config(init, images, extra=""):
-  import configs.convert_folder as cf
-
-  return cf.get_config(f"init={init},images={images},res=32,tiny=True,batch=4,max_images=16{extra}")
 
 
 def _run_fails(config, workdir, error=UserError) -> str:

@@ -21,9 +21,9 @@ from linvit_jax.artifacts import export_format
 from linvit_jax.artifacts import student as student_lib
 from linvit_jax.data import inference_pp
 from linvit_jax.data import sample_photos
+from tests.helpers import real_dinov2
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DINOV2 = os.path.join(ROOT, "..", "shared", "fixtures", "real", "dinov2s14_focus_bv.npz")
+DINOV2 = real_dinov2.NPZ
 EVAL_PP = 'decode|resize_small(256)|central_crop(224)|vgg_value_range|keep("image")'
 VGG_LEVEL = 1 / (0.225 * 255)  # one grey level after vgg_value_range (its largest step)
 UNIT_LEVEL = 2 / 255  # one grey level after value_range(-1, 1)
@@ -125,17 +125,7 @@ def test_features_through_either_path_agree(photos):
   from linvit_jax.models import checkpoints
   from linvit_jax.models import vit
 
-  fields = dict(
-      num_classes=None,
-      patch_size=[14, 14],
-      width=384,
-      depth=12,
-      mlp_dim=1536,
-      num_heads=6,
-      pool_type="tok",
-      posemb="learn",
-      gelu_approximate=False,
-  )
+  fields = dict(real_dinov2.FIELDS, patch_size=[14, 14], gelu_approximate=False)
   cfg = {
       "format": export_format.FORMAT,
       "model": fields,

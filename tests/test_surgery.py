@@ -11,19 +11,13 @@ from linvit_jax.conversion import surgery
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
 from linvit_jax.runtime import tree as tree_lib
+from tests.helpers import robust_common as robust
 from tests.helpers.bv_checkpoint import unflatten
 
 ATTN_PROJ = re.compile(
     r"Transformer/encoderblock_\d+/MultiHeadDotProductAttention_0/" r"(query|key|value|out)/.*"
 )
 FMAP = re.compile(r".*/feature_map_[qk]/.*")
-
-
-def _flat(tree):
-  return {
-      "/".join(str(k.key) for k in path): np.asarray(x)
-      for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
-  }
 
 
 def _student_init(model_config, images, seed=1, **kw):
@@ -59,7 +53,7 @@ def _expected_action(policy, path):
 def test_named_policies_copy_and_keep_bitwise(teacher_and_student, policy, tmp_path):
   meta, teacher, student = teacher_and_student
   params, report = surgery.transplant(teacher, student, policy)
-  t, s, out = _flat(teacher), _flat(student), _flat(params)
+  t, s, out = robust.flat(teacher), robust.flat(student), robust.flat(params)
   assert out.keys() == s.keys()
   assert [r.path for r in report.rows] == sorted(s, key=surgery._natural_key)  # complete
   n_fmap = 0
@@ -105,8 +99,8 @@ def test_scanned_and_per_block_trees_mix(teacher_and_student, teacher_scan, stud
       k: np.shape(v) for k, v in tree_lib.flatten(s_in).items()
   }
   # ... and per block holds exactly what the per-block surgery gives.
-  got = _flat(vit_checkpoint.scan_to_pyloop(params))
-  want = _flat(ref_params)
+  got = robust.flat(vit_checkpoint.scan_to_pyloop(params))
+  want = robust.flat(ref_params)
   assert got.keys() == want.keys()
   for k in want:
     assert got[k].tobytes() == want[k].tobytes(), k
@@ -131,7 +125,7 @@ def test_scanned_copy_passes_teacher_leaf_through(teacher_and_student):
 def test_mixed_rules_within_scanned_leaf_and_inputs_untouched(teacher_and_student):
   _, teacher, student = teacher_and_student
   s = vit_checkpoint.pyloop_to_scan(student)
-  before = _flat(s)
+  before = robust.flat(s)
   rules = surgery.get_policy(
       "copy_same",
       prepend=[
@@ -152,7 +146,7 @@ def test_mixed_rules_within_scanned_leaf_and_inputs_untouched(teacher_and_studen
       report.action_of("Transformer/encoderblock_2/MultiHeadDotProductAttention_0/out/bias")
       == "copy"
   )
-  after = _flat(s)
+  after = robust.flat(s)
   assert all(after[k].tobytes() == before[k].tobytes() for k in before)
 
 

@@ -48,92 +48,65 @@ def _nchw(x: np.ndarray) -> torch.Tensor:
   return torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
 
 
-def _save_hf(model, out: str, processor: dict) -> None:
+def _save_hf(model, root: str, folder: str, processor: dict) -> str:
+  """`model` randomised and saved as a Hugging Face folder `root/folder`; returns the folder."""
+  _randomise(model)
+  out = os.path.join(root, folder)
   model.save_pretrained(out, safe_serialization=True)
   with open(os.path.join(out, "preprocessor_config.json"), "w") as f:
     json.dump(processor, f, indent=1)
+  return out
+
+
+def _save_encoded(model, out: str, sizes: tuple[int, ...]) -> None:
+  """reference.npz: 2 images at each of `sizes` and the model's last hidden state on them; the
+  first size's keys bare (`images`, `encoded`), the others suffixed (`images_42`, `encoded_42`)."""
+  refs = {}
+  for i, size in enumerate(sizes):
+    suffix = f"_{size}" if i else ""
+    x = _images(2, size)
+    with torch.no_grad():
+      y = model(pixel_values=_nchw(x)).last_hidden_state.numpy()
+    refs.update({"images" + suffix: x, "encoded" + suffix: y})
+  np.savez(os.path.join(out, "reference.npz"), **refs)
 
 
 IMAGENET = dict(image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])
 HALF = dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+# Every Hugging Face model here: width 32, 2 blocks of 2 heads, 7-px patches of 28-px images.
+TINY_HF = dict(
+    hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=28, patch_size=7
+)
 
 
 def hf_dinov2(root: str) -> None:
   from transformers import Dinov2Config
   from transformers import Dinov2Model
 
-  cfg = Dinov2Config(
-      hidden_size=32,
-      num_hidden_layers=2,
-      num_attention_heads=2,
-      mlp_ratio=2,
-      image_size=28,
-      patch_size=7,
-      layer_norm_eps=1e-6,
-      hidden_act="gelu",
-  )
+  cfg = Dinov2Config(**TINY_HF, mlp_ratio=2, layer_norm_eps=1e-6, hidden_act="gelu")
   model = Dinov2Model(cfg).eval()
-  _randomise(model)
-  out = os.path.join(root, "hf_dinov2")
-  _save_hf(model, out, dict(IMAGENET, do_normalize=True, crop_size={"height": 28, "width": 28}))
-  x, x2 = _images(2, 28), _images(2, 42)
-  with torch.no_grad():
-    y = model(pixel_values=_nchw(x)).last_hidden_state.numpy()
-    y2 = model(pixel_values=_nchw(x2)).last_hidden_state.numpy()
-  np.savez(os.path.join(out, "reference.npz"), images=x, encoded=y, images_42=x2, encoded_42=y2)
+  processor = dict(IMAGENET, do_normalize=True, crop_size={"height": 28, "width": 28})
+  _save_encoded(model, _save_hf(model, root, "hf_dinov2", processor), (28, 42))
 
 
 def hf_dinov2_registers(root: str) -> None:
   from transformers import Dinov2WithRegistersConfig
   from transformers import Dinov2WithRegistersModel
 
-  cfg = Dinov2WithRegistersConfig(
-      hidden_size=32,
-      num_hidden_layers=2,
-      num_attention_heads=2,
-      mlp_ratio=2,
-      image_size=28,
-      patch_size=7,
-      num_register_tokens=3,
-      hidden_act="gelu",
-  )
+  cfg = Dinov2WithRegistersConfig(**TINY_HF, mlp_ratio=2, num_register_tokens=3, hidden_act="gelu")
   model = Dinov2WithRegistersModel(cfg).eval()
-  _randomise(model)
-  out = os.path.join(root, "hf_dinov2_registers")
-  _save_hf(model, out, dict(IMAGENET, do_normalize=True))
-  x, x2, x3 = _images(2, 28), _images(2, 42), _images(2, 21)
-  with torch.no_grad():
-    y = model(pixel_values=_nchw(x)).last_hidden_state.numpy()
-    y2 = model(pixel_values=_nchw(x2)).last_hidden_state.numpy()
-    y3 = model(pixel_values=_nchw(x3)).last_hidden_state.numpy()
-  np.savez(
-      os.path.join(out, "reference.npz"),
-      images=x,
-      encoded=y,
-      images_42=x2,
-      encoded_42=y2,
-      images_21=x3,
-      encoded_21=y3,
-  )
+  out = _save_hf(model, root, "hf_dinov2_registers", dict(IMAGENET, do_normalize=True))
+  _save_encoded(model, out, (28, 42, 21))
 
 
 def hf_vit(root: str) -> None:
   from transformers import ViTConfig
   from transformers import ViTForImageClassification
 
-  cfg = ViTConfig(
-      hidden_size=32,
-      num_hidden_layers=2,
-      num_attention_heads=2,
-      intermediate_size=64,
-      image_size=28,
-      patch_size=7,
-      num_labels=5,
-  )  # layer_norm_eps 1e-12, exact GELU: HF ViT's defaults
+  # layer_norm_eps 1e-12, exact GELU: HF ViT's defaults
+  cfg = ViTConfig(**TINY_HF, intermediate_size=64, num_labels=5)
   model = ViTForImageClassification(cfg).eval()
-  _randomise(model)
-  out = os.path.join(root, "hf_vit")
-  _save_hf(model, out, dict(HALF, do_normalize=True))
+  out = _save_hf(model, root, "hf_vit", dict(HALF, do_normalize=True))
   x = _images(2, 28)
   with torch.no_grad():
     r = model(pixel_values=_nchw(x), output_hidden_states=True)
@@ -145,18 +118,10 @@ def hf_siglip(root: str) -> None:
   from transformers import SiglipVisionConfig
   from transformers import SiglipVisionModel
 
-  cfg = SiglipVisionConfig(
-      hidden_size=32,
-      num_hidden_layers=2,
-      num_attention_heads=2,
-      intermediate_size=64,
-      image_size=28,
-      patch_size=7,
-  )  # gelu_pytorch_tanh, LayerNorm 1e-6, MAP head: SigLIP's defaults
+  # gelu_pytorch_tanh, LayerNorm 1e-6, MAP head: SigLIP's defaults
+  cfg = SiglipVisionConfig(**TINY_HF, intermediate_size=64)
   model = SiglipVisionModel(cfg).eval()
-  _randomise(model)
-  out = os.path.join(root, "hf_siglip")
-  _save_hf(model, out, dict(HALF, do_normalize=True))
+  out = _save_hf(model, root, "hf_siglip", dict(HALF, do_normalize=True))
   x = _images(2, 28)
   with torch.no_grad():
     r = model(pixel_values=_nchw(x))

@@ -94,20 +94,15 @@ def batch_iter_fn(
 
 
 def stage_cfg(steps=5, **over):
+  """A stage block written by hand, as the runner reads it: config_lib's optimizer block at lr
+  3e-3 with b2 0.99 and 2 warm-up steps, a metrics row every step, no periodic checkpoint."""
+  from linvit_jax.configuration import config_lib
+
   cfg = dict(
       name="tiny",
       steps=steps,
       batch_size=GLOBAL_BATCH,
-      optimizer=dict(
-          name="adamw",
-          lr=3e-3,
-          wd=1e-4,
-          b2=0.99,
-          grad_clip=1.0,
-          warmup_steps=2,
-          schedule="cosine",
-          accum_steps=1,
-      ),
+      optimizer=config_lib.optimizer(3e-3, b2=0.99, warmup_steps=2),
       checkpoint_every=0,
       max_to_keep=2,
       log_every=1,
