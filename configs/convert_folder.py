@@ -180,15 +180,7 @@ def get_config(arg=None):
   c.teacher.update(
       architecture="init", init=arg.init, config_fields=tuple(n for n, v in given if v)
   )
-  attention = recipes.linear_attention(
-      arg.feature_map,
-      exact_prefix_rows=arg.exact_prefix,
-      center_keys=arg.center_keys,
-      conv_v=arg.conv_v,
-      window=arg.window,
-      sinks=arg.sinks,
-      num_features=arg.num_features,  # hedgehog: its projection's width; favor: its features
-  )
+  attention = recipes.attention_of(arg)
   c.student = dict(c.student.to_dict(), attention=attention, softmax_layers=arg.softmax_layers)
   c.surgery.policy = arg.policy
 

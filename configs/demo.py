@@ -48,14 +48,7 @@ def get_config(arg=None):
   c.surgery.policy = arg.policy
   c.student = dict(
       c.student.to_dict(),
-      attention=recipes.linear_attention(
-          arg.feature_map,
-          center_keys=arg.center_keys,
-          conv_v=arg.conv_v,
-          window=arg.window,
-          sinks=arg.sinks,
-          exact_prefix_rows=arg.exact_prefix,
-      ),
+      attention=recipes.attention_of(arg),
   )
   if arg.align_steps:  # convert_folder's label-free end-to-end stage, at its default settings
     steps = 3 if arg.tiny else arg.align_steps

@@ -66,24 +66,16 @@ def get_config(arg=None):
   )
   config_checks.check_options("imagenet_vit", arg)
   norm_labels = f'{recipes.NORMS[arg.norm]}|onehot(1000,key="label",key_result="labels")'
-  data = dict(
+  data = recipes.labelled_data(
+      arg.res,
+      norm_labels,
       dataset="imagenet2012",
       data_dir=arg.data_dir,
       train_split="train[:99%]",
       eval_split=arg.eval_split,
       eval_dataset="",
-      image_size=arg.res,
       num_classes=1000,
-      label_key="labels",
-      shuffle_buffer=250_000,
-      compose=0.0,
-      eval_batch_size=1024,
       eval_max_examples=0,
-      pp_train=f'decode_jpeg_and_inception_crop({arg.res})|flip_lr|{norm_labels}|keep("image","labels")',
-      pp_eval=(
-          f"decode|resize_small({arg.res * 8 // 7})|central_crop({arg.res})|{norm_labels}|"
-          'keep("image","labels")'
-      ),
   )
   c = recipes.labelled_conversion(
       arg,

@@ -48,25 +48,17 @@ def get_config(arg=None):
   )
   config_checks.check_options("jft_vit", arg)
   norm_labels = f'value_range(-1,1)|multi_hot({arg.num_classes},key="labels",key_result="labels")'
-  data = dict(
+  data = recipes.labelled_data(
+      arg.res,
+      norm_labels,
       dataset=f"jft:{arg.files}",
       data_dir="",
       train_split="train",
       eval_split="train",
       # a held-out set of files; otherwise the first 50k training examples
       eval_dataset=f"jft:{arg.eval_files}" if arg.eval_files else "",
-      image_size=arg.res,
       num_classes=arg.num_classes,
-      label_key="labels",
-      shuffle_buffer=250_000,
-      compose=0.0,
-      eval_batch_size=1024,
       eval_max_examples=50_000,
-      pp_train=f'decode_jpeg_and_inception_crop({arg.res})|flip_lr|{norm_labels}|keep("image","labels")',
-      pp_eval=(
-          f"decode|resize_small({arg.res * 8 // 7})|central_crop({arg.res})|{norm_labels}|"
-          'keep("image","labels")'
-      ),
   )
   return recipes.labelled_conversion(
       arg,

@@ -299,28 +299,25 @@ def labelled(config: mlc.ConfigDict) -> bool:
   return batch is not None and config.data.label_key in batch
 
 
+def _eval_source(config: mlc.ConfigDict) -> dict:
+  """The eval split's dataset, split and data_dir, as sources' readers take them."""
+  return dict(
+      dataset=_eval_dataset(config),
+      split=config.data.eval_split,
+      data_dir=config.data.data_dir or None,
+  )
+
+
 def _sample_images(config: mlc.ConfigDict, n: int) -> np.ndarray:
   if config.eval.sample_pp:
-    return sources.random_views(
-        dataset=_eval_dataset(config),
-        split=config.data.eval_split,
-        pp=config.eval.sample_pp,
-        n=n,
-        data_dir=config.data.data_dir or None,
-    )
+    return sources.random_views(pp=config.eval.sample_pp, n=n, **_eval_source(config))
   return eval_view_images(config, n)
 
 
 def eval_view_images(config: mlc.ConfigDict, n: int) -> np.ndarray:
   """The first `n` eval images through `data.pp_eval` (what the exported student's `encode`
   sees: one whole-image view per image), the same on every process."""
-  return sources.first_images(
-      dataset=_eval_dataset(config),
-      split=config.data.eval_split,
-      pp=config.data.pp_eval,
-      n=n,
-      data_dir=config.data.data_dir or None,
-  )
+  return sources.first_images(pp=config.data.pp_eval, n=n, **_eval_source(config))
 
 
 def sample_images(config: mlc.ConfigDict, n: int | None = None) -> np.ndarray:

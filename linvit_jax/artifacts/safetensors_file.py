@@ -12,32 +12,14 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import safetensors
 from safetensors import numpy as st_numpy
 
+from linvit_jax.models import foreign_files
 from linvit_jax.runtime import gfile
 
 METADATA_KEY = "student_config"
-
-# The numpy dtype of each safetensors dtype name: `safetensors.numpy.load` (bytes) has no BF16 in
-# its table, so a remote file's tensors are viewed through this one instead.
-_DTYPES = {
-    "F64": np.float64,
-    "F32": np.float32,
-    "F16": np.float16,
-    "BF16": ml_dtypes.bfloat16,
-    "I64": np.int64,
-    "I32": np.int32,
-    "I16": np.int16,
-    "I8": np.int8,
-    "U64": np.uint64,
-    "U32": np.uint32,
-    "U16": np.uint16,
-    "U8": np.uint8,
-    "BOOL": np.bool_,
-}
 
 
 def write(path: str, flat: Mapping[str, Any], student_config: Mapping[str, Any]) -> None:
@@ -69,6 +51,8 @@ def read(path: str) -> dict[str, np.ndarray]:
 def from_bytes(data: bytes) -> dict[str, np.ndarray]:
   """The tensors of a .safetensors file's bytes (`read` of a remote file)."""
   return {
-      name: np.frombuffer(t["data"], _DTYPES[t["dtype"]]).reshape(t["shape"])
+      name: np.frombuffer(t["data"], foreign_files.SAFETENSORS_DTYPES[t["dtype"]]).reshape(
+          t["shape"]
+      )
       for name, t in safetensors.deserialize(data)
   }

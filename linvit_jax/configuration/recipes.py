@@ -92,6 +92,37 @@ def linear_attention(feature_map: str, **levers: Any) -> str | dict:
   return dict(kind="linear", feature_map=feature_map, **levers)
 
 
+def attention_of(arg: mlc.ConfigDict) -> str | dict:
+  """`linear_attention` from a config's own options of the same names (demo, convert_folder):
+  feature_map, exact_prefix, center_keys, conv_v, window, sinks and num_features if it has one."""
+  return linear_attention(
+      arg.feature_map,
+      exact_prefix_rows=arg.exact_prefix,
+      center_keys=arg.center_keys,
+      conv_v=arg.conv_v,
+      window=arg.window,
+      sinks=arg.sinks,
+      num_features=arg.get("num_features", 0),  # hedgehog: its projection's width; favor: its own
+  )
+
+
+def labelled_data(res: int, norm_labels: str, **fields: Any) -> dict:
+  """The `data` block of a labelled pod conversion (imagenet_vit, jft_vit): Inception crops and
+  flips for training, resize-and-centre-crop for eval (ImageNet's 8/7 ratio), `norm_labels` (the
+  normalisation and label ops) after both; `fields` name the dataset, splits and classes."""
+  images = f'{norm_labels}|keep("image","labels")'
+  return dict(
+      image_size=res,
+      label_key="labels",
+      shuffle_buffer=250_000,
+      compose=0.0,
+      eval_batch_size=1024,
+      pp_train=f"decode_jpeg_and_inception_crop({res})|flip_lr|{images}",
+      pp_eval=f"decode|resize_small({res * 8 // 7})|central_crop({res})|{images}",
+      **fields,
+  )
+
+
 def labelled_conversion(arg: mlc.ConfigDict, *, data: dict, finetune: dict) -> mlc.ConfigDict:
   """A big ViT converted on a labelled set on TPU pods (imagenet_vit, jft_vit): the `data` block,
   the teacher from `arg.init` (its architecture read from it unless `arg.variant` describes it),

@@ -26,6 +26,7 @@ Every op takes `key=` (or `inkey=`/`outkey=`), default "image". Images are HxWxC
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -103,9 +104,7 @@ def _sample_crop(shape: tf.Tensor, seed: tf.Tensor, box_args: dict):
   return begin, size
 
 
-@register("inception_crop")
-@keyed(random=True)
-def get_inception_crop(
+def _inception_args(
     size=None,
     area_min: float = 5,
     area_max: float = 100,
@@ -113,11 +112,21 @@ def get_inception_crop(
     ratio_max: float = 1.33,
     method: str = "bilinear",
     antialias: bool = False,
-) -> Callable:
-  """Random crop of random area and aspect ratio (Inception-style), then resize to `size`."""
+) -> tuple[dict, tuple[int, int] | None, str, bool]:
+  """The arguments both Inception crops take, checked: (box args, size pair or None, the resize
+  method, antialias). Random area (percent of the image) and aspect ratio, then a resize to
+  `size` (none: the crop as it is)."""
   box_args = _crop_box_args(area_min, area_max, ratio_min, ratio_max)
-  size = size_pair(size) if size is not None else None
   _check_method(method)
+  return box_args, (size_pair(size) if size is not None else None), method, antialias
+
+
+@register("inception_crop")
+@keyed(random=True)
+def get_inception_crop(*args: Any, **kwargs: Any) -> Callable:
+  """Random crop of random area and aspect ratio (Inception-style), then resize to `size`
+  (arguments: `_inception_args`)."""
+  box_args, size, method, antialias = _inception_args(*args, **kwargs)
 
   def crop(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     begin, crop_size = _sample_crop(tf.shape(image), seed, box_args)
@@ -130,19 +139,9 @@ def get_inception_crop(
 
 @register("decode_jpeg_and_inception_crop")
 @keyed(random=True)
-def get_decode_jpeg_and_inception_crop(
-    size=None,
-    area_min: float = 5,
-    area_max: float = 100,
-    ratio_min: float = 0.75,
-    ratio_max: float = 1.33,
-    method: str = "bilinear",
-    antialias: bool = False,
-) -> Callable:
+def get_decode_jpeg_and_inception_crop(*args: Any, **kwargs: Any) -> Callable:
   """`inception_crop` fused with JPEG decoding: only the crop window is decoded (much faster)."""
-  box_args = _crop_box_args(area_min, area_max, ratio_min, ratio_max)
-  size = size_pair(size) if size is not None else None
-  _check_method(method)
+  box_args, size, method, antialias = _inception_args(*args, **kwargs)
 
   def crop(data: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
     begin, crop_size = _sample_crop(tf.image.extract_jpeg_shape(data), seed, box_args)

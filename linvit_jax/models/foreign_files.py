@@ -23,11 +23,11 @@ from linvit_jax.runtime import gfile
 
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".pkl")
 
-# The safetensors dtypes a ViT checkpoint is read in, by their header codes. Not the package's
-# `safetensors.numpy.load`: its table has no BF16 (numpy has no bfloat16), so for the bytes read
-# once below the arrays are viewed here, bfloat16 as ml_dtypes'. Other codes (F8_*, U16, ...)
-# are refused by name, on both paths, rather than half-supported.
-_DTYPES = {
+# Every safetensors dtype code numpy can hold, by its header code: the package's
+# `safetensors.numpy.load` (bytes) has no BF16 in its table (numpy has no bfloat16), so arrays
+# parsed from bytes are viewed through this one, bfloat16 as ml_dtypes'. artifacts/ reads an
+# exported student's bytes through it too.
+SAFETENSORS_DTYPES = {
     "F64": np.float64,
     "F32": np.float32,
     "F16": np.float16,
@@ -36,8 +36,17 @@ _DTYPES = {
     "I32": np.int32,
     "I16": np.int16,
     "I8": np.int8,
+    "U64": np.uint64,
+    "U32": np.uint32,
+    "U16": np.uint16,
     "U8": np.uint8,
     "BOOL": np.bool_,
+}
+# The ones a ViT checkpoint is read in. Other codes (F8_*, U16, ...) are refused by name, on both
+# paths below, rather than half-supported.
+_DTYPES = {
+    k: SAFETENSORS_DTYPES[k]
+    for k in ("F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL")
 }
 
 
