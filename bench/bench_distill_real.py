@@ -5,8 +5,8 @@
 
 The teacher is the checkpoint (DINOv2-style ViT-S/14 at 224 px: 257 tokens), the student its
 copy_all surgery with the feature map configs/convert_folder.py defaults to, the step the one
-`train.run_stage` runs (`stages.build` + `train.make_train_step`, jitted with the frozen teacher
-params as an argument). Timed interleaved with the reference matmul (bench/common.py):
+`train.run_stage` runs (`stages.build` + `train_step.make_train_step`, jitted with the frozen
+teacher params as an argument). Timed interleaved with the reference matmul (bench/common.py):
 
   teacher_fwd         one teacher forward (every distill step pays it)
   student_fwdbwd      the student's own forward+backward (a plain training step's core)
@@ -79,6 +79,7 @@ def build(
   from linvit_jax.conversion import stages
   from linvit_jax.conversion import surgery
   from linvit_jax.conversion import train
+  from linvit_jax.conversion import train_step
   from linvit_jax.models import vit_checkpoint
 
   c = build.resolve_from_init(_config(init, batch, feature_map, res, extra))
@@ -127,8 +128,8 @@ def build(
       loss_fn = _minimal_loss(teacher, student)
     mask = optim.trainable_mask(s_params, mask)
     tx, schedule = optim.make_optimizer(settings["optimizer"], settings["steps"], mask)
-    step = jax.jit(train.make_train_step(loss_fn, tx, schedule, mask))
-    state = train.init_train_state(s_params, tx, jax.random.PRNGKey(2))
+    step = jax.jit(train_step.make_train_step(loss_fn, tx, schedule, mask))
+    state = train_step.init_train_state(s_params, tx, jax.random.PRNGKey(2))
     cases[name] = (step.lower(state, t_params, b).compile(), (state, t_params, b))
   return {"cases": cases, "config": c}
 

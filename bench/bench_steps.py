@@ -5,9 +5,9 @@
     python -m bench.bench_steps --plan smoke       # "mu/16" at 64 px, seconds
 
 The steps are the project's own: the model, distill and stage blocks of configs/imagenet_vit.py,
-`stages.build` for the loss and trainable mask, `optim.make_optimizer` and `train.make_train_step`
-(jitted exactly as the stage runner calls them: `step(state, frozen_teacher_params, batch)`); the
-JSON names them (`implementation`).
+`stages.build` for the loss and trainable mask, `optim.make_optimizer` and
+`train_step.make_train_step` (jitted exactly as the stage runner calls them:
+`step(state, frozen_teacher_params, batch)`); the JSON names them (`implementation`).
 
 Timed interleaved with the reference matmul, median of the rounds, warm-up excluded:
   student_fwdbwd  plain student forward+backward (label xent), no optimizer: the 1.5x yardstick
@@ -37,6 +37,7 @@ from linvit_jax import build
 from linvit_jax.conversion import optim
 from linvit_jax.conversion import stages
 from linvit_jax.conversion import train
+from linvit_jax.conversion import train_step
 from linvit_jax.models import attention as attn_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,8 +91,8 @@ def _project_steps(c: mlc.ConfigDict, batch: dict[str, jax.Array], rng: jax.Arra
     mask = optim.trainable_mask(s_params, mask)
     settings = train.stage_settings(stage_cfg)
     tx, schedule = optim.make_optimizer(settings["optimizer"], settings["steps"], mask)
-    step = jax.jit(train.make_train_step(loss_fn, tx, schedule, mask), donate_argnums=())
-    state = train.init_train_state(s_params, tx, k_state)
+    step = jax.jit(train_step.make_train_step(loss_fn, tx, schedule, mask), donate_argnums=())
+    state = train_step.init_train_state(s_params, tx, k_state)
     steps[name] = (step, state)
   return teacher, student, t_params, s_params, steps
 
