@@ -14,7 +14,7 @@ this file knows nothing about what the loss computes. `run_stage` owns everythin
   counted, and after `max_nonfinite_in_a_row` such steps in a row the stage stops with an error
   (stage_log.py);
 * process 0 shows a tqdm bar and writes metrics.jsonl + TensorBoard events in `<workdir>/<stage>/`
-  (stage_log.stage_log.MetricsDrain);
+  (stage_log.MetricsDrain);
 * Ctrl-C (SIGINT) or SIGTERM (how Cloud TPU VMs and most schedulers announce a preemption)
   finishes the current step, saves a checkpoint and raises `preemption.StageInterrupted` (a
   KeyboardInterrupt; the CLI exits 128 + signal: 130 or 143): rerunning the same command resumes
