@@ -97,6 +97,63 @@ def _project_steps(c: mlc.ConfigDict, batch: dict[str, jax.Array], rng: jax.Arra
   return teacher, student, t_params, s_params, steps
 
 
+def _compiled_cases(c: mlc.ConfigDict, batch: dict[str, jax.Array], rng: jax.Array) -> dict:
+  """name -> (compiled fn, its args): the student's plain fwd+bwd, the teacher's forward and the
+  project's distill and finetune steps."""
+  teacher, student, t_params, s_params, steps = _project_steps(c, batch, rng)
+  images = batch["image"]
+
+  def xent(logits, y):
+    return -jnp.mean(jnp.sum(y * jax.nn.log_softmax(logits.astype(jnp.float32)), -1))
+
+  student_fb = jax.jit(
+      jax.value_and_grad(
+          lambda sp, b: xent(student.apply({"params": sp}, b["image"])[0], b["labels"])
+      )
+  )
+  teacher_fwd = jax.jit(lambda tp, im: teacher.apply({"params": tp}, im)[0])
+  (dist_step, dist_state), (ft_step, ft_state) = steps["distill_attention"], steps["finetune"]
+  return dict(
+      student_fwdbwd=(student_fb.lower(s_params, batch).compile(), (s_params, batch)),
+      teacher_fwd=(teacher_fwd.lower(t_params, images).compile(), (t_params, images)),
+      distill_step=(
+          dist_step.lower(dist_state, t_params, batch).compile(),
+          (dist_state, t_params, batch),
+      ),
+      finetune_step=(
+          ft_step.lower(ft_state, t_params, batch).compile(),
+          (ft_state, t_params, batch),
+      ),
+  )
+
+
+def _rows(t: Any, flops: dict[str, float], memory: dict, batch_size: int, ref_flops: float) -> list:
+  """One row per case from the interleaved timings `t`: ms, images/s, share of the matmul rate,
+  cost against the student's plain fwd+bwd, memory."""
+  rows = []
+  for name in ("student_fwdbwd", "teacher_fwd", "distill_step", "finetune_step"):
+    s = common.median(t.wall[name])
+    f = batch_size * flops[name]
+    rows.append(
+        dict(
+            name=name,
+            ms=1e3 * s,
+            images_per_s=batch_size / s,
+            gflops=f / s / 1e9,
+            matmul_gflops=ref_flops / common.median(t.ref_wall[name]) / 1e9,
+            pct_matmul=100 * common.efficiency(f, t.wall[name], ref_flops, t.ref_wall[name]),
+            pct_matmul_cpu_time=100 * common.efficiency(f, t.cpu[name], ref_flops, t.ref_cpu[name]),
+            cost_vs_student_fwdbwd=common.median_ratio(t.wall[name], t.wall["student_fwdbwd"]),
+            flops_per_image=flops[name],
+            times_s=t.wall[name],
+            cpu_s=t.cpu[name],
+            matmul_times_s=t.ref_wall[name],
+            memory=memory[name],
+        )
+    )
+  return rows
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--plan", default="cpu", choices=("cpu", "gpu", "smoke"))
@@ -121,32 +178,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   rng = jax.random.PRNGKey(0)
   images = jax.random.normal(rng, (batch_size, size, size, 3), jnp.float32)
   labels = jax.nn.one_hot(jax.random.randint(rng, (batch_size,), 0, 1000), 1000)
-  batch = {"image": images, "labels": labels}
-
-  teacher, student, t_params, s_params, steps = _project_steps(c, batch, rng)
-
-  def xent(logits, y):
-    return -jnp.mean(jnp.sum(y * jax.nn.log_softmax(logits.astype(jnp.float32)), -1))
-
-  student_fb = jax.jit(
-      jax.value_and_grad(
-          lambda sp, b: xent(student.apply({"params": sp}, b["image"])[0], b["labels"])
-      )
-  )
-  teacher_fwd = jax.jit(lambda tp, im: teacher.apply({"params": tp}, im)[0])
-  (dist_step, dist_state), (ft_step, ft_state) = steps["distill_attention"], steps["finetune"]
-  compiled = dict(
-      student_fwdbwd=(student_fb.lower(s_params, batch).compile(), (s_params, batch)),
-      teacher_fwd=(teacher_fwd.lower(t_params, images).compile(), (t_params, images)),
-      distill_step=(
-          dist_step.lower(dist_state, t_params, batch).compile(),
-          (dist_state, t_params, batch),
-      ),
-      finetune_step=(
-          ft_step.lower(ft_state, t_params, batch).compile(),
-          (ft_state, t_params, batch),
-      ),
-  )
+  compiled = _compiled_cases(c, {"image": images, "labels": labels}, rng)
   memory = {k: common.memory_stats(fn) for k, (fn, _) in compiled.items()}
   a = jax.random.normal(rng, (ref_n, ref_n), jnp.float32).astype(dtype)
   mm = jax.jit(jnp.matmul)
@@ -154,30 +186,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   print(f"compiled in {time.time() - t_start:.0f}s; timing {reps} rounds", flush=True)
   t = common.time_interleaved(cases, reps=reps, reference=lambda: mm(a, a))
 
-  flops = _flops(c, args.feature_map, size)
   ref_flops = 2.0 * ref_n**3
-  rows = []
-  for name in ("student_fwdbwd", "teacher_fwd", "distill_step", "finetune_step"):
-    s = common.median(t.wall[name])
-    f = batch_size * flops[name]
-    rows.append(
-        dict(
-            name=name,
-            ms=1e3 * s,
-            images_per_s=batch_size / s,
-            gflops=f / s / 1e9,
-            matmul_gflops=ref_flops / common.median(t.ref_wall[name]) / 1e9,
-            pct_matmul=100 * common.efficiency(f, t.wall[name], ref_flops, t.ref_wall[name]),
-            pct_matmul_cpu_time=100 * common.efficiency(f, t.cpu[name], ref_flops, t.ref_cpu[name]),
-            cost_vs_student_fwdbwd=common.median_ratio(t.wall[name], t.wall["student_fwdbwd"]),
-            flops_per_image=flops[name],
-            times_s=t.wall[name],
-            cpu_s=t.cpu[name],
-            matmul_times_s=t.ref_wall[name],
-            memory=memory[name],
-        )
-    )
-  matmul_gflops = ref_flops / common.median(sum(t.ref_wall.values(), [])) / 1e9
+  rows = _rows(t, _flops(c, args.feature_map, size), memory, batch_size, ref_flops)
   result = dict(
       plan=args.plan,
       implementation=IMPLEMENTATION,
@@ -188,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       dtype=dtype,
       model=c.model.to_dict(),
       distill=c.distill.to_dict(),
-      matmul_gflops=matmul_gflops,
+      matmul_gflops=ref_flops / common.median(sum(t.ref_wall.values(), [])) / 1e9,
       reference_n=ref_n,
       machine=common.machine_summary(),
       rows=rows,
