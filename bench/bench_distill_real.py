@@ -5,8 +5,8 @@
 
 The teacher is the checkpoint (DINOv2-style ViT-S/14 at 224 px: 257 tokens), the student its
 copy_all surgery with the feature map configs/convert_folder.py defaults to, the step the one
-`train.run_stage` runs (`stages.build` + `train.make_train_step`, jitted with the frozen teacher
-params as an argument). Timed interleaved with the reference matmul (bench/common.py):
+`train.run_stage` runs (`stages.build` + `train_step.make_train_step`, jitted with the frozen
+teacher params as an argument). Timed interleaved with the reference matmul (bench/common.py):
 
   teacher_fwd         one teacher forward (every distill step pays it)
   student_fwdbwd      the student's own forward+backward (a plain training step's core)
@@ -75,10 +75,7 @@ def build(
 ) -> dict[str, Any]:
   """The compiled cases with their arguments, and the config."""
   from linvit_jax import build
-  from linvit_jax.conversion import optim
-  from linvit_jax.conversion import stages
   from linvit_jax.conversion import surgery
-  from linvit_jax.conversion import train
   from linvit_jax.models import vit_checkpoint
 
   c = build.resolve_from_init(_config(init, batch, feature_map, res, extra))
@@ -113,6 +110,19 @@ def build(
   if not only or "student_fwdbwd" in only:
     cases["student_fwdbwd"] = (fb.lower(s_params, images).compile(), (s_params, images))
 
+  cases.update(_step_cases(c, teacher, student, t_params, s_params, b, only))
+  return {"cases": cases, "config": c}
+
+
+def _step_cases(c, teacher, student, t_params, s_params, b, only: Sequence[str]) -> dict:
+  """name -> (compiled step, its args): the distill_attention step with each of VARIANTS'
+  distill overrides, and the minimal step (`_minimal_loss`), as train.run_stage builds them."""
+  from linvit_jax.conversion import optim
+  from linvit_jax.conversion import stages
+  from linvit_jax.conversion import train
+  from linvit_jax.conversion import train_step
+
+  cases = {}
   stage_cfg = c.distill_attention
   settings = train.stage_settings(stage_cfg)
   for name, overrides in {"minimal_step": {"w_routing": 0.0, "minimal": True}, **VARIANTS}.items():
@@ -127,10 +137,10 @@ def build(
       loss_fn = _minimal_loss(teacher, student)
     mask = optim.trainable_mask(s_params, mask)
     tx, schedule = optim.make_optimizer(settings["optimizer"], settings["steps"], mask)
-    step = jax.jit(train.make_train_step(loss_fn, tx, schedule, mask))
-    state = train.init_train_state(s_params, tx, jax.random.PRNGKey(2))
+    step = jax.jit(train_step.make_train_step(loss_fn, tx, schedule, mask))
+    state = train_step.init_train_state(s_params, tx, jax.random.PRNGKey(2))
     cases[name] = (step.lower(state, t_params, b).compile(), (state, t_params, b))
-  return {"cases": cases, "config": c}
+  return cases
 
 
 def _minimal_loss(teacher, student):
@@ -145,6 +155,42 @@ def _minimal_loss(teacher, student):
     return l, {"loss": l}
 
   return loss
+
+
+def _row(name: str, t: Any, batch: int) -> dict[str, Any]:
+  """One case's timings: ms, images/s, and its cost against distill_step, teacher_fwd and
+  student_fwdbwd (those that ran)."""
+  s = common.median(t.wall[name])
+
+  def vs(other: str) -> float | None:
+    return common.median_ratio(t.wall[name], t.wall[other]) if other in t.wall else None
+
+  return dict(
+      name=name,
+      ms=1e3 * s,
+      images_per_s=batch / s,
+      vs_distill_step=common.median_ratio(t.wall[name], t.wall["distill_step"]),
+      vs_teacher_fwd=vs("teacher_fwd"),
+      vs_student_fwdbwd=vs("student_fwdbwd"),
+      times_s=t.wall[name],
+      matmul_times_s=t.ref_wall[name],
+  )
+
+
+def _shares(rows: list[dict[str, Any]], base: float) -> dict[str, float]:
+  """The share of the step each term costs, from the cases that ran (all of them unless --only);
+  `base`: distill_step's median seconds."""
+  by = {r["name"]: r for r in rows}
+  shares = {}
+  if "no_routing" in by:
+    shares["routing (of distill_step)"] = 1 - by["no_routing"]["ms"] / by["distill_step"]["ms"]
+  if "plus_lookahead2" in by:
+    shares["lookahead k=2 (added, of that step)"] = 1 - base * 1e3 / by["plus_lookahead2"]["ms"]
+  if "plus_feature" in by:
+    shares["feature alignment (added, of that step)"] = 1 - base * 1e3 / by["plus_feature"]["ms"]
+  if "teacher_fwd" in by:
+    shares["teacher forward (of distill_step)"] = by["teacher_fwd"]["ms"] / by["distill_step"]["ms"]
+  return shares
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -175,40 +221,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   mm = jax.jit(jnp.matmul)
   calls = {k: (lambda fn=fn, xs=xs: fn(*xs)) for k, (fn, xs) in built["cases"].items()}
   t = common.time_interleaved(calls, reps=args.reps, reference=lambda: mm(a, a))
-  base = common.median(t.wall["distill_step"])
-  rows = []
-  for name in calls:
-    s = common.median(t.wall[name])
-    rows.append(
-        dict(
-            name=name,
-            ms=1e3 * s,
-            images_per_s=args.batch / s,
-            vs_distill_step=common.median_ratio(t.wall[name], t.wall["distill_step"]),
-            vs_teacher_fwd=(
-                common.median_ratio(t.wall[name], t.wall["teacher_fwd"])
-                if "teacher_fwd" in t.wall
-                else None
-            ),
-            vs_student_fwdbwd=(
-                common.median_ratio(t.wall[name], t.wall["student_fwdbwd"])
-                if "student_fwdbwd" in t.wall
-                else None
-            ),
-            times_s=t.wall[name],
-            matmul_times_s=t.ref_wall[name],
-        )
-    )
-  by = {r["name"]: r for r in rows}
-  shares = {}  # each from the cases that ran (all of them unless --only)
-  if "no_routing" in by:
-    shares["routing (of distill_step)"] = 1 - by["no_routing"]["ms"] / by["distill_step"]["ms"]
-  if "plus_lookahead2" in by:
-    shares["lookahead k=2 (added, of that step)"] = 1 - base * 1e3 / by["plus_lookahead2"]["ms"]
-  if "plus_feature" in by:
-    shares["feature alignment (added, of that step)"] = 1 - base * 1e3 / by["plus_feature"]["ms"]
-  if "teacher_fwd" in by:
-    shares["teacher forward (of distill_step)"] = by["teacher_fwd"]["ms"] / by["distill_step"]["ms"]
+  rows = [_row(name, t, args.batch) for name in calls]
+  shares = _shares(rows, common.median(t.wall["distill_step"]))
   c = built["config"]
   result = dict(
       init=os.path.basename(args.init),

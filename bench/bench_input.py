@@ -107,9 +107,19 @@ def main() -> None:
             f"{results[name][-1][1]:.0f} img/CPU-s",
             flush=True,
         )
+  text = _results_md(args, np.mean([len(j) for j in jpegs]) / 1e3, results)
+  print(text)
+  if not args.quick:
+    with open(args.out, "w") as f:
+      f.write(text)
 
+
+def _results_md(
+    args: argparse.Namespace, mean_kb: float, results: dict[str, list[tuple[float, float]]]
+) -> str:
+  """RESULTS_input.md: the setup, one row per pipeline (median per-core and wall rates) and
+  what the train pipeline's rate means in cores."""
   load = os.getloadavg()[0]
-  mean_kb = np.mean([len(j) for j in jpegs]) / 1e3
   lines = [
       "# Input pipeline throughput (bench/bench_input.py)",
       "",
@@ -139,11 +149,7 @@ def main() -> None:
       "decoding the whole image then cropping. On a loaded machine CPU time is inflated "
       "(shared caches, hyper-threads), so these per-core rates are lower bounds.",
   ]
-  text = "\n".join(lines) + "\n"
-  print(text)
-  if not args.quick:
-    with open(args.out, "w") as f:
-      f.write(text)
+  return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ the reference matmul (see common.py for why). Operators whose XLA peak exceeds -
 estimated run time exceeds --case-budget-s, are compiled but not run; the report says which and
 why. Peak RSS needs a fresh process per point, so a few representative points run as `--probe`
 subprocesses. Everything lands in one JSON (bench/results/<plan>_speed.json); report.py turns the
-JSON files into RESULTS.md and the plots.
+JSON files into RESULTS.md and the plots. One case (lowered, compiled, its FLOPs and memory)
+is speed_cases.py's.
 
 The ViT is big_vision's ViT-S/16 with a cls token (197 tokens at 224 px), built with scan=True and
 remat_policy="everything_saveable": one compiled block instead of twelve (compiles ~3x faster on
@@ -21,35 +22,22 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import dataclasses
 import gc
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from bench import common
-from linvit_jax.models import attention as attn_lib
-from linvit_jax.models import attention_ops
-from linvit_jax.models import vit
+from bench import speed_cases
 from linvit_jax.runtime import gfile
 
-OPERATORS = {
-    "softmax": attn_lib.AttentionSpec(kind="softmax"),
-    "chunked_softmax": attn_lib.AttentionSpec(kind="chunked_softmax"),
-    "elu1": attn_lib.AttentionSpec(kind="linear", feature_map="elu1"),
-    "relu": attn_lib.AttentionSpec(kind="linear", feature_map="relu"),
-    "hedgehog": attn_lib.AttentionSpec(kind="linear", feature_map="hedgehog"),
-    "favor": attn_lib.AttentionSpec(kind="linear", feature_map="favor"),
-    # GPU only: softmax whose aggregation is cuDNN's fused flash attention (bf16).
-    "cudnn": attn_lib.AttentionSpec(kind="softmax"),
-}
 LINEAR = ("elu1", "relu", "hedgehog", "favor")
 ALL_CPU = ("softmax", "chunked_softmax") + LINEAR
 SIZES = (224, 448, 896, 1024, 1792)
@@ -142,118 +130,6 @@ PROBES = {
 }
 
 
-# ----------------------------------------------------------------------------- cases
-
-
-@contextlib.contextmanager
-def _cudnn_softmax(enabled: bool) -> Iterator[None]:
-  """While tracing, softmax attention becomes cuDNN's fused kernel (bf16 in, bf16 out)."""
-  if not enabled:
-    yield
-    return
-  original = attention_ops.softmax_attention
-
-  def cudnn(q, k, v):
-    dt = q.dtype
-    q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
-    return jax.nn.dot_product_attention(q, k, v, implementation="cudnn").astype(dt)
-
-  attention_ops.softmax_attention = cudnn
-  try:
-    yield
-  finally:
-    attention_ops.softmax_attention = original
-
-
-@dataclasses.dataclass
-class Case:
-  lowered: Any  # traced and lowered, not yet compiled
-  args: tuple
-  flops: float  # analytic FLOPs of one call
-  lower_s: float
-  fn: Any = None  # the AOT-compiled executable, after compile()
-  memory: dict[str, float] | None = None
-  compile_s: float = 0.0
-
-  def compile(self) -> Case:
-    t0 = time.perf_counter()
-    self.fn = self.lowered.compile()
-    self.compile_s = self.lower_s + time.perf_counter() - t0
-    self.memory = common.memory_stats(self.fn)
-    self.lowered = None
-    return self
-
-  def __call__(self):
-    return self.fn(*self.args)
-
-
-def build(what: str, op: str, size: int, batch: int, mode: str, **kw: Any) -> Case:
-  """Compiles one (what, operator, size, batch, mode) and counts its FLOPs; runs nothing."""
-  return lower(what, op, size, batch, mode, **kw).compile()
-
-
-def lower(
-    what: str,
-    op: str,
-    size: int,
-    batch: int,
-    mode: str,
-    *,
-    variant: str = "S/16",
-    dtype: str = "float32",
-    seed: int = 0,
-) -> Case:
-  """Traces and lowers one case (serially: tracing is Python, and the cuDNN swap is global);
-  `Case.compile()` may then run in a thread pool."""
-  spec = OPERATORS[op]
-  dims = common.vit_dims(variant)
-  n = common.tokens_for(size, dims["patch"])
-  rng = jax.random.PRNGKey(seed)
-  k_init, k_x, k_ct = jax.random.split(rng, 3)
-  if what == "layer":
-    module = attn_lib.Attention(num_heads=dims["heads"], spec=spec, dtype_mm=dtype)
-    x = jax.random.normal(k_x, (batch, n, dims["width"]), jnp.float32)
-    params = jax.jit(module.init)(k_init, x)
-    fwd_flops = common.attention_layer_flops(spec, n, dims["width"], dims["heads"])
-    if mode == "fwd":
-      fn, args = jax.jit(module.apply), (params, x)
-    else:
-      # A fixed random cotangent: a real backward (d params and d input), nothing XLA can fold.
-      ct = jax.random.normal(k_ct, x.shape, jnp.float32)
-      fn = jax.jit(lambda p, x, ct: jax.vjp(module.apply, p, x)[1](ct))
-      args = (params, x, ct)
-  elif what == "vit":
-    model = vit.Model(
-        1000,
-        variant=variant,
-        attention=spec,
-        pool_type="tok",
-        scan=True,
-        remat_policy="everything_saveable",
-        dtype_mm=dtype,
-    )
-    images = jax.random.normal(k_x, (batch, size, size, 3), jnp.float32)
-    labels = jax.random.randint(k_ct, (batch,), 0, 1000)
-    params = jax.jit(model.init)(k_init, images[:1])
-    fwd_flops = common.vit_flops(spec, size, variant)
-    if mode == "fwd":
-      fn, args = jax.jit(lambda p, im: model.apply(p, im)[0]), (params, images)
-    else:
-
-      def loss(p, im, y):
-        logits = model.apply(p, im)[0].astype(jnp.float32)
-        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], -1))
-
-      fn, args = jax.jit(jax.value_and_grad(loss)), (params, images, labels)
-  else:
-    raise ValueError(f"unknown benchmark target {what!r}; known: layer, vit")
-  t0 = time.perf_counter()
-  with _cudnn_softmax(op == "cudnn"):
-    lowered = fn.lower(*args)
-  flops = batch * fwd_flops * (1 if mode == "fwd" else 3)
-  return Case(lowered, args, flops, time.perf_counter() - t0)
-
-
 def _assumed_efficiency(op: str) -> float:
   """For the 'would this fit the time budget' estimate only (softmax's exp is costly on CPU)."""
   return 0.5 if op in LINEAR else 0.25
@@ -262,22 +138,64 @@ def _assumed_efficiency(op: str) -> float:
 # ----------------------------------------------------------------------------- the sweep
 
 
+@dataclasses.dataclass(frozen=True)
+class Budget:
+  """The sweep's reference and limits: the matmul timed with every group, its FLOPs, the rate
+  that estimates a case's run time, and the memory and time a case may take to be run."""
+
+  ref: Callable[[], Any]
+  ref_flops: float
+  ref_rate: float
+  max_bytes: float
+  case_budget_s: float
+
+
 def run_group(
     g: Group,
     *,
-    ref: Callable[[], Any],
-    ref_flops: float,
-    ref_rate: float,
-    max_bytes: float,
-    case_budget_s: float,
+    budget: Budget,
     variant: str,
     dtype: str,
     log: Callable[[str], None],
     compile_workers: int = 1,
 ) -> list[dict[str, Any]]:
-  rows, cases, built = [], {}, {}
+  """One group's rows: every operator lowered and compiled (a failure is a row, not a crash),
+  those within the budget timed round-robin with the reference matmul."""
   n = common.tokens_for(g.size)
   ops = tuple(g.run) + tuple(g.memory)
+  built = _compiled(g, ops, variant, dtype, compile_workers)
+  rows, cases = [], {}
+  for op in ops:
+    row = dict(what=g.what, op=op, size=g.size, tokens=n, batch=g.batch, mode=g.mode)
+    case = built.pop(op)
+    if not isinstance(case, speed_cases.Case):
+      row.update(status=case)
+      rows.append(row)
+      log(f"  {g.what} {g.size}px {g.mode} {op}: {row['status']}")
+      continue
+    row.update(flops=case.flops, memory=case.memory, compile_s=case.compile_s)
+    row["status"] = _status(g, op, case, budget)
+    if row["status"] == "ok":
+      cases[op] = case
+    rows.append(row)
+    log(
+        f"  {g.what} {g.size}px b{g.batch} {g.mode} {op}: compiled in {case.compile_s:.1f}s, "
+        f"XLA peak {common.fmt_bytes(case.memory['peak'])}, {row['status']}"
+    )
+    del case
+  if cases:
+    _time(g, cases, rows, budget, log)
+  cases.clear()
+  gc.collect()
+  return rows
+
+
+def _compiled(
+    g: Group, ops: Sequence[str], variant: str, dtype: str, compile_workers: int
+) -> dict[str, speed_cases.Case | str]:
+  """op -> its compiled Case, or why it failed ("n/a (... failed: ...)"). Lowered serially
+  (tracing is Python), compiled by `compile_workers` threads."""
+  built: dict[str, speed_cases.Case | str] = {}
 
   def failed(op: str, stage: str, e: Exception) -> None:
     # A failed lowering/compile is a result to report, not a crash.
@@ -285,7 +203,9 @@ def run_group(
 
   for op in ops:
     try:
-      built[op] = lower(g.what, op, g.size, g.batch, g.mode, variant=variant, dtype=dtype)
+      built[op] = speed_cases.lower(
+          g.what, op, g.size, g.batch, g.mode, variant=variant, dtype=dtype
+      )
     except Exception as e:  # noqa: BLE001
       failed(op, "lowering", e)
 
@@ -295,79 +215,73 @@ def run_group(
     except Exception as e:  # noqa: BLE001
       failed(op, "compile", e)
 
-  todo = [op for op in ops if isinstance(built[op], Case)]
+  todo = [op for op in ops if isinstance(built[op], speed_cases.Case)]
   if compile_workers > 1:
     with concurrent.futures.ThreadPoolExecutor(compile_workers) as pool:
       list(pool.map(compile_one, todo))
   else:
     for op in todo:
       compile_one(op)
+  return built
 
-  for op in ops:
-    row = dict(what=g.what, op=op, size=g.size, tokens=n, batch=g.batch, mode=g.mode)
-    case = built.pop(op)
-    if not isinstance(case, Case):
-      row.update(status=case)
-      rows.append(row)
-      log(f"  {g.what} {g.size}px {g.mode} {op}: {row['status']}")
-      continue
-    row.update(flops=case.flops, memory=case.memory, compile_s=case.compile_s)
-    est_s = case.flops / (ref_rate * _assumed_efficiency(op))
-    if op not in g.run:
-      row["status"] = "memory only (not in this plan's timed set)"
-    elif case.memory["peak"] > max_bytes:
-      row["status"] = (
-          f"n/a (out of memory: XLA peak {case.memory['peak'] / common.GB:.1f} GB > "
-          f"{max_bytes / common.GB:.0f} GB budget)"
-      )
-    elif est_s * (g.reps + 1) > case_budget_s:
-      row["status"] = (
-          f"n/a (time: ~{est_s:.0f} s/call estimated, {g.reps + 1} calls > "
-          f"{case_budget_s:.0f} s budget)"
-      )
-    else:
-      row["status"] = "ok"
-      cases[op] = case
-    rows.append(row)
-    log(
-        f"  {g.what} {g.size}px b{g.batch} {g.mode} {op}: compiled in {case.compile_s:.1f}s, "
-        f"XLA peak {common.fmt_bytes(case.memory['peak'])}, {row['status']}"
+
+def _status(g: Group, op: str, case: speed_cases.Case, budget: Budget) -> str:
+  """ "ok" for a case to time, else why it is not run (memory only, memory or time budget)."""
+  est_s = case.flops / (budget.ref_rate * _assumed_efficiency(op))
+  if op not in g.run:
+    return "memory only (not in this plan's timed set)"
+  if case.memory["peak"] > budget.max_bytes:
+    return (
+        f"n/a (out of memory: XLA peak {case.memory['peak'] / common.GB:.1f} GB > "
+        f"{budget.max_bytes / common.GB:.0f} GB budget)"
     )
-    del case
-  if cases:
-    t0 = time.perf_counter()
-    t = common.time_interleaved(cases, reps=g.reps, reference=ref)
-    log(f"  timed {len(cases)} operators x {g.reps} rounds in {time.perf_counter() - t0:.0f}s")
-    for row in rows:
-      op = row["op"]
-      if op not in cases:
-        continue
-      s = common.median(t.wall[op])
-      row.update(
-          times_s=t.wall[op],
-          cpu_s=t.cpu[op],
-          matmul_times_s=t.ref_wall[op],
-          matmul_cpu_s=t.ref_cpu[op],
-          ms=1e3 * s,
-          images_per_s=g.batch / s,
-          gflops=row["flops"] / s / 1e9,
-          matmul_gflops=ref_flops / common.median(t.ref_wall[op]) / 1e9,
-          pct_matmul=100 * common.efficiency(row["flops"], t.wall[op], ref_flops, t.ref_wall[op]),
-          pct_matmul_cpu_time=100
-          * common.efficiency(row["flops"], t.cpu[op], ref_flops, t.ref_cpu[op]),
-          speedup_vs_softmax=(
-              common.median_ratio(t.wall["softmax"], t.wall[op]) if "softmax" in t.wall else None
-          ),
-      )
-  cases.clear()
-  gc.collect()
-  return rows
+  if est_s * (g.reps + 1) > budget.case_budget_s:
+    return (
+        f"n/a (time: ~{est_s:.0f} s/call estimated, {g.reps + 1} calls > "
+        f"{budget.case_budget_s:.0f} s budget)"
+    )
+  return "ok"
+
+
+def _time(
+    g: Group,
+    cases: dict[str, speed_cases.Case],
+    rows: list[dict[str, Any]],
+    budget: Budget,
+    log: Callable[[str], None],
+) -> None:
+  """Times `cases` round-robin with the matmul and adds the timings to their rows."""
+  t0 = time.perf_counter()
+  t = common.time_interleaved(cases, reps=g.reps, reference=budget.ref)
+  log(f"  timed {len(cases)} operators x {g.reps} rounds in {time.perf_counter() - t0:.0f}s")
+  ref_flops = budget.ref_flops
+  for row in rows:
+    op = row["op"]
+    if op not in cases:
+      continue
+    s = common.median(t.wall[op])
+    row.update(
+        times_s=t.wall[op],
+        cpu_s=t.cpu[op],
+        matmul_times_s=t.ref_wall[op],
+        matmul_cpu_s=t.ref_cpu[op],
+        ms=1e3 * s,
+        images_per_s=g.batch / s,
+        gflops=row["flops"] / s / 1e9,
+        matmul_gflops=ref_flops / common.median(t.ref_wall[op]) / 1e9,
+        pct_matmul=100 * common.efficiency(row["flops"], t.wall[op], ref_flops, t.ref_wall[op]),
+        pct_matmul_cpu_time=100
+        * common.efficiency(row["flops"], t.cpu[op], ref_flops, t.ref_cpu[op]),
+        speedup_vs_softmax=(
+            common.median_ratio(t.wall["softmax"], t.wall[op]) if "softmax" in t.wall else None
+        ),
+    )
 
 
 def probe(spec: dict[str, Any]) -> dict[str, Any]:
   """Runs inside a fresh process: build, run twice, report peak RSS (and the RSS before)."""
   before = common.peak_rss_bytes()
-  case = build(
+  case = speed_cases.build(
       spec["what"],
       spec["op"],
       spec["size"],
@@ -388,7 +302,7 @@ def probe(spec: dict[str, Any]) -> dict[str, Any]:
   )
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--plan", default="cpu", choices=sorted(PLANS))
   p.add_argument("--out", default=None, help="JSON path (default bench/results/<plan>_speed.json)")
@@ -429,8 +343,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       help="compile a group's operators in parallel threads (GPU hosts: 8)",
   )
   p.add_argument("--probe", default=None, help=argparse.SUPPRESS)
-  args = p.parse_args(argv)
+  return p
 
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+  args = _parser().parse_args(argv)
   if args.probe:
     print(json.dumps(probe(json.loads(args.probe))))
     return {}
@@ -445,26 +362,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   )
   log = lambda s: print(s, flush=True)  # noqa: E731
   t_start = time.time()
-
-  a = jax.random.normal(jax.random.PRNGKey(0), (ref_n, ref_n), jnp.float32).astype(dtype)
-  mm = jax.jit(jnp.matmul)
-  ref = lambda: mm(a, a)  # noqa: E731
-  ref_flops = 2.0 * ref_n**3
-  ref_rate = ref_flops / common.median(common.time_interleaved({"m": ref}, reps=5).wall["m"])
-  log(f"reference matmul {ref_n}^3 {dtype}: {ref_rate / 1e9:.1f} GFLOP/s")
-  est_rate = args.assumed_gflops * 1e9 if args.assumed_gflops else ref_rate
-
-  groups = PLANS[args.plan]()
-  if args.only:
-    keep = {tuple(x.split(":")) for x in args.only.split(",")}
-    groups = [g for g in groups if (g.what, str(g.size)) in keep or (g.what,) in keep]
-  rows, probes = [], []
-  if args.resume and os.path.exists(out_path):
-    with open(out_path) as f:
-      rows = json.load(f)["rows"]
-    done = {(r["what"], r["size"], r["mode"]) for r in rows}
-    groups = [g for g in groups if (g.what, g.size, g.mode) not in done]
-    log(f"resuming: {len(done)} groups kept from {out_path}, {len(groups)} to run")
+  budget, ref_rate = _reference(args, ref_n, dtype, log)
+  rows, groups = _resumed(args, out_path, log)
+  probes = []
 
   def save(done: bool) -> dict[str, Any]:  # after every group: a crash keeps what was measured
     result = dict(
@@ -490,43 +390,76 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     log(f"[{time.time() - t_start:5.0f}s] {g.what} {g.size}px batch {g.batch} {g.mode}")
     rows += run_group(
         g,
-        ref=ref,
-        ref_flops=ref_flops,
-        ref_rate=est_rate,
-        max_bytes=args.max_gb * common.GB,
-        case_budget_s=args.case_budget_s,
+        budget=budget,
         variant=args.variant,
         dtype=dtype,
         log=log,
         compile_workers=args.compile_workers,
     )
     save(done=False)
-
   if not args.no_probes and PROBES[args.plan]:
-    idle = common.run_probe(
-        "bench.bench_speed", dict(what="layer", op="elu1", size=32, batch=1, mode="fwd")
+    probes += _rss_probes(
+        args.plan, dtype, args.variant, lambda s: log(f"[{time.time() - t_start:5.0f}s] {s}")
     )
-    probes.append(dict(idle, label="baseline (jax + a 5-token layer)"))
-    for what, op, size, batch, mode in PROBES[args.plan]:
-      log(f"[{time.time() - t_start:5.0f}s] RSS probe {what} {op} {size}px b{batch} {mode}")
-      probes.append(
-          common.run_probe(
-              "bench.bench_speed",
-              dict(
-                  what=what,
-                  op=op,
-                  size=size,
-                  batch=batch,
-                  mode=mode,
-                  dtype=dtype,
-                  variant=args.variant,
-              ),
-          )
-      )
-
   result = save(done=True)
   log(f"wrote {out_path} after {result['wall_s']:.0f}s")
   return result
+
+
+def _reference(
+    args: argparse.Namespace, ref_n: int, dtype: str, log: Callable[[str], None]
+) -> tuple[Budget, float]:
+  """(the sweep's budget, the matmul rate measured at start): the ref_n³ reference matmul is
+  timed once here; --assumed-gflops, when given, replaces that rate in the time estimates."""
+  a = jax.random.normal(jax.random.PRNGKey(0), (ref_n, ref_n), jnp.float32).astype(dtype)
+  mm = jax.jit(jnp.matmul)
+  ref = lambda: mm(a, a)  # noqa: E731
+  ref_flops = 2.0 * ref_n**3
+  ref_rate = ref_flops / common.median(common.time_interleaved({"m": ref}, reps=5).wall["m"])
+  log(f"reference matmul {ref_n}^3 {dtype}: {ref_rate / 1e9:.1f} GFLOP/s")
+  est_rate = args.assumed_gflops * 1e9 if args.assumed_gflops else ref_rate
+  budget = Budget(
+      ref=ref,
+      ref_flops=ref_flops,
+      ref_rate=est_rate,
+      max_bytes=args.max_gb * common.GB,
+      case_budget_s=args.case_budget_s,
+  )
+  return budget, ref_rate
+
+
+def _resumed(
+    args: argparse.Namespace, out_path: str, log: Callable[[str], None]
+) -> tuple[list[dict[str, Any]], list[Group]]:
+  """(the rows kept from --out with --resume, the plan's groups still to run, filtered by
+  --only: "what:size" or "what" items)."""
+  groups = PLANS[args.plan]()
+  if args.only:
+    keep = {tuple(x.split(":")) for x in args.only.split(",")}
+    groups = [g for g in groups if (g.what, str(g.size)) in keep or (g.what,) in keep]
+  if not (args.resume and os.path.exists(out_path)):
+    return [], groups
+  with open(out_path) as f:
+    rows = json.load(f)["rows"]
+  done = {(r["what"], r["size"], r["mode"]) for r in rows}
+  groups = [g for g in groups if (g.what, g.size, g.mode) not in done]
+  log(f"resuming: {len(done)} groups kept from {out_path}, {len(groups)} to run")
+  return rows, groups
+
+
+def _rss_probes(
+    plan: str, dtype: str, variant: str, log: Callable[[str], None]
+) -> list[dict[str, Any]]:
+  """Peak RSS of the plan's PROBES points, each in a fresh process, after an idle baseline."""
+  idle = common.run_probe(
+      "bench.bench_speed", dict(what="layer", op="elu1", size=32, batch=1, mode="fwd")
+  )
+  probes = [dict(idle, label="baseline (jax + a 5-token layer)")]
+  for what, op, size, batch, mode in PROBES[plan]:
+    log(f"RSS probe {what} {op} {size}px b{batch} {mode}")
+    spec = dict(what=what, op=op, size=size, batch=batch, mode=mode, dtype=dtype, variant=variant)
+    probes.append(common.run_probe("bench.bench_speed", spec))
+  return probes
 
 
 if __name__ == "__main__":

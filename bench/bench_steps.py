@@ -5,9 +5,9 @@
     python -m bench.bench_steps --plan smoke       # "mu/16" at 64 px, seconds
 
 The steps are the project's own: the model, distill and stage blocks of configs/imagenet_vit.py,
-`stages.build` for the loss and trainable mask, `optim.make_optimizer` and `train.make_train_step`
-(jitted exactly as the stage runner calls them: `step(state, frozen_teacher_params, batch)`); the
-JSON names them (`implementation`).
+`stages.build` for the loss and trainable mask, `optim.make_optimizer` and
+`train_step.make_train_step` (jitted exactly as the stage runner calls them:
+`step(state, frozen_teacher_params, batch)`); the JSON names them (`implementation`).
 
 Timed interleaved with the reference matmul, median of the rounds, warm-up excluded:
   student_fwdbwd  plain student forward+backward (label xent), no optimizer: the 1.5x yardstick
@@ -37,6 +37,7 @@ from linvit_jax import build
 from linvit_jax.conversion import optim
 from linvit_jax.conversion import stages
 from linvit_jax.conversion import train
+from linvit_jax.conversion import train_step
 from linvit_jax.models import attention as attn_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,10 +91,67 @@ def _project_steps(c: mlc.ConfigDict, batch: dict[str, jax.Array], rng: jax.Arra
     mask = optim.trainable_mask(s_params, mask)
     settings = train.stage_settings(stage_cfg)
     tx, schedule = optim.make_optimizer(settings["optimizer"], settings["steps"], mask)
-    step = jax.jit(train.make_train_step(loss_fn, tx, schedule, mask), donate_argnums=())
-    state = train.init_train_state(s_params, tx, k_state)
+    step = jax.jit(train_step.make_train_step(loss_fn, tx, schedule, mask), donate_argnums=())
+    state = train_step.init_train_state(s_params, tx, k_state)
     steps[name] = (step, state)
   return teacher, student, t_params, s_params, steps
+
+
+def _compiled_cases(c: mlc.ConfigDict, batch: dict[str, jax.Array], rng: jax.Array) -> dict:
+  """name -> (compiled fn, its args): the student's plain fwd+bwd, the teacher's forward and the
+  project's distill and finetune steps."""
+  teacher, student, t_params, s_params, steps = _project_steps(c, batch, rng)
+  images = batch["image"]
+
+  def xent(logits, y):
+    return -jnp.mean(jnp.sum(y * jax.nn.log_softmax(logits.astype(jnp.float32)), -1))
+
+  student_fb = jax.jit(
+      jax.value_and_grad(
+          lambda sp, b: xent(student.apply({"params": sp}, b["image"])[0], b["labels"])
+      )
+  )
+  teacher_fwd = jax.jit(lambda tp, im: teacher.apply({"params": tp}, im)[0])
+  (dist_step, dist_state), (ft_step, ft_state) = steps["distill_attention"], steps["finetune"]
+  return dict(
+      student_fwdbwd=(student_fb.lower(s_params, batch).compile(), (s_params, batch)),
+      teacher_fwd=(teacher_fwd.lower(t_params, images).compile(), (t_params, images)),
+      distill_step=(
+          dist_step.lower(dist_state, t_params, batch).compile(),
+          (dist_state, t_params, batch),
+      ),
+      finetune_step=(
+          ft_step.lower(ft_state, t_params, batch).compile(),
+          (ft_state, t_params, batch),
+      ),
+  )
+
+
+def _rows(t: Any, flops: dict[str, float], memory: dict, batch_size: int, ref_flops: float) -> list:
+  """One row per case from the interleaved timings `t`: ms, images/s, share of the matmul rate,
+  cost against the student's plain fwd+bwd, memory."""
+  rows = []
+  for name in ("student_fwdbwd", "teacher_fwd", "distill_step", "finetune_step"):
+    s = common.median(t.wall[name])
+    f = batch_size * flops[name]
+    rows.append(
+        dict(
+            name=name,
+            ms=1e3 * s,
+            images_per_s=batch_size / s,
+            gflops=f / s / 1e9,
+            matmul_gflops=ref_flops / common.median(t.ref_wall[name]) / 1e9,
+            pct_matmul=100 * common.efficiency(f, t.wall[name], ref_flops, t.ref_wall[name]),
+            pct_matmul_cpu_time=100 * common.efficiency(f, t.cpu[name], ref_flops, t.ref_cpu[name]),
+            cost_vs_student_fwdbwd=common.median_ratio(t.wall[name], t.wall["student_fwdbwd"]),
+            flops_per_image=flops[name],
+            times_s=t.wall[name],
+            cpu_s=t.cpu[name],
+            matmul_times_s=t.ref_wall[name],
+            memory=memory[name],
+        )
+    )
+  return rows
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -120,32 +178,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   rng = jax.random.PRNGKey(0)
   images = jax.random.normal(rng, (batch_size, size, size, 3), jnp.float32)
   labels = jax.nn.one_hot(jax.random.randint(rng, (batch_size,), 0, 1000), 1000)
-  batch = {"image": images, "labels": labels}
-
-  teacher, student, t_params, s_params, steps = _project_steps(c, batch, rng)
-
-  def xent(logits, y):
-    return -jnp.mean(jnp.sum(y * jax.nn.log_softmax(logits.astype(jnp.float32)), -1))
-
-  student_fb = jax.jit(
-      jax.value_and_grad(
-          lambda sp, b: xent(student.apply({"params": sp}, b["image"])[0], b["labels"])
-      )
-  )
-  teacher_fwd = jax.jit(lambda tp, im: teacher.apply({"params": tp}, im)[0])
-  (dist_step, dist_state), (ft_step, ft_state) = steps["distill_attention"], steps["finetune"]
-  compiled = dict(
-      student_fwdbwd=(student_fb.lower(s_params, batch).compile(), (s_params, batch)),
-      teacher_fwd=(teacher_fwd.lower(t_params, images).compile(), (t_params, images)),
-      distill_step=(
-          dist_step.lower(dist_state, t_params, batch).compile(),
-          (dist_state, t_params, batch),
-      ),
-      finetune_step=(
-          ft_step.lower(ft_state, t_params, batch).compile(),
-          (ft_state, t_params, batch),
-      ),
-  )
+  compiled = _compiled_cases(c, {"image": images, "labels": labels}, rng)
   memory = {k: common.memory_stats(fn) for k, (fn, _) in compiled.items()}
   a = jax.random.normal(rng, (ref_n, ref_n), jnp.float32).astype(dtype)
   mm = jax.jit(jnp.matmul)
@@ -153,30 +186,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   print(f"compiled in {time.time() - t_start:.0f}s; timing {reps} rounds", flush=True)
   t = common.time_interleaved(cases, reps=reps, reference=lambda: mm(a, a))
 
-  flops = _flops(c, args.feature_map, size)
   ref_flops = 2.0 * ref_n**3
-  rows = []
-  for name in ("student_fwdbwd", "teacher_fwd", "distill_step", "finetune_step"):
-    s = common.median(t.wall[name])
-    f = batch_size * flops[name]
-    rows.append(
-        dict(
-            name=name,
-            ms=1e3 * s,
-            images_per_s=batch_size / s,
-            gflops=f / s / 1e9,
-            matmul_gflops=ref_flops / common.median(t.ref_wall[name]) / 1e9,
-            pct_matmul=100 * common.efficiency(f, t.wall[name], ref_flops, t.ref_wall[name]),
-            pct_matmul_cpu_time=100 * common.efficiency(f, t.cpu[name], ref_flops, t.ref_cpu[name]),
-            cost_vs_student_fwdbwd=common.median_ratio(t.wall[name], t.wall["student_fwdbwd"]),
-            flops_per_image=flops[name],
-            times_s=t.wall[name],
-            cpu_s=t.cpu[name],
-            matmul_times_s=t.ref_wall[name],
-            memory=memory[name],
-        )
-    )
-  matmul_gflops = ref_flops / common.median(sum(t.ref_wall.values(), [])) / 1e9
+  rows = _rows(t, _flops(c, args.feature_map, size), memory, batch_size, ref_flops)
   result = dict(
       plan=args.plan,
       implementation=IMPLEMENTATION,
@@ -187,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       dtype=dtype,
       model=c.model.to_dict(),
       distill=c.distill.to_dict(),
-      matmul_gflops=matmul_gflops,
+      matmul_gflops=ref_flops / common.median(sum(t.ref_wall.values(), [])) / 1e9,
       reference_n=ref_n,
       machine=common.machine_summary(),
       rows=rows,

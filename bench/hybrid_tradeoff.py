@@ -61,46 +61,24 @@ def main(argv=None) -> dict:
   fid = evaluate.attention_fidelity(
       teacher_model, teacher_params, student_model, student_params, sample
   )
-  res0 = config.data.image_size
-  patch = config.model.patch_size[0]
+  resolutions = [int(r) for r in args.resolutions.split(",")]
+  teacher = (teacher_model, teacher_params)
   rows = []
   for k in (int(x) for x in args.ks.split(",")):
     layers = surgery.worst_layers(fid, k)
-    model, params = surgery.to_softmax_layers(teacher_params, student_model, student_params, layers)
-    row = {
-        "k": k,
-        "softmax_layers": layers,
-        **{
-            key: v
-            for key, v in evaluate.end_to_end_fidelity(
-                teacher_model, teacher_params, model, params, sample
-            ).items()
-            if isinstance(v, float)
-        },
-        "min_layer_cosine": float(
-            min(1.0 if l in layers else fid[l]["cosine"] for l in range(len(fid)))
-        ),
-    }
-    for res in (int(r) for r in args.resolutions.split(",")):
-      grid = (res // patch, res // patch)
-      images = np.asarray(jax.image.resize(sample[:1], (1, res, res, 3), "bilinear"))
-      for name, m, p in (("teacher", teacher_model, teacher_params), ("student", model, params)):
-        p = evaluate.resample_for_resolution(p, grid)
-        if name == "teacher" and rows:  # the teacher is the same in every row: measure once
-          row[f"{name}_{res}_images_per_s"] = rows[0][f"{name}_{res}_images_per_s"]
-          row[f"{name}_{res}_peak_mb"] = rows[0][f"{name}_{res}_peak_mb"]
-          continue
-        row[f"{name}_{res}_images_per_s"] = evaluate.images_per_second(
-            m, p, images, repeats=args.repeats
-        )
-        row[f"{name}_{res}_peak_mb"] = evaluate.forward_peak_bytes(m, p, images) / 2**20
+    hybrid = surgery.to_softmax_layers(teacher_params, student_model, student_params, layers)
+    row = _fidelity_row(k, layers, fid, teacher, hybrid, sample)
+    for res in resolutions:
+      _measure_speed(
+          row, rows, res, config.model.patch_size[0], teacher, hybrid, sample, args.repeats
+      )
     print(json.dumps(row), flush=True)
     rows.append(row)
   out = {
       "workdir": args.workdir,
       "stage": stage,
       "step": int(step),
-      "image_size": res0,
+      "image_size": config.data.image_size,
       "teacher_forced_cosine": [r["cosine"] for r in fid],
       "rows": rows,
       "load": os.getloadavg(),
@@ -108,17 +86,61 @@ def main(argv=None) -> dict:
   os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
   with open(args.out + ".json", "w") as f:
     json.dump(out, f, indent=1)
-  resolutions = [int(r) for r in args.resolutions.split(",")]
+  lines = _table(out, resolutions, len(sample))
+  with open(args.out + ".md", "w") as f:
+    f.write("\n".join(lines) + "\n")
+  _plot(rows, resolutions, args.out + ".png")
+  print("\n".join(lines))
+  return out
+
+
+def _fidelity_row(k: int, layers: list[int], fid: list[dict], teacher, hybrid, sample) -> dict:
+  """The hybrid with `layers` softmax: its end-to-end fidelity to the teacher, and the lowest
+  teacher-forced cosine left among its layers (a softmax layer's counts as 1)."""
+  return {
+      "k": k,
+      "softmax_layers": layers,
+      **{
+          key: v
+          for key, v in evaluate.end_to_end_fidelity(*teacher, *hybrid, sample).items()
+          if isinstance(v, float)
+      },
+      "min_layer_cosine": float(
+          min(1.0 if l in layers else fid[l]["cosine"] for l in range(len(fid)))
+      ),
+  }
+
+
+def _measure_speed(
+    row: dict, rows: list[dict], res: int, patch: int, teacher, hybrid, sample, repeats: int
+) -> None:
+  """Adds teacher and student images/s and XLA peak memory at `res` px (batch 1) to `row`; the
+  teacher is the same in every row, so it is measured in the first row only."""
+  grid = (res // patch, res // patch)
+  images = np.asarray(jax.image.resize(sample[:1], (1, res, res, 3), "bilinear"))
+  for name, (m, p) in (("teacher", teacher), ("student", hybrid)):
+    p = evaluate.resample_for_resolution(p, grid)
+    if name == "teacher" and rows:
+      row[f"{name}_{res}_images_per_s"] = rows[0][f"{name}_{res}_images_per_s"]
+      row[f"{name}_{res}_peak_mb"] = rows[0][f"{name}_{res}_peak_mb"]
+      continue
+    row[f"{name}_{res}_images_per_s"] = evaluate.images_per_second(m, p, images, repeats=repeats)
+    row[f"{name}_{res}_peak_mb"] = evaluate.forward_peak_bytes(m, p, images) / 2**20
+
+
+def _table(out: dict, resolutions: list[int], num_views: int) -> list[str]:
+  """OUT.md's lines: one row per k, fidelity and student/teacher speed per resolution."""
   lines = [
-      f"Student after `{stage}` (step {step}) of `{args.workdir}`, no further training; "
-      f"fidelity on {len(sample)} held-out views at {res0} px; speed: forward, batch 1.",
+      f"Student after `{out['stage']}` (step {out['step']}) of `{out['workdir']}`, no further "
+      f"training; fidelity on {num_views} held-out views at {out['image_size']} px; speed: "
+      "forward, batch 1.",
       "",
       "| k | softmax layers | cls cos | patch cos | min layer cos | "
       + " | ".join(f"{r} px student/teacher speed" for r in resolutions)
       + " |",
       "|---|---|---|---|---|" + "---|" * len(resolutions),
   ]
-  for r in rows:
+  for r in out["rows"]:
     speeds = " | ".join(
         f"{r[f'student_{x}_images_per_s'] / r[f'teacher_{x}_images_per_s']:.2f}×"
         for x in resolutions
@@ -127,8 +149,11 @@ def main(argv=None) -> dict:
         f"| {r['k']} | {r['softmax_layers']} | {r.get('cls_cosine', float('nan')):.4f} "
         f"| {r['patch_cosine']:.4f} | {r['min_layer_cosine']:.3f} | {speeds} |"
     )
-  with open(args.out + ".md", "w") as f:
-    f.write("\n".join(lines) + "\n")
+  return lines
+
+
+def _plot(rows: list[dict], resolutions: list[int], path: str) -> None:
+  """OUT.png: fidelity vs k, and student/teacher images/s vs k per resolution."""
   fig = plots.new_figure(figsize=(9, 3.5))
   ax1, ax2 = fig.subplots(1, 2)
   ks = [r["k"] for r in rows]
@@ -149,9 +174,7 @@ def main(argv=None) -> dict:
   ax2.set_title("student / teacher images/s")
   ax2.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(args.out + ".png", dpi=110)
-  print("\n".join(lines))
-  return out
+  fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

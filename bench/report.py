@@ -6,57 +6,20 @@ python -m bench.report                 # after bench_speed / bench_steps (cpu an
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
+from bench import speed_rows
+from bench import targets
 from bench.common import GB
 from bench.common import fmt
 from bench.common import fmt_bytes
 from linvit_jax.evaluation import plots
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-LINEAR = ("elu1", "relu", "hedgehog", "favor")
-ORDER = ("softmax", "cudnn", "chunked_softmax") + LINEAR
-TARGET_LINEAR = "elu1"  # "linear" in the targets: the plain kernel map; the others are reported
-
-
-def _load(path: str) -> dict[str, Any] | None:
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
-
-
-def _rows(speed: dict, what: str, mode: str | None = None) -> list[dict]:
-  rows = [r for r in speed["rows"] if r["what"] == what and (mode is None or r["mode"] == mode)]
-  return sorted(
-      rows, key=lambda r: (r["size"], r["mode"], ORDER.index(r["op"]) if r["op"] in ORDER else 99)
-  )
-
-
-def _find(speed: dict, what: str, mode: str, size: int, op: str) -> dict | None:
-  for r in speed["rows"] if speed else ():
-    if (r["what"], r["mode"], r["size"], r["op"]) == (what, mode, size, op):
-      return r
-  return None
-
-
-def _timed(r: dict | None) -> bool:
-  return bool(r) and r.get("status") == "ok" and "ms" in r
-
-
-def _speedup(lin: dict, ref: dict) -> float:
-  """How many times faster `lin` ran than `ref`: the median over the rounds of their group of
-  ref_time / lin_time (both timed in each round)."""
-  a, b = np.asarray(ref["times_s"]), np.asarray(lin["times_s"])
-  if len(a) != len(b):  # not from one group: fall back to the ratio of medians
-    return ref["ms"] / lin["ms"]
-  return float(np.median(a / b))
 
 
 # ----------------------------------------------------------------------------- tables
@@ -69,8 +32,8 @@ def speed_table(speed: dict, what: str) -> str:
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
   )
   lines = [head]
-  for r in _rows(speed, what):
-    if _timed(r):
+  for r in speed_rows.rows(speed, what):
+    if speed_rows.timed(r):
       ratio = r.get("speedup_vs_softmax")
       cells = [
           fmt(r["ms"], ".1f"),
@@ -127,130 +90,30 @@ def steps_table(steps: dict) -> str:
   return "\n".join(lines)
 
 
-# ----------------------------------------------------------------------------- targets
-
-
-DEFAULT_MAP = "hedgehog"  # the feature map configs/demo.py, ablation.py and imagenet_vit.py use
-
-
-def targets(speed: dict | None, steps: dict | None) -> list[tuple[str, str, str]]:
-  """(target, measured, verdict) rows of issue #13, computed from the JSON, never typed by hand."""
-  out = []
-  if speed:
-    for other, factor, label in (("softmax", 5, "softmax"), ("chunked_softmax", 2, "chunked")):
-      parts, verdicts = [], []
-      for op in ("elu1", DEFAULT_MAP):
-        for mode in ("fwd", "fwdbwd"):
-          lin, ref = (_find(speed, "vit", mode, 1024, o) for o in (op, other))
-          if _timed(lin) and _timed(ref):
-            x = _speedup(lin, ref)
-            parts.append(f"{op} {mode} {x:.2f}×")
-            verdicts.append(x >= factor)
-      out.append(
-          (
-              f"linear ViT ≥ {factor}× {label} images/s at 1024 px",
-              ", ".join(parts) or "n/a",
-              _verdict(verdicts),
-          )
-      )
-    parts, verdicts = [], []
-    for mode in ("fwd", "fwdbwd"):
-      lin, ref = (_find(speed, "vit", mode, 224, o) for o in (DEFAULT_MAP, "softmax"))
-      if _timed(lin) and _timed(ref):
-        x = _speedup(lin, ref)
-        parts.append(f"{DEFAULT_MAP} {mode} {x:.2f}×")
-        verdicts.append(x >= 0.95)
-    out.append(
-        (
-            f"default map ({DEFAULT_MAP}) ≥ 0.95× softmax images/s at 224 px",
-            ", ".join(parts) or "n/a",
-            _verdict(verdicts),
-        )
-    )
-    for mode, floor in (("fwd", 90), ("fwdbwd", 80)):
-      parts, verdicts = [], []
-      for size in sorted({r["size"] for r in speed["rows"] if r["size"] >= 448}):
-        r = _find(speed, "vit", mode, size, TARGET_LINEAR)
-        if _timed(r):
-          parts.append(f"{size}px {r['pct_matmul']:.0f} %")
-          verdicts.append(r["pct_matmul"] >= floor)
-      out.append(
-          (
-              f"linear ({TARGET_LINEAR}) ViT {mode} ≥ {floor} % of the matmul rate at ≥ 448 px",
-              ", ".join(parts) or "n/a",
-              _verdict(verdicts),
-          )
-      )
-    for size, op, mode, limit, label in (
-        (1792, TARGET_LINEAR, "fwd", 1 / 5, "linear ViT peak memory at 1792 px ≤ 1/5 of softmax's"),
-        (
-            1024,
-            "chunked_softmax",
-            "fwdbwd",
-            1 / 4,
-            "chunked softmax ViT fwd+bwd peak memory at 1024 px ≤ 1/4 of softmax's",
-        ),
-    ):
-      parts, verdicts = [], []
-      modes = ("fwd", "fwdbwd") if op == TARGET_LINEAR else (mode,)
-      for m in modes:
-        a, ref = (_find(speed, "vit", m, size, o) for o in (op, "softmax"))
-        if a and ref and "memory" in a and "memory" in ref:
-          x = a["memory"]["peak"] / ref["memory"]["peak"]
-          parts.append(
-              f"{m} {100 * x:.1f} % ({fmt_bytes(a['memory']['peak'])} vs "
-              f"{fmt_bytes(ref['memory']['peak'])})"
-          )
-          verdicts.append(x <= limit)
-      out.append((label + " (XLA memory_analysis)", ", ".join(parts) or "n/a", _verdict(verdicts)))
-  if steps:
-    d = next(r for r in steps["rows"] if r["name"] == "distill_step")
-    out.append(
-        (
-            "ViT-S/16 distillation step cost vs a plain student fwd+bwd (for reference)",
-            f"{d['cost_vs_student_fwdbwd']:.2f}×",
-            "reported",
-        )
-    )
-  return out
-
-
-def distill_real_target(real: dict | None) -> list[tuple[str, str, str]]:
-  if not real:
-    return []
-  by = {r["name"]: r for r in real["rows"]}
-  d = by["distill_step"]
-  return [
-      (
-          f"distill_attention step on the real ViT-S/14 (257 tokens, batch {real['batch']}) "
-          "≥ 5 images/s",
-          f"{d['images_per_s']:.2f} images/s (minimal step {by['minimal_step']['images_per_s']:.2f}"
-          f", teacher forward alone {by['teacher_fwd']['images_per_s']:.2f})",
-          "met" if d["images_per_s"] >= 5 else "not met",
-      )
-  ]
-
-
 def summary_table(speed: dict) -> str:
   """The ten-second table: per image size, images/s of each operator and memory, whole ViT."""
   lines = [
       "| mode | px | tokens | batch | softmax img/s | chunked img/s | elu1 img/s | "
-      f"{DEFAULT_MAP} img/s | elu1 × softmax | elu1 × chunked | XLA peak softmax / chunked "
-      "/ elu1 |",
+      f"{targets.DEFAULT_MAP} img/s | elu1 × softmax | elu1 × chunked | "
+      "XLA peak softmax / chunked / elu1 |",
       "|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for mode, label in (("fwd", "inference"), ("fwdbwd", "training (fwd+bwd)")):
     for size in sorted({r["size"] for r in speed["rows"] if r["what"] == "vit"}):
-      r = {op: _find(speed, "vit", mode, size, op) for op in ORDER}
+      r = {op: speed_rows.find(speed, "vit", mode, size, op) for op in speed_rows.ORDER}
       if not any(r.values()):
         continue
       any_row = next(x for x in r.values() if x)
 
       def ips(op, r=r):
-        return fmt(r[op]["images_per_s"], ".2f") if _timed(r[op]) else "–"
+        return fmt(r[op]["images_per_s"], ".2f") if speed_rows.timed(r[op]) else "–"
 
       def ratio(a, b, r=r):
-        return f"{_speedup(r[a], r[b]):.2f}×" if _timed(r[a]) and _timed(r[b]) else "–"
+        return (
+            f"{speed_rows.speedup(r[a], r[b]):.2f}×"
+            if speed_rows.timed(r[a]) and speed_rows.timed(r[b])
+            else "–"
+        )
 
       mem = " / ".join(
           fmt_bytes(r[op]["memory"]["peak"]) if r[op] and "memory" in r[op] else "–"
@@ -258,7 +121,7 @@ def summary_table(speed: dict) -> str:
       )
       lines.append(
           f"| {label} | {size} | {any_row['tokens']} | {any_row['batch']} | {ips('softmax')} | "
-          f"{ips('chunked_softmax')} | {ips('elu1')} | {ips(DEFAULT_MAP)} | "
+          f"{ips('chunked_softmax')} | {ips('elu1')} | {ips(targets.DEFAULT_MAP)} | "
           f"{ratio('elu1', 'softmax')} | {ratio('elu1', 'chunked_softmax')} | {mem} |"
       )
   return "\n".join(lines)
@@ -302,22 +165,12 @@ def eval_section(before: dict | None, after: dict | None) -> str:
   return "\n".join(lines) + "\n"
 
 
-def _verdict(vs: list[bool]) -> str:
-  if not vs:
-    return "not measured"
-  if all(vs):
-    return "met"
-  if not any(vs):
-    return "not met"
-  return f"met in {sum(vs)} of {len(vs)}"
-
-
 # ----------------------------------------------------------------------------- plots
 
 
 def plot(speed: dict, path_speed: str, path_memory: str) -> None:
   """cpu_speed.png (images/s vs tokens) and cpu_memory.png (peak GB per image vs tokens)."""
-  softmax_like = [op for op in ORDER if op not in LINEAR]
+  softmax_like = [op for op in speed_rows.ORDER if op not in speed_rows.LINEAR]
 
   def title(what: str) -> str:
     return "one attention layer" if what == "layer" else f"ViT-{speed['variant']}"
@@ -328,10 +181,10 @@ def plot(speed: dict, path_speed: str, path_memory: str) -> None:
       series = {
           op: [
               (r["tokens"], r["images_per_s"])
-              for r in _rows(speed, what, mode)
-              if r["op"] == op and _timed(r)
+              for r in speed_rows.rows(speed, what, mode)
+              if r["op"] == op and speed_rows.timed(r)
           ]
-          for op in ORDER
+          for op in speed_rows.ORDER
       }
       panels.append(
           dict(
@@ -355,10 +208,10 @@ def plot(speed: dict, path_speed: str, path_memory: str) -> None:
           series={
               op: [
                   (r["tokens"], r["memory"]["peak"] / r["batch"] / GB)
-                  for r in _rows(speed, what, "fwdbwd")
+                  for r in speed_rows.rows(speed, what, "fwdbwd")
                   if r["op"] == op and "memory" in r
               ]
-              for op in ORDER
+              for op in speed_rows.ORDER
           },
           dashed=softmax_like,
           title=title(what),
@@ -422,29 +275,33 @@ def section(
   return "\n".join(parts)
 
 
+# RESULTS.md's title and how to read its numbers.
+_HEADER = (
+    "# Benchmarks: linear vs softmax attention\n",
+    "Generated by `python -m bench.report` from `bench/results/*.json` (written by "
+    "`bench/bench_speed.py` and `bench/bench_steps.py`; `bench/gpu.sh` on a CUDA machine). "
+    "Input-pipeline throughput: see [RESULTS_input.md](RESULTS_input.md).\n",
+    "How to read the numbers: every time is the median of ≥ 5 interleaved rounds (each round "
+    "runs the reference matmul, then each operator of its group followed by the reference "
+    "again), first call excluded; "
+    "ratios are medians over rounds of within-round ratios, and % of the matmul rate uses "
+    "the reference calls timed right before and after each case (CPU-time %: the same with "
+    "process CPU seconds, insensitive to time lost to other processes). FLOPs are "
+    "analytic (matmuls and attention contractions, ×3 for fwd+bwd). 'XLA peak' is the "
+    "compiled program's `memory_analysis()` (arguments + outputs + temporaries), known "
+    "without running it; cases above the memory or time budget show `n/a` with the reason.\n",
+)
+
+
 def write(results_dir: str, out_dir: str, notes_path: str | None = None) -> str:
-  cpu_speed = _load(os.path.join(results_dir, "cpu_speed.json"))
-  cpu_steps = _load(os.path.join(results_dir, "cpu_steps.json"))
-  gpu_speed = _load(os.path.join(results_dir, "gpu_speed.json"))
-  gpu_steps = _load(os.path.join(results_dir, "gpu_steps.json"))
-  doc = [
-      "# Benchmarks: linear vs softmax attention\n",
-      "Generated by `python -m bench.report` from `bench/results/*.json` (written by "
-      "`bench/bench_speed.py` and `bench/bench_steps.py`; `bench/gpu.sh` on a CUDA machine). "
-      "Input-pipeline throughput: see [RESULTS_input.md](RESULTS_input.md).\n",
-      "How to read the numbers: every time is the median of ≥ 5 interleaved rounds (each round "
-      "runs the reference matmul, then each operator of its group followed by the reference "
-      "again), first call excluded; "
-      "ratios are medians over rounds of within-round ratios, and % of the matmul rate uses "
-      "the reference calls timed right before and after each case (CPU-time %: the same with "
-      "process CPU seconds, insensitive to time lost to other processes). FLOPs are "
-      "analytic (matmuls and attention contractions, ×3 for fwd+bwd). 'XLA peak' is the "
-      "compiled program's `memory_analysis()` (arguments + outputs + temporaries), known "
-      "without running it; cases above the memory or time budget show `n/a` with the reason.\n",
-  ]
-  real = _load(os.path.join(results_dir, "distill_real.json"))
-  ev_before = _load(os.path.join(results_dir, "eval_before.json"))
-  ev_after = _load(os.path.join(results_dir, "eval_after.json"))
+  cpu_speed = speed_rows.load(os.path.join(results_dir, "cpu_speed.json"))
+  cpu_steps = speed_rows.load(os.path.join(results_dir, "cpu_steps.json"))
+  gpu_speed = speed_rows.load(os.path.join(results_dir, "gpu_speed.json"))
+  gpu_steps = speed_rows.load(os.path.join(results_dir, "gpu_steps.json"))
+  doc = list(_HEADER)
+  real = speed_rows.load(os.path.join(results_dir, "distill_real.json"))
+  ev_before = speed_rows.load(os.path.join(results_dir, "eval_before.json"))
+  ev_after = speed_rows.load(os.path.join(results_dir, "eval_after.json"))
   for label, speed in (("CPU", cpu_speed), ("GPU", gpu_speed)):
     if speed:
       doc.append(
@@ -453,7 +310,9 @@ def write(results_dir: str, out_dir: str, notes_path: str | None = None) -> str:
           + "\n"
       )
   for label, speed, steps in (("CPU", cpu_speed, cpu_steps), ("GPU", gpu_speed, gpu_steps)):
-    rows = targets(speed, steps) + (distill_real_target(real) if label == "CPU" else [])
+    rows = targets.targets(speed, steps) + (
+        targets.distill_real_target(real) if label == "CPU" else []
+    )
     if rows:
       doc.append(f"## Targets ({label}, computed from the tables below)\n")
       doc.append("| target | measured | verdict |\n|---|---|---|")

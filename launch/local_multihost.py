@@ -2,7 +2,7 @@
 r"""Rehearse a multi-host run on one machine: N processes, one loopback JAX coordinator.
 
 Each process i gets the environment a pod worker would have after `jax.distributed.initialize`
-(see linvit_jax/runtime/sharding.py `maybe_initialize_distributed`):
+(see linvit_jax/runtime/distributed.py `maybe_initialize_distributed`):
 
   JAX_COORDINATOR_ADDRESS=127.0.0.1:<free port>  JAX_NUM_PROCESSES=N  JAX_PROCESS_ID=i
   XLA_FLAGS=--xla_force_host_platform_device_count=<devices per process>  JAX_PLATFORMS=cpu

@@ -20,10 +20,10 @@ Subcommands (each prints the commands it runs; --dry_run prints them and runs no
 
 Multi-host: every worker runs the same command; the run script exports JAX_COORDINATOR_ADDRESS
 (worker 0, port 8476), JAX_NUM_PROCESSES and JAX_PROCESS_ID from the VM metadata, which
-linvit_jax.runtime.sharding.maybe_initialize_distributed turns into `jax.distributed.initialize(...)`. A
-pod's workers share nothing but GCS, so --workdir must be gs:// when the slice has more than one
-host. Stdlib only: runs without the project's virtualenv. Commands are argument lists (no local
-shell); the remote scripts quote every value with shlex.
+linvit_jax.runtime.distributed.maybe_initialize_distributed turns into
+`jax.distributed.initialize(...)`. A pod's workers share nothing but GCS, so --workdir must be
+gs:// when the slice has more than one host. Stdlib only: runs without the project's virtualenv.
+Commands are argument lists (no local shell); the remote scripts quote every value with shlex.
 
 Hosts per accelerator type (what `HOSTS_TABLE` encodes; N is the number in the type name):
   v2-N, v3-N       N TensorCores, 2 per chip, 4 chips per host: N/8 hosts, N JAX devices

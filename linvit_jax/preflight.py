@@ -22,6 +22,7 @@ from linvit_jax import build
 from linvit_jax import run_identity
 from linvit_jax.configuration import config_lib
 from linvit_jax.conversion import distill
+from linvit_jax.conversion import distill_stage
 from linvit_jax.conversion import optim
 from linvit_jax.conversion import surgery
 from linvit_jax.conversion import train
@@ -68,87 +69,121 @@ def check_mesh(config: mlc.ConfigDict) -> jax.sharding.Mesh:
 
 
 def validate(config: mlc.ConfigDict) -> None:
-  """Everything that can be checked before compute, each with a message naming the field."""
-
-  def check(field: str, fn, *args) -> Any:
-    try:
-      return fn(*args)
-    except ConfigError:
-      raise
-    except (ValueError, TypeError, KeyError) as e:  # the libraries' own messages, located
-      raise ConfigError(f"config.{field}: {e}") from e
-
+  """Everything that can be checked before compute, each with a message naming the field: the
+  stage blocks, the model and its resolution, the surgery policy, the distill block, the k-NN
+  set and the preprocessing strings, in that order (the first problem is the one reported)."""
   for name in config.stages:
     if name not in config:
       raise ConfigError(f"stage {name!r} is listed in config.stages but config.{name} is missing")
   for name in config_lib.stage_blocks(config):  # listed or not: its fields are its kind's schema
     check_stage_fields(name, config[name])
   for name in config.stages:
-    kind = config[name].kind
-    if kind in ("distill_attention", "align") and not config.teacher.init:
-      raise ConfigError(f"stage {name!r} ({kind}) needs a teacher but config.teacher.init is empty")
-    settings = check(name, train.stage_settings, {**config[name].to_dict(), "name": name})
-    check(
-        f"{name}.optimizer",
-        optim.make_optimizer,
-        settings["optimizer"],
-        settings["steps"],
-        {"w": True},
+    _check_stage(name, config)
+  teacher_model, student_model = _check_models(config)
+  _checked("surgery.policy", surgery.get_policy, config.surgery.policy)
+  if any(config[name].kind == "distill_attention" for name in config.stages):
+    _checked("distill", distill_stage.make_distill_loss, teacher_model, student_model, config)
+  _check_knn(config)
+  if config.data.pp_train:
+    _checked("data.pp_train", input_pipeline.get_preprocess_fn, config.data.pp_train)
+  for name in config.stages:
+    if config[name].get("pp_train"):
+      _checked(f"{name}.pp_train", input_pipeline.get_preprocess_fn, config[name].pp_train)
+  if config.data.pp_eval:
+    _checked("data.pp_eval", input_pipeline.get_preprocess_fn, config.data.pp_eval)
+
+
+def _checked(field: str, fn, *args) -> Any:
+  """fn(*args), its ValueError / TypeError / KeyError a ConfigError naming `field`."""
+  try:
+    return fn(*args)
+  except ConfigError:
+    raise
+  except (ValueError, TypeError, KeyError) as e:  # the libraries' own messages, located
+    raise ConfigError(f"config.{field}: {e}") from e
+
+
+def _check_stage(name: str, config: mlc.ConfigDict) -> None:
+  """A listed stage: its teacher, runner settings and optimizer, then its loss terms."""
+  kind = config[name].kind
+  if kind in ("distill_attention", "align") and not config.teacher.init:
+    raise ConfigError(f"stage {name!r} ({kind}) needs a teacher but config.teacher.init is empty")
+  settings = _checked(name, train.stage_settings, {**config[name].to_dict(), "name": name})
+  _checked(
+      f"{name}.optimizer",
+      optim.make_optimizer,
+      settings["optimizer"],
+      settings["steps"],
+      {"w": True},
+  )
+  if kind in ("train", "finetune", "align") and config[name].blocks_top_weight <= 0:
+    raise ConfigError(
+        f"config.{name}.blocks_top_weight={config[name].blocks_top_weight}: must be > 0 "
+        "(the last block's weight over the first; 1 = every block alike)"
     )
-    if kind in ("train", "finetune", "align") and config[name].blocks_top_weight <= 0:
-      raise ConfigError(
-          f"config.{name}.blocks_top_weight={config[name].blocks_top_weight}: must be > 0 "
-          "(the last block's weight over the first; 1 = every block alike)"
-      )
-    if kind in ("train", "finetune") and config[name].w_label and config.data.compose:
-      raise ConfigError(
-          f"config.data.compose={config.data.compose}: composed images have no one label, but "
-          f"config.{name} trains on labels (w_label={config[name].w_label})"
-      )
-    mixup = config[name].get("mixup", 0.0)
-    if not (math.isfinite(mixup) and mixup >= 0):
-      raise ConfigError(
-          f"config.{name}.mixup={mixup}: the Beta concentration of the blend weight must be a "
-          "finite number >= 0 (0: off; 1: uniform)"
-      )
-    if mixup and config[name].batch_size // jax.process_count() < 2:
-      raise ConfigError(
-          f"config.{name}.mixup={mixup}: blends images within each process's batch, but "
-          f"batch_size={config[name].batch_size} over {jax.process_count()} process(es) "
-          "leaves fewer than 2 (raise the batch or set mixup=0)"
-      )
-    if kind in ("train", "finetune") and config[name].w_label and mixup:
-      raise ConfigError(
-          f"config.{name}.mixup={mixup}: blended images have no one label, but config.{name} "
-          f"trains on labels (w_label={config[name].w_label})"
-      )
-    if kind in ("train", "finetune") and config[name].w_label and not config.model.num_classes:
-      raise ConfigError(
-          f"config.{name}.w_label={config[name].w_label} but the model has no "
-          "head (model.num_classes is None): set w_label=0 (label-free)"
-      )
-    if (
-        kind != "distill_attention"
-        and config[name].w_logit_kd
-        and build.teacher_head_skipped(config)
-    ):
-      raise ConfigError(
-          f"config.{name}.w_logit_kd={config[name].w_logit_kd}: teacher.dont_load="
-          f"{tuple(config.teacher.dont_load)} leaves the teacher's head out, so it has no logits "
-          "to distil; set it to 0 (the student's new head trains on labels)"
-      )
-    if "label_loss" in config[name] and config[name].label_loss not in distill.LABEL_LOSSES:
-      raise ConfigError(
-          f"config.{name}.label_loss={config[name].label_loss!r}: unknown; known: "
-          f"{sorted(distill.LABEL_LOSSES)}"
-      )
-  depth = check("model.variant", vit.decode_variant, config.model.variant or None).get(
+  if kind in ("train", "finetune") and config[name].w_label and config.data.compose:
+    raise ConfigError(
+        f"config.data.compose={config.data.compose}: composed images have no one label, but "
+        f"config.{name} trains on labels (w_label={config[name].w_label})"
+    )
+  _check_mixup(name, config)
+  _check_stage_targets(name, config)
+
+
+def _check_mixup(name: str, config: mlc.ConfigDict) -> None:
+  """A stage's mixup: a finite concentration >= 0, with 2 images per process to blend and no
+  labels to train on."""
+  kind, mixup = config[name].kind, config[name].get("mixup", 0.0)
+  if not (math.isfinite(mixup) and mixup >= 0):
+    raise ConfigError(
+        f"config.{name}.mixup={mixup}: the Beta concentration of the blend weight must be a "
+        "finite number >= 0 (0: off; 1: uniform)"
+    )
+  if mixup and config[name].batch_size // jax.process_count() < 2:
+    raise ConfigError(
+        f"config.{name}.mixup={mixup}: blends images within each process's batch, but "
+        f"batch_size={config[name].batch_size} over {jax.process_count()} process(es) "
+        "leaves fewer than 2 (raise the batch or set mixup=0)"
+    )
+  if kind in ("train", "finetune") and config[name].w_label and mixup:
+    raise ConfigError(
+        f"config.{name}.mixup={mixup}: blended images have no one label, but config.{name} "
+        f"trains on labels (w_label={config[name].w_label})"
+    )
+
+
+def _check_stage_targets(name: str, config: mlc.ConfigDict) -> None:
+  """What a stage's label and logit terms read exists: the model's head, the teacher's head, a
+  known label loss."""
+  kind = config[name].kind
+  if kind in ("train", "finetune") and config[name].w_label and not config.model.num_classes:
+    raise ConfigError(
+        f"config.{name}.w_label={config[name].w_label} but the model has no "
+        "head (model.num_classes is None): set w_label=0 (label-free)"
+    )
+  if kind != "distill_attention" and config[name].w_logit_kd and build.teacher_head_skipped(config):
+    raise ConfigError(
+        f"config.{name}.w_logit_kd={config[name].w_logit_kd}: teacher.dont_load="
+        f"{tuple(config.teacher.dont_load)} leaves the teacher's head out, so it has no logits "
+        "to distil; set it to 0 (the student's new head trains on labels)"
+    )
+  if "label_loss" in config[name] and config[name].label_loss not in distill.LABEL_LOSSES:
+    raise ConfigError(
+        f"config.{name}.label_loss={config[name].label_loss!r}: unknown; known: "
+        f"{sorted(distill.LABEL_LOSSES)}"
+    )
+
+
+def _check_models(config: mlc.ConfigDict) -> tuple[Any, Any]:
+  """(teacher, student) models built from the config, after their depth, attention and
+  resolutions (the data's and every stage's own) are checked against each other."""
+  depth = _checked("model.variant", vit.decode_variant, config.model.variant or None).get(
       "depth", config.model.depth
   )
   check_softmax_layers(config, depth)
-  attention = check("student.attention", build.student_attention, config)  # reads student.init's
-  specs = check("student.attention", attn_lib.parse_layer_specs, attention, depth or 1)
-  teacher_model, student_model = check("model", build.models, config, attention)
+  attention = _checked("student.attention", build.student_attention, config)  # student.init's
+  specs = _checked("student.attention", attn_lib.parse_layer_specs, attention, depth or 1)
+  teacher_model, student_model = _checked("model", build.models, config, attention)
   check_resolution(config.data.image_size, student_model.patch_size)
   for name in config.stages:  # a stage at its own resolution (e.g. the deployment one)
     size = config[name].get("image_size", 0)
@@ -168,26 +203,21 @@ def validate(config: mlc.ConfigDict) -> None:
           f"config.student.attention: sinks={sinks} is more than the {patches} patch tokens of a "
           f"{config.data.image_size}-px image (data.image_size)"
       )
-  check("surgery.policy", surgery.get_policy, config.surgery.policy)
-  if any(config[name].kind == "distill_attention" for name in config.stages):
-    check("distill", distill.make_distill_loss, teacher_model, student_model, config)
+  return teacher_model, student_model
+
+
+def _check_knn(config: mlc.ConfigDict) -> None:
+  """The k-NN settings, when a k-NN set is named: a teacher to compare with, the set, k and the
+  temperature, its preprocessing."""
   knn = config.eval.knn
-  if knn.dataset:
-    if not config.teacher.init:
-      raise ConfigError(
-          "config.eval.knn compares student and teacher: config.teacher.init is empty"
-      )
-    check_knn_dataset(knn.dataset, knn.data_dir)
-    if knn.k <= 0 or knn.temperature <= 0:
-      raise ConfigError(f"config.eval.knn: k={knn.k} and temperature={knn.temperature} must be > 0")
-    check("eval.knn.pp", input_pipeline.get_preprocess_fn, build.knn_pp(config))
-  if config.data.pp_train:
-    check("data.pp_train", input_pipeline.get_preprocess_fn, config.data.pp_train)
-  for name in config.stages:
-    if config[name].get("pp_train"):
-      check(f"{name}.pp_train", input_pipeline.get_preprocess_fn, config[name].pp_train)
-  if config.data.pp_eval:
-    check("data.pp_eval", input_pipeline.get_preprocess_fn, config.data.pp_eval)
+  if not knn.dataset:
+    return
+  if not config.teacher.init:
+    raise ConfigError("config.eval.knn compares student and teacher: config.teacher.init is empty")
+  check_knn_dataset(knn.dataset, knn.data_dir)
+  if knn.k <= 0 or knn.temperature <= 0:
+    raise ConfigError(f"config.eval.knn: k={knn.k} and temperature={knn.temperature} must be > 0")
+  _checked("eval.knn.pp", input_pipeline.get_preprocess_fn, build.knn_pp(config))
 
 
 def check_softmax_layers(config: mlc.ConfigDict, depth: int | None) -> None:

@@ -30,8 +30,8 @@ from linvit_jax.evaluation import photo_eval
 from linvit_jax.evaluation import results as results_lib
 from linvit_jax.models import vit
 from linvit_jax.runtime import compile_cache
+from linvit_jax.runtime import distributed
 from linvit_jax.runtime import gfile
-from linvit_jax.runtime import sharding
 
 # Folded into the seed's key for a converted student's init (see `_init_student`).
 STUDENT_INIT_SALT = 0x5EED
@@ -39,7 +39,7 @@ STUDENT_INIT_SALT = 0x5EED
 
 def run(config: mlc.ConfigDict, workdir: str) -> results_lib.Results:
   """Runs a config in workdir and returns its results record (written as results.json)."""
-  sharding.maybe_initialize_distributed()
+  distributed.maybe_initialize_distributed()
   compile_cache.enable(config.compile_cache or None)
   # The teacher (and an exported student to continue) read once, each into one record that the
   # architecture, the normalisation, the load and the workdir's identity all take.
@@ -103,21 +103,8 @@ def _run(config, workdir, mesh, sample, identity, knn_skipped, records) -> resul
   scorer = report.Scorer(config, mesh, labelled, teacher_model, teacher_params, sample)
 
   t0 = time.time()
-  if teacher_params is not None and not config.student.init:
-    student_params, copied_attention = _transplant(
-        config, workdir, teacher_params, student_params, fresh, record
-    )
-    if config.surgery.calibrate and not copied_attention:
-      student_params = calibrate.calibrate(
-          teacher_model, teacher_params, student_model, student_params, sample[:64]
-      )
   if teacher_params is not None:
-    if config.eval.teacher and not build.teacher_head_skipped(config):
-      record.teacher_scored = True  # (not with a new head)
-      record.teacher_top1 = scorer.top1(teacher_model, teacher_params)
-    top1 = scorer.top1(student_model, student_params)
-    fidelity = scorer.fidelity(student_model, student_params)
-    record.converted = results_lib.Stage(results_lib.CONVERTED, top1=top1, fidelity=fidelity)
+    student_params = _convert(config, workdir, scorer, student_model, student_params, fresh, record)
   record.timing_s["convert_and_evaluate"] = time.time() - t0
 
   student_model, student_params = _run_stages(
@@ -170,6 +157,27 @@ def _init_student(config, student_model, rng, sample, record) -> tuple[Any, Any]
   return fresh, vit.load(fresh, record, kwargs, tuple(config.student.dont_load))
 
 
+def _convert(config, workdir, scorer, student_model, student_params, fresh, record) -> Any:
+  """The converted student's params (the teacher's copied by surgery, then calibrated, unless
+  student.init gives them), scored with the teacher into `record`."""
+  teacher_model, teacher_params = scorer.teacher_model, scorer.teacher_params
+  if not config.student.init:
+    student_params, copied_attention = _transplant(
+        config, workdir, teacher_params, student_params, fresh, record
+    )
+    if config.surgery.calibrate and not copied_attention:
+      student_params = calibrate.calibrate(
+          teacher_model, teacher_params, student_model, student_params, scorer.sample[:64]
+      )
+  if config.eval.teacher and not build.teacher_head_skipped(config):
+    record.teacher_scored = True  # (not with a new head)
+    record.teacher_top1 = scorer.top1(teacher_model, teacher_params)
+  top1 = scorer.top1(student_model, student_params)
+  fidelity = scorer.fidelity(student_model, student_params)
+  record.converted = results_lib.Stage(results_lib.CONVERTED, top1=top1, fidelity=fidelity)
+  return student_params
+
+
 def _transplant(config, workdir, teacher_params, params, fresh, record) -> tuple[Any, bool]:
   """(params, whether the attention was copied): copy the same (surgery.policy), keep
   student.dont_load fresh (record.student_kept_fresh); the report goes to the workdir."""
@@ -202,25 +210,8 @@ def _run_stages(config, workdir, mesh, scorer, student_model, student_params, re
     stage = results_lib.Stage(name)
     if stage_cfg.kind in ("finetune", "align") and last_top1 is not None:
       stage.top1_before = record.top1_before_finetune = last_top1
-    teacher_at, student_at = build.stage_models(
-        config, stage_cfg, scorer.teacher_model, student_model
-    )
-    loss_fn, mask = stages.build(
-        stage_cfg.kind, stage_cfg, config, teacher_at, student_at, student_params
-    )
-    student_params, history = train.run_stage(
-        stage_cfg=stage_cfg,
-        name=name,
-        loss_fn=loss_fn,
-        init_params=student_params,
-        trainable_mask=mask,
-        frozen=teacher_params,
-        workdir=workdir,
-        mesh=mesh,
-        batch_iter_fn=build.stage_stream(config, i),
-        param_rules=[tuple(r) for r in config.param_rules],
-        seed=config.seed + i,
-        eval_fn=scorer.curve_fn(student_model) if stage_cfg.eval_every else None,
+    student_params, history = _train_stage(
+        config, workdir, mesh, scorer, i, student_model, student_params
     )
     for row in history:  # images seen over the whole run, for curves across stages
       row["images_seen"] = images_seen + row.get("step", 0) * stage_cfg.batch_size
@@ -233,26 +224,62 @@ def _run_stages(config, workdir, mesh, scorer, student_model, student_params, re
       continue
     stage.fidelity = scorer.fidelity(student_model, student_params)
     if hybrid_pending and stage_cfg.kind == "distill_attention":
-      # The k layers that linearize worst (teacher-forced cosine on held-out images) go back to
-      # softmax with the teacher's weights; later stages train around them.
-      rows = stage.fidelity.layers
-      layers = surgery.worst_layers(rows, config.student.softmax_layers)
-      student_model, student_params = surgery.to_softmax_layers(
-          teacher_params, student_model, student_params, layers
+      student_model, student_params = _hybrid_swap(
+          config, scorer, stage, student_model, student_params
       )
-      stage.softmax_layers, hybrid_pending = layers, False
-      logging.info(
-          "hybrid: layers %s (teacher-forced cosine %s) keep softmax attention",
-          layers,
-          [round(rows[l]["cosine"], 3) for l in layers],
-      )
-      stage.hybrid = scorer.fidelity(student_model, student_params)
+      hybrid_pending = False
   record.student_top1 = (
       last_top1 if last_top1 is not None else scorer.top1(student_model, student_params)
   )
   record.histories = histories
   record.images_seen = images_seen
   record.student_attention = export_folder.attention_json(student_model)
+  return student_model, student_params
+
+
+def _train_stage(config, workdir, mesh, scorer, i, student_model, student_params):
+  """(params, logged rows) of stage `config.stages[i]` (train.run_stage: resumed or skipped when
+  its checkpoints say so), trained from `student_params` with the teacher frozen."""
+  name = config.stages[i]
+  stage_cfg = config[name]
+  teacher_at, student_at = build.stage_models(
+      config, stage_cfg, scorer.teacher_model, student_model
+  )
+  loss_fn, mask = stages.build(
+      stage_cfg.kind, stage_cfg, config, teacher_at, student_at, student_params
+  )
+  return train.run_stage(
+      stage_cfg=stage_cfg,
+      name=name,
+      loss_fn=loss_fn,
+      init_params=student_params,
+      trainable_mask=mask,
+      frozen=scorer.teacher_params,
+      workdir=workdir,
+      mesh=mesh,
+      batch_iter_fn=build.stage_stream(config, i),
+      param_rules=[tuple(r) for r in config.param_rules],
+      seed=config.seed + i,
+      eval_fn=scorer.curve_fn(student_model) if stage_cfg.eval_every else None,
+  )
+
+
+def _hybrid_swap(config, scorer, stage, student_model, student_params) -> tuple[Any, Any]:
+  """(model, params) with the k layers that linearize worst (teacher-forced cosine on held-out
+  images, `stage.fidelity`) back to softmax with the teacher's weights; later stages train
+  around them. The layers and the hybrid's fidelity go to `stage`."""
+  rows = stage.fidelity.layers
+  layers = surgery.worst_layers(rows, config.student.softmax_layers)
+  student_model, student_params = surgery.to_softmax_layers(
+      scorer.teacher_params, student_model, student_params, layers
+  )
+  stage.softmax_layers = layers
+  logging.info(
+      "hybrid: layers %s (teacher-forced cosine %s) keep softmax attention",
+      layers,
+      [round(rows[l]["cosine"], 3) for l in layers],
+  )
+  stage.hybrid = scorer.fidelity(student_model, student_params)
   return student_model, student_params
 
 

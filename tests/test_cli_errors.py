@@ -14,8 +14,8 @@ import pytest
 
 from linvit_jax import main as main_lib
 from linvit_jax.conversion import preemption
+from linvit_jax.conversion import stage_log
 from linvit_jax.conversion import surgery
-from linvit_jax.conversion import train
 from linvit_jax.models import checkpoints
 from linvit_jax.runtime import errors
 from tests.helpers.robust_common import GS_PATH
@@ -137,7 +137,11 @@ def _entry_with(monkeypatch, capsys, error):
             2,
             "error: unknown surgery policy 'p'\n",
         ),
-        (train.NonFiniteLossError("stage 's': non-finite"), 2, "error: stage 's': non-finite\n"),
+        (
+            stage_log.NonFiniteLossError("stage 's': non-finite"),
+            2,
+            "error: stage 's': non-finite\n",
+        ),
         (
             errors.WorkdirWriteError("stage 's': cannot write ...: the disk is full", errno.ENOSPC),
             2,

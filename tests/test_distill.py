@@ -16,6 +16,7 @@ import pytest
 from linvit_jax.configuration import config_lib
 from linvit_jax.conversion import calibrate
 from linvit_jax.conversion import distill
+from linvit_jax.conversion import distill_stage
 from linvit_jax.conversion import optim
 from linvit_jax.conversion import surgery
 from linvit_jax.models import attention as attn_lib
@@ -98,9 +99,9 @@ def at_and_off_equality(tiny):
   assert report.counts()["keep"] == 0
   weights = dict.fromkeys(("w_routing", "w_lookahead", "w_feature", "w_logit_kd"), 1.0)
   every = dict(weights, routing_kind="kl", routing_queries=8, lookahead=3)  # every loss on
-  same_loss = distill.make_distill_loss(teacher, teacher, every)
-  lin_loss = distill.make_distill_loss(teacher, student, every)
-  forced = distill.make_distill_loss(
+  same_loss = distill_stage.make_distill_loss(teacher, teacher, every)
+  lin_loss = distill_stage.make_distill_loss(teacher, student, every)
+  forced = distill_stage.make_distill_loss(
       teacher, student, dict(w_routing=0.5, routing_queries=8, lookahead=2, w_lookahead=0.5)
   )
   mask = optim.trainable_mask(s_params, "distill_attention")
@@ -245,7 +246,9 @@ def test_distillation_cuts_attention_error_at_least_5x(tiny):
           probe.teacher_targets(teacher, tp, images), student, sp
       )
   )(t_params, s_params)
-  loss_fn = distill.make_distill_loss(teacher, student, dict(w_routing=0.1, routing_queries=8))
+  loss_fn = distill_stage.make_distill_loss(
+      teacher, student, dict(w_routing=0.1, routing_queries=8)
+  )
   opt = optim.masked_optimizer(
       optax.adam(3e-3), optim.trainable_mask(s_params, "distill_attention")
   )
@@ -399,19 +402,19 @@ def test_feature_alignment_on_arrays_and_out_dicts():
 
 
 def test_config_block_is_validated():
-  c = distill.distill_config(w_routing=0.0)
+  c = distill_stage.distill_config(w_routing=0.0)
   assert c.metric == "nmse" and c.w_routing == 0.0
   # The config's defaults (config_lib.distill), whether the block comes from a config or a dict.
   base = config_lib.base_config()
   assert c.routing_queries == base.distill.routing_queries == 32
-  assert distill.distill_config(base).to_dict() == {
+  assert distill_stage.distill_config(base).to_dict() == {
       **base.distill.to_dict(),
       "feature_keys": distill.FEATURE_KEYS,
   }
   with pytest.raises(ValueError, match=r"unknown distill config field\(s\) \['w_rout'\]"):
-    distill.distill_config(w_rout=1.0)
+    distill_stage.distill_config(w_rout=1.0)
   with pytest.raises(ValueError, match="routing_kind"):
-    distill.make_distill_loss(TINY, {**TINY, "attention": "elu1"}, {"routing_kind": "js"})
+    distill_stage.make_distill_loss(TINY, {**TINY, "attention": "elu1"}, {"routing_kind": "js"})
 
 
 def test_routing_with_the_forwards_phi_equals_recomputing_it(tiny):
@@ -447,11 +450,11 @@ def test_bfloat16_teacher_targets_stay_close_and_bad_dtypes_are_refused(tiny):
   the loss moves by well under its own size, and the float32 gradient keeps its direction."""
   teacher, t_params, student, s_params, images = tiny
   losses = {
-      "float32": distill.make_distill_loss(teacher, student, dict(w_routing=0.1)),
-      "bfloat16": distill.make_distill_loss(
+      "float32": distill_stage.make_distill_loss(teacher, student, dict(w_routing=0.1)),
+      "bfloat16": distill_stage.make_distill_loss(
           teacher, student, dict(w_routing=0.1, teacher_dtype_mm="bfloat16")
       ),
-      "both": distill.make_distill_loss(
+      "both": distill_stage.make_distill_loss(
           teacher,
           student,
           dict(w_routing=0.1, teacher_dtype_mm="bfloat16", student_dtype_mm="bfloat16"),
@@ -474,9 +477,9 @@ def test_bfloat16_teacher_targets_stay_close_and_bad_dtypes_are_refused(tiny):
     b = np.concatenate([np.ravel(x) for x in jax.tree.leaves(g16)])
     assert b.dtype == np.float32 and a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) > 0.99
   with pytest.raises(ValueError, match="teacher_dtype_mm must be float32 or bfloat16.*'fp16'"):
-    distill.distill_config(teacher_dtype_mm="fp16")
+    distill_stage.distill_config(teacher_dtype_mm="fp16")
   with pytest.raises(ValueError, match="student_dtype_mm must be float32 or bfloat16"):
-    distill.distill_config(student_dtype_mm="float16")
+    distill_stage.distill_config(student_dtype_mm="float16")
 
 
 def test_block_alignment_weights_the_top_blocks_up():

@@ -395,7 +395,7 @@ def test_local_two_processes_agree_on_a_global_sum():
 
 def test_local_process_that_reaches_its_first_collective_35_s_late():
   """Gloo (JAX's CPU collectives) gives up on connecting after a fixed 30 s: without the
-  connection made at start-up (sharding._connect_cpu_collectives), process 0 failed here with
+  connection made at start-up (distributed._connect_cpu_collectives), process 0 failed here with
   "Gloo context initialization failed: DEADLINE_EXCEEDED" (then hung: exit 124), as in the
   two-process demo on a busy machine."""
   code, out = run_local(
@@ -498,13 +498,15 @@ def test_initialize_distributed_reads_the_init_timeout(monkeypatch):
   """JAX_INITIALIZATION_TIMEOUT reaches jax.distributed.initialize and the start-up barrier."""
   import jax
 
-  from linvit_jax.runtime import sharding
+  from linvit_jax.runtime import distributed
 
   calls = []
   monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
   monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(("init", kw)))
   monkeypatch.setattr(
-      sharding, "_connect_cpu_collectives", lambda timeout_s: calls.append(("connect", timeout_s))
+      distributed,
+      "_connect_cpu_collectives",
+      lambda timeout_s: calls.append(("connect", timeout_s)),
   )
   for k, v in {
       "JAX_COORDINATOR_ADDRESS": "127.0.0.1:1234",
@@ -514,7 +516,7 @@ def test_initialize_distributed_reads_the_init_timeout(monkeypatch):
   }.items():
     monkeypatch.setenv(k, v)
   monkeypatch.delenv("JAX_LOCAL_DEVICE_IDS", raising=False)
-  assert sharding.maybe_initialize_distributed() is True
+  assert distributed.maybe_initialize_distributed() is True
   assert calls == [
       (
           "init",
@@ -530,8 +532,10 @@ def test_initialize_distributed_reads_the_init_timeout(monkeypatch):
   ]
   calls.clear()
   monkeypatch.delenv("JAX_INITIALIZATION_TIMEOUT")
-  sharding.maybe_initialize_distributed()
-  assert calls[0][1]["initialization_timeout"] == sharding.DEFAULT_INITIALIZATION_TIMEOUT_S == 300
+  distributed.maybe_initialize_distributed()
+  assert (
+      calls[0][1]["initialization_timeout"] == distributed.DEFAULT_INITIALIZATION_TIMEOUT_S == 300
+  )
 
 
 def test_local_two_process_demo(tmp_path, teacher):

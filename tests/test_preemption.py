@@ -21,7 +21,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from linvit_jax.conversion import preemption
-from linvit_jax.conversion import train
+from linvit_jax.conversion import train_step
 from linvit_jax.runtime import metrics as metrics_lib
 from linvit_jax.runtime import sharding
 from tests.helpers import robust_common as robust
@@ -92,7 +92,7 @@ def test_ctrl_c_inside_a_step_falls_back_to_the_last_checkpoint(tmp_path):
   tt.run_stage(tmp_path, steps=2)
   x = jax.device_put(jnp.zeros(3), sharding.replicated(mesh))
   x.delete()
-  state = train.TrainState(
+  state = train_step.TrainState(
       step=jnp.asarray(5),
       params={"x": x},
       opt_state=(),

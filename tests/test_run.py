@@ -15,7 +15,7 @@ import pytest
 
 from linvit_jax import build
 from linvit_jax import run as run_lib
-from linvit_jax.conversion import train
+from linvit_jax.conversion import stage_log
 from linvit_jax.models import checkpoints
 from linvit_jax.runtime import errors
 from linvit_jax.runtime import metrics as metrics_lib
@@ -339,7 +339,7 @@ def test_nonfinite_loss_stops_the_run_with_a_clear_error(tmp_path):
   config.train.optimizer.grad_clip = 0.0
   config.train.max_nonfinite_in_a_row = 2
   with pytest.raises(
-      train.NonFiniteLossError,
+      stage_log.NonFiniteLossError,
       match=r"stage 'train': the loss or its gradients "
       r"were non-finite for 2 steps in a row .* Lower optimizer.lr",
   ):

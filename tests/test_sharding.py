@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from linvit_jax.runtime import distributed
 from linvit_jax.runtime import sharding
 from tests.helpers.subprocs import HELPERS
 from tests.helpers.subprocs import subprocess_env
@@ -223,11 +224,11 @@ def test_initialize_distributed_is_a_noop_single_process(monkeypatch):
       "OMPI_COMM_WORLD_SIZE",
   ):
     monkeypatch.delenv(k, raising=False)
-  assert sharding.maybe_initialize_distributed() is False
+  assert distributed.maybe_initialize_distributed() is False
   monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "localhost:1234")
   monkeypatch.setenv("JAX_NUM_PROCESSES", "1")
   monkeypatch.setenv("JAX_PROCESS_ID", "0")
-  assert sharding.maybe_initialize_distributed() is False
+  assert distributed.maybe_initialize_distributed() is False
 
 
 def test_initialize_distributed_incomplete_env_is_an_error(monkeypatch):
@@ -235,8 +236,8 @@ def test_initialize_distributed_incomplete_env_is_an_error(monkeypatch):
   monkeypatch.delenv("JAX_NUM_PROCESSES", raising=False)
   monkeypatch.delenv("JAX_PROCESS_ID", raising=False)
   with pytest.raises(ValueError, match="JAX_NUM_PROCESSES"):
-    sharding.maybe_initialize_distributed()
+    distributed.maybe_initialize_distributed()
   monkeypatch.setenv("JAX_NUM_PROCESSES", "two")
   monkeypatch.setenv("JAX_PROCESS_ID", "0")
   with pytest.raises(ValueError, match="must be an integer"):
-    sharding.maybe_initialize_distributed()
+    distributed.maybe_initialize_distributed()

@@ -25,7 +25,9 @@ import pytest
 
 from linvit_jax.conversion import optim
 from linvit_jax.conversion import preemption
+from linvit_jax.conversion import stage_log
 from linvit_jax.conversion import train
+from linvit_jax.conversion import train_step
 from linvit_jax.runtime import errors
 from linvit_jax.runtime import metrics as metrics_lib
 from linvit_jax.runtime import sharding
@@ -224,7 +226,7 @@ def test_host_params_and_frozen_arrays_stay_usable(tmp_path):
 
 def test_nonfinite_batches_are_skipped_counted_and_stop_the_stage(tmp_path):
   """Step 3 (batch index 2) has a NaN: its update is skipped. Steps 5 and 6 too: the stage stops."""
-  with pytest.raises(train.NonFiniteLossError) as e:
+  with pytest.raises(stage_log.NonFiniteLossError) as e:
     _run(
         tmp_path,
         steps=10,
@@ -259,7 +261,7 @@ def test_metrics_drain_reads_one_step_late_at_the_logging_cadence(tmp_path):
   when the next one is pushed (or on drain); too many non-finite steps in a row stop the stage."""
   cfg = dict(steps=10, log_every=4, max_nonfinite_in_a_row=2, batch_size=8)
   writer = metrics_lib.MetricWriter(str(tmp_path), tensorboard=False)
-  drain = train.MetricsDrain("tiny", cfg, 2, writer, [], show_progress=False)
+  drain = stage_log.MetricsDrain("tiny", cfg, 2, writer, [], show_progress=False)
 
   def metrics(bad=0, in_a_row=0):
     return {"loss": np.float32(np.nan if bad else 1.0), "grad_norm": np.float32(1.0),
@@ -278,10 +280,10 @@ def test_metrics_drain_reads_one_step_late_at_the_logging_cadence(tmp_path):
   assert drain.history[-2] == {"step": 10, "eval/top1": 0.5}  # written before step 10 was read
   writer.close()
   assert metrics_lib.read_jsonl(writer.path) == drain.history
-  stop = train.MetricsDrain("tiny", cfg, 0, metrics_lib.MetricWriter(str(tmp_path), enabled=False), [],
+  stop = stage_log.MetricsDrain("tiny", cfg, 0, metrics_lib.MetricWriter(str(tmp_path), enabled=False), [],
                             show_progress=False)  # fmt: skip
   stop.push(1, metrics(bad=1, in_a_row=2))
-  with pytest.raises(train.NonFiniteLossError, match=r"2 steps in a row \(steps 0..1\)"):
+  with pytest.raises(stage_log.NonFiniteLossError, match=r"2 steps in a row \(steps 0..1\)"):
     stop.drain()
 
 
@@ -291,11 +293,13 @@ def test_gradient_accumulation_matches_one_big_batch():
   mask = optim.trainable_mask(jax.eval_shape(tt.init_params, jax.random.PRNGKey(0)), tt.TRAINABLE)
   opt = train.stage_settings(tt.stage_cfg(3))["optimizer"]
   tx, schedule = optim.make_optimizer(opt, 3, mask)
-  steps = [train.make_train_step(loss_fn, tx, schedule, mask, accum_steps=k) for k in (1, 2)]
+  steps = [train_step.make_train_step(loss_fn, tx, schedule, mask, accum_steps=k) for k in (1, 2)]
 
   @jax.jit
   def both(batch):
-    state = train.init_train_state(tt.init_params(jax.random.PRNGKey(0)), tx, jax.random.PRNGKey(1))
+    state = train_step.init_train_state(
+        tt.init_params(jax.random.PRNGKey(0)), tx, jax.random.PRNGKey(1)
+    )
     return [step(state, tt.frozen_teacher(), batch) for step in steps]
 
   (s1, m1), (s2, m2) = both(tt.global_batch(0))
@@ -315,8 +319,8 @@ def test_frozen_leaves_are_frozen_by_the_optimizer_alone():
   mask = optim.trainable_mask(params, tt.TRAINABLE)
   opt = dict(train.stage_settings(tt.stage_cfg(3))["optimizer"], warmup_steps=0)  # lr(0) > 0
   tx, schedule = optim.make_optimizer(opt, 3, mask)
-  step = jax.jit(train.make_train_step(loss_fn, tx, schedule, mask))
-  new, metrics = step(train.init_train_state(params, tx, jax.random.PRNGKey(1)), frozen, batch)
+  step = jax.jit(train_step.make_train_step(loss_fn, tx, schedule, mask))
+  new, metrics = step(train_step.init_train_state(params, tx, jax.random.PRNGKey(1)), frozen, batch)
   grads = jax.grad(lambda p: loss_fn(p, frozen, batch, None)[0])(params)
   assert np.any(np.asarray(grads["Dense_0"]["bias"]))
   trained = [g for g, m in zip(jax.tree.leaves(grads), jax.tree.leaves(mask)) if m]

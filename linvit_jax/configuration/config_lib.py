@@ -225,7 +225,7 @@ def stage_fields(kind: str) -> set[str]:
 
 
 def distill() -> dict:
-  """The `distill` block: the distill_attention stage's loss weights (distill.make_distill_loss)."""
+  """The `distill` block: the distill_attention stage's loss weights (distill_stage.make_distill_loss)."""
   return dict(
       metric="nmse",  # attention-output metric in the loss: "nmse" | "cosine"
       w_attn=1.0,

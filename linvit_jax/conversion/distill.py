@@ -16,17 +16,9 @@ Losses (each a function below; formulas in their docstrings):
     feature_alignment_loss  the student's own (not teacher-forced) encoded tokens / pre_logits
     logit_kd_loss           Hinton KD with temperature;  softmax_xent / sigmoid_xent for labels
 
-The attention-distillation stage's loss, called inside a jitted train step (weights from the
-`cfg.distill` ml_collections block; its fields and defaults are config_lib.distill()'s):
-
-    loss_fn = make_distill_loss(teacher_model, student_model, config.distill)
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        student_params, teacher_params, batch, rng)
-
-Metrics are flat dicts of scalars: loss, attn_nmse, attn_cosine, attn_nmse/layer_00, ...,
-attn_cosine/layer_00, ..., routing, routing/layer_00, ..., lookahead, lookahead/layer_00, ...,
-feature_nmse/<key>, feature_cosine/<key>, logit_kd. Fine-tuning combines `softmax_xent` /
-`sigmoid_xent`, `logit_kd_loss` and `feature_alignment_loss` (stages.py).
+The attention-distillation stage weights these into one loss (distill_stage.py); fine-tuning
+combines `softmax_xent` / `sigmoid_xent`, `logit_kd_loss` and `feature_alignment_loss`
+(stages.py).
 
 Argument order is model before params throughout (as in `model.apply(params, ...)`).
 
@@ -41,14 +33,12 @@ All losses are computed in float32; every variance and norm in a denominator is 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from linvit_jax.configuration import config_lib
 from linvit_jax.models import attention as attn_lib
@@ -56,7 +46,6 @@ from linvit_jax.models import attention_ops
 from linvit_jax.models import layout
 from linvit_jax.models import probe
 from linvit_jax.models import vit
-from linvit_jax.runtime import tree as tree_lib
 
 Array = jax.Array
 Params = Mapping[str, Any]
@@ -68,6 +57,12 @@ LOG_EPS = 1e-9  # guards log() of attention weights that a feature map can make 
 # The `cfg.distill` fields and their defaults: the config's, read once.
 _DEFAULTS = config_lib.distill()
 FEATURE_KEYS = _DEFAULTS["feature_keys"]
+
+
+def layer_metrics(metrics: dict, name: str, per_layer: Array) -> None:
+  """Adds `per_layer`'s entries to `metrics` as "<name>/layer_00", "<name>/layer_01", ..."""
+  for l in range(per_layer.shape[0]):
+    metrics[f"{name}/layer_{l:02d}"] = per_layer[l]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -366,7 +361,7 @@ def block_alignment_loss(
   m = probe.output_metrics(s, targets["+mlp"], eps)
   per_layer = w_nmse * m["nmse"] + w_cosine * (1.0 - m["cosine"])
   metrics = {"block_nmse": jnp.mean(m["nmse"]), "block_cosine": jnp.mean(m["cosine"])}
-  _layer_metrics(metrics, "block_cosine", m["cosine"])
+  layer_metrics(metrics, "block_cosine", m["cosine"])
   return jnp.sum(depth_weights(depth, top_weight) * per_layer), metrics
 
 
@@ -412,134 +407,3 @@ def sigmoid_xent(logits: Array, labels: Array) -> Array:
 
 
 LABEL_LOSSES = {"softmax_xent": softmax_xent, "sigmoid_xent": sigmoid_xent}
-
-
-# ------------------------------------------------------------------------------------------------
-# Stage losses.
-
-
-def distill_config(cfg: Any = None, **overrides: Any) -> ml_collections.ConfigDict:
-  """The `cfg.distill` block with every field (`cfg`: a whole config, the block itself, a dict or
-  None; then `overrides`), checked: an unknown field, metric or routing_kind is an error."""
-  if cfg is not None and (
-      hasattr(cfg, "distill") or (isinstance(cfg, Mapping) and "distill" in cfg)
-  ):
-    cfg = cfg["distill"] if isinstance(cfg, Mapping) else cfg.distill
-  given = {**tree_lib.as_dict(cfg), **overrides}
-  unknown = sorted(set(given) - set(_DEFAULTS))
-  if unknown:
-    raise ValueError(f"unknown distill config field(s) {unknown}; known: {sorted(_DEFAULTS)}")
-  block = ml_collections.ConfigDict({**_DEFAULTS, **given})
-  if block.metric not in ("nmse", "cosine"):
-    raise ValueError(f"distill.metric must be nmse or cosine, got {block.metric!r}")
-  if block.routing_kind not in ("xent", "kl"):
-    raise ValueError(f"distill.routing_kind must be xent or kl, got {block.routing_kind!r}")
-  for field in ("teacher_dtype_mm", "student_dtype_mm"):
-    if block[field] not in ("float32", "bfloat16"):
-      raise ValueError(f"distill.{field} must be float32 or bfloat16, got {block[field]!r}")
-  return block
-
-
-def _layer_metrics(metrics: dict, name: str, per_layer: Array) -> None:
-  for l in range(per_layer.shape[0]):
-    metrics[f"{name}/layer_{l:02d}"] = per_layer[l]
-
-
-def _feature_terms(
-    student_out: Mapping[str, Array],
-    targets: Mapping[str, Array],
-    keys: Sequence[str],
-    metrics: dict,
-) -> Array:
-  loss, m = feature_alignment_loss(student_out, targets, keys=tuple(keys))
-  metrics.update({f"feature_{k}": v for k, v in m.items()})
-  return loss
-
-
-def distill_loss(
-    student_params: Params,
-    teacher_params: Params,
-    batch: Mapping[str, Array],
-    rng: Array | None,
-    *,
-    student_model: ModelLike,
-    teacher_model: ModelLike,
-    cfg: ml_collections.ConfigDict,
-) -> tuple[Array, dict[str, Array]]:
-  """The attention-distillation stage's loss (`cfg`: a `distill_config` block, as
-  `make_distill_loss` binds it; zero weights cost nothing):
-
-    w_attn·attention_output_loss + w_routing·routing + w_lookahead·lookahead
-      + w_feature·feature_alignment (student's own stream) + w_logit_kd·logit_kd
-
-  One teacher forward gives all targets; the attention terms are teacher-forced, so their gradient
-  reaches only the student's attention params (feature/logit terms reach everything: use
-  optim.trainable_mask to choose what trains). Returns (loss, flat dict of scalar metrics).
-  """
-  c = cfg  # checked and filled once, by distill_config (not at every trace)
-  student, teacher = probe.as_model(student_model), probe.as_model(teacher_model)
-  if c.teacher_dtype_mm != teacher.dtype_mm:  # the targets' forward only
-    teacher = teacher.clone(dtype_mm=c.teacher_dtype_mm)
-  if c.student_dtype_mm != student.dtype_mm:
-    student = student.clone(dtype_mm=c.student_dtype_mm)
-  images = batch["image"]
-  rng_route, rng_fmap = (None, None) if rng is None else tuple(jax.random.split(rng))
-  targets = probe.teacher_targets(teacher, teacher_params, images)
-  sa, q, k, phis = probe.student_attention_outputs(
-      student, student_params, targets["attn_input"], rng=rng_fmap, with_qk=True, with_phi=True
-  )
-
-  m = probe.output_metrics(sa, targets["sa"])
-  metrics: dict[str, Array] = {
-      "attn_nmse": jnp.mean(m["nmse"]),
-      "attn_cosine": jnp.mean(m["cosine"]),
-  }
-  _layer_metrics(metrics, "attn_nmse", m["nmse"])
-  _layer_metrics(metrics, "attn_cosine", m["cosine"])
-  attn, _ = attention_output_loss(sa, targets["sa"], c.metric)
-  loss = c.w_attn * attn
-
-  if c.w_routing:
-    route, route_layers = routing_losses(
-        targets,
-        q,
-        k,
-        student,
-        student_params,
-        rng_route,
-        num_queries=c.routing_queries,
-        temperature=c.routing_temperature,
-        kind=c.routing_kind,
-        student_phi=phis,
-    )
-    metrics["routing"] = route
-    _layer_metrics(metrics, "routing", route_layers)
-    loss += c.w_routing * route
-  if c.w_lookahead:
-    look, look_layers = lookahead_loss(teacher, teacher_params, targets, sa, c.lookahead, c.metric)
-    metrics["lookahead"] = look
-    _layer_metrics(metrics, "lookahead", look_layers)
-    loss += c.w_lookahead * look
-  if c.w_feature or c.w_logit_kd:
-    logits, out = student.apply({"params": student_params}, images, train=False)
-    if c.w_feature:
-      loss += c.w_feature * _feature_terms(out, targets, c.feature_keys, metrics)
-    if c.w_logit_kd:
-      if "logits" not in targets or not student.num_classes:
-        raise ValueError("w_logit_kd > 0 needs a classification head on teacher and student")
-      metrics["logit_kd"] = logit_kd_loss(logits, targets["logits"], c.kd_temperature)
-      loss += c.w_logit_kd * metrics["logit_kd"]
-  metrics["loss"] = loss
-  return loss, metrics
-
-
-def make_distill_loss(teacher_model: ModelLike, student_model: ModelLike, cfg: Any = None):
-  """`loss_fn(student_params, teacher_params, batch, rng) -> (loss, metrics)`: `distill_loss`
-  with the models and the `cfg.distill` block (`distill_config(cfg)`) bound: validated now, not
-  at the first step."""
-  return functools.partial(
-      distill_loss,
-      student_model=probe.as_model(student_model),
-      teacher_model=probe.as_model(teacher_model),
-      cfg=distill_config(cfg),
-  )

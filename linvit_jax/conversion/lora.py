@@ -35,7 +35,7 @@ config seed draw another A.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -98,64 +98,28 @@ def low_rank_updates(
     raise ValueError(f"optimizer.lora_rank={rank!r}: expected a positive integer (0 = off)")
   compiled = tree_lib.compile_patterns(pattern)
 
-  def plan(params):
-    leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(params)
-    paths = [tree_lib.path_str(p) for p, _ in leaves_with_paths]
-    low = [
-        layout.depth_axes(path) if is_low_rank(path, tuple(x.shape), rank, compiled) else None
-        for path, (_, x) in zip(paths, leaves_with_paths)
-    ]  # per leaf: None (full steps) or its number of leading depth axes
-    return [x for _, x in leaves_with_paths], low, treedef
-
-  def inner_tree(param_leaves, factor_leaves, low, treedef):
-    return treedef.unflatten(
-        [
-            {n: f[n] for n in FACTOR_NAMES} if depth is not None else p
-            for p, f, depth in zip(param_leaves, factor_leaves, low)
-        ]
-    )
-
   def init_fn(params):
-    param_leaves, low, treedef = plan(params)
+    param_leaves, low, treedef = _plan(params, rank, compiled)
     key = jax.random.PRNGKey(seed)
-    factors = []
-    for i, (p, depth) in enumerate(zip(param_leaves, low)):
-      if depth is None:
-        factors.append(optax.MaskedNode())
-        continue
-      lead = tuple(p.shape[:depth])
-      m, n = matrix_shape(p.shape[depth:])
-      w = jnp.asarray(p, jnp.float32).reshape(lead + (m, n))
-      if column_scale:
-        scale = jnp.maximum(jnp.sqrt(jnp.mean(jnp.square(w), axis=-2)), scale_floor)
-      else:
-        scale = jnp.ones(lead + (n,), jnp.float32)
-      a = jax.random.normal(jax.random.fold_in(key, i), lead + (m, rank), jnp.float32)
-      factors.append(
-          {
-              "lora_a": a / math.sqrt(rank),
-              "lora_b": jnp.zeros(lead + (rank, n), jnp.float32),
-              "scale": scale,
-          }
-      )
-    inner_state = inner.init(inner_tree(param_leaves, factors, low, treedef))
+    factors = [
+        optax.MaskedNode()
+        if depth is None
+        else _initial_factors(p, depth, (key, i), rank, column_scale, scale_floor)
+        for i, (p, depth) in enumerate(zip(param_leaves, low))
+    ]
+    inner_state = inner.init(_inner_tree(param_leaves, factors, low, treedef))
     return LoraState(factors=treedef.unflatten(factors), inner=inner_state)
 
   def update_fn(updates, state, params=None):
     if params is None:
       raise ValueError("low-rank updates need the params (tx.update(grads, state, params))")
-    param_leaves, low, treedef = plan(params)
-    grad_leaves = treedef.flatten_up_to(updates)
+    param_leaves, low, treedef = _plan(params, rank, compiled)
     factor_leaves = treedef.flatten_up_to(state.factors)
-    inner_grads = []
-    for g, f, depth in zip(grad_leaves, factor_leaves, low):
-      if depth is None:
-        inner_grads.append(g)
-        continue
-      a, b, scale = f["lora_a"], f["lora_b"], f["scale"]
-      gs = g.astype(jnp.float32).reshape(a.shape[:-1] + b.shape[-1:]) * scale[..., None, :]
-      inner_grads.append({"lora_a": gs @ _t(b), "lora_b": _t(a) @ gs})
-    inner_params = inner_tree(param_leaves, factor_leaves, low, treedef)
+    inner_grads = [
+        g if depth is None else _factor_grads(g, f)
+        for g, f, depth in zip(treedef.flatten_up_to(updates), factor_leaves, low)
+    ]
+    inner_params = _inner_tree(param_leaves, factor_leaves, low, treedef)
     inner_updates, inner_state = inner.update(
         treedef.unflatten(inner_grads), state.inner, inner_params
     )
@@ -163,21 +127,79 @@ def low_rank_updates(
     for p, u, f, depth in zip(
         param_leaves, treedef.flatten_up_to(inner_updates), factor_leaves, low
     ):
-      if depth is None:
-        out.append(u)
-        new_factors.append(f)
-        continue
-      a, b, scale = f["lora_a"], f["lora_b"], f["scale"]
-      a2, b2 = a + u["lora_a"], b + u["lora_b"]
-      # (a + ua)(b + ub) − ab, without subtracting two nearly equal products
-      delta = (u["lora_a"] @ b2 + a @ u["lora_b"]) * scale[..., None, :]
-      out.append(delta.reshape(p.shape).astype(p.dtype))
-      new_factors.append({"lora_a": a2, "lora_b": b2, "scale": scale})
+      delta, f = (u, f) if depth is None else _stepped_factors(p, u, f)
+      out.append(delta)
+      new_factors.append(f)
     return treedef.unflatten(out), LoraState(
         factors=treedef.unflatten(new_factors), inner=inner_state
     )
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _plan(params: Any, rank: int, compiled: Any) -> tuple[list[Any], list[int | None], Any]:
+  """(the param leaves, per leaf None (full steps) or its number of leading depth axes, the
+  treedef)."""
+  leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(params)
+  paths = [tree_lib.path_str(p) for p, _ in leaves_with_paths]
+  low = [
+      layout.depth_axes(path) if is_low_rank(path, tuple(x.shape), rank, compiled) else None
+      for path, (_, x) in zip(paths, leaves_with_paths)
+  ]
+  return [x for _, x in leaves_with_paths], low, treedef
+
+
+def _inner_tree(param_leaves: list, factor_leaves: list, low: list, treedef: Any) -> Any:
+  """The tree the inner optimizer sees: each low-rank leaf replaced by its factors."""
+  return treedef.unflatten(
+      [
+          {n: f[n] for n in FACTOR_NAMES} if depth is not None else p
+          for p, f, depth in zip(param_leaves, factor_leaves, low)
+      ]
+  )
+
+
+def _initial_factors(
+    p: jax.Array,
+    depth: int,
+    key_and_index: tuple[jax.Array, int],
+    rank: int,
+    column_scale: bool,
+    scale_floor: float,
+) -> dict[str, jax.Array]:
+  """Leaf i's factors at step 0: `lora_a` random (from fold_in(key, i)), `lora_b` zero (so no
+  change yet), and the per-column `scale` (the kernel's column RMS with column_scale, else 1)."""
+  lead = tuple(p.shape[:depth])
+  m, n = matrix_shape(p.shape[depth:])
+  w = jnp.asarray(p, jnp.float32).reshape(lead + (m, n))
+  if column_scale:
+    scale = jnp.maximum(jnp.sqrt(jnp.mean(jnp.square(w), axis=-2)), scale_floor)
+  else:
+    scale = jnp.ones(lead + (n,), jnp.float32)
+  a = jax.random.normal(jax.random.fold_in(*key_and_index), lead + (m, rank), jnp.float32)
+  return {
+      "lora_a": a / math.sqrt(rank),
+      "lora_b": jnp.zeros(lead + (rank, n), jnp.float32),
+      "scale": scale,
+  }
+
+
+def _factor_grads(g: jax.Array, f: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+  """The gradients of a leaf's factors, from the (column-scaled) gradient of the leaf."""
+  a, b, scale = f["lora_a"], f["lora_b"], f["scale"]
+  gs = g.astype(jnp.float32).reshape(a.shape[:-1] + b.shape[-1:]) * scale[..., None, :]
+  return {"lora_a": gs @ _t(b), "lora_b": _t(a) @ gs}
+
+
+def _stepped_factors(
+    p: jax.Array, u: Mapping[str, jax.Array], f: Mapping[str, jax.Array]
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """(the leaf's update, its new factors) after the inner optimizer's factor updates `u`."""
+  a, b, scale = f["lora_a"], f["lora_b"], f["scale"]
+  a2, b2 = a + u["lora_a"], b + u["lora_b"]
+  # (a + ua)(b + ub) − ab, without subtracting two nearly equal products
+  delta = (u["lora_a"] @ b2 + a @ u["lora_b"]) * scale[..., None, :]
+  return delta.reshape(p.shape).astype(p.dtype), {"lora_a": a2, "lora_b": b2, "scale": scale}
 
 
 def _t(x: jax.Array) -> jax.Array:

@@ -19,7 +19,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 if TYPE_CHECKING:  # (train imports this module)
-  from linvit_jax.conversion.train import TrainState
+  from linvit_jax.conversion.train_step import TrainState
 
 # Signals that stop a stage at the next step boundary, checkpointed: Ctrl-C, and SIGTERM, which
 # Cloud TPU VMs (and most schedulers: Kubernetes, SLURM) send some seconds before a preemption.

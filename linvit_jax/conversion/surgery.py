@@ -325,39 +325,39 @@ def transplant(
       copy across different shapes (the message names the path and both shapes).
   """
   rules = get_policy(policy)
-  compiled = tree_lib.compile_patterns([p for p, _ in rules])
   teacher = _per_block_view(teacher_params, "teacher")
   student = _per_block_view(student_params, "student")
+  rows, sources = _decide(student, teacher, rules)
+  chosen = _assemble(student, sources)
+  unused = sorted((p for p in teacher if p not in sources), key=_natural_key)
+  return tree_lib.unflatten(chosen, error=SurgeryError), SurgeryReport(rows, rules, unused)
 
+
+def _decide(
+    student: Mapping[str, _Ref], teacher: Mapping[str, _Ref], rules: Policy
+) -> tuple[list[Row], dict[str, _Ref]]:
+  """(one report row per student leaf, per-block path -> the teacher ref it copies); every leaf
+  the policy cannot be applied to is named in one SurgeryError."""
+  compiled = tree_lib.compile_patterns([p for p, _ in rules])
   rows: list[Row] = []
-  chosen: dict[str, Any] = {}  # per-block path -> value (non-scanned student leaves: final)
-  sources: dict[str, _Ref] = {}  # per-block path -> teacher ref, for copies
+  sources: dict[str, _Ref] = {}
   problems: list[str] = []
   for path in sorted(student, key=_natural_key):
     s = student[path]
     hit = tree_lib.first_match(path, compiled)
-    match = None if hit is None else rules[hit]
-    if match is None:
+    if hit is None:
       problems.append(
           f"'{path}' is matched by no rule (end the policy with a catch-all such as "
           "('.*', 'keep'))"
       )
       continue
-    pattern, action = match
+    pattern, action = rules[hit]
     note = ""
     if action == "copy":
       t = teacher.get(path)
-      if t is None:
-        problems.append(
-            f"'{path}': rule ({pattern!r}, 'copy') but the teacher has no such leaf"
-            + (" (feature maps are student-only: keep them)" if "/feature_map_" in path else "")
-        )
-        continue
-      if t.shape != s.shape:
-        problems.append(
-            f"'{path}': rule ({pattern!r}, 'copy') but shapes differ: teacher "
-            f"{t.shape}, student {s.shape}{_hint(path)}"
-        )
+      problem = _copy_problem(path, pattern, t, s)
+      if problem:
+        problems.append(problem)
         continue
       t_dtype, s_dtype = np.dtype(t.leaf.dtype), np.dtype(s.leaf.dtype)
       if t_dtype != s_dtype:
@@ -369,9 +369,27 @@ def transplant(
         f"surgery policy cannot be applied ({len(problems)} problem"
         f"{'s' if len(problems) > 1 else ''}):\n  " + "\n  ".join(problems)
     )
+  return rows, sources
 
-  # Assemble in the student's layout. A scanned student leaf whose blocks all come from one
-  # scanned teacher leaf (or all stay) is passed through whole: no stacking, bitwise identical.
+
+def _copy_problem(path: str, pattern: str, t: _Ref | None, s: _Ref) -> str | None:
+  """Why the teacher's leaf `t` cannot be copied into student leaf `s` (None: it can)."""
+  if t is None:
+    return f"'{path}': rule ({pattern!r}, 'copy') but the teacher has no such leaf" + (
+        " (feature maps are student-only: keep them)" if "/feature_map_" in path else ""
+    )
+  if t.shape != s.shape:
+    return (
+        f"'{path}': rule ({pattern!r}, 'copy') but shapes differ: teacher "
+        f"{t.shape}, student {s.shape}{_hint(path)}"
+    )
+  return None
+
+
+def _assemble(student: Mapping[str, _Ref], sources: Mapping[str, _Ref]) -> dict[str, Any]:
+  """The chosen values by path in the student's layout (scanned leaves restacked): the teacher's
+  where `sources` has one (cast to the student's dtype), else the student's."""
+  chosen: dict[str, Any] = {}
   by_stacked: dict[str, list[str]] = {}
   for path, s in student.items():
     if s.stacked is None:
@@ -381,29 +399,33 @@ def transplant(
       by_stacked.setdefault(s.stacked, []).append(path)
   for stacked_path, block_paths in by_stacked.items():
     block_paths.sort(key=lambda p: student[p].index)
-    s_leaf = student[block_paths[0]].leaf
-    refs = [sources.get(p) for p in block_paths]
-    if all(r is None for r in refs):
-      chosen[stacked_path] = s_leaf
-    elif (
-        all(r is not None for r in refs)
-        and len({id(r.leaf) for r in refs}) == 1
-        and refs[0].stacked is not None
-        and [r.index for r in refs] == list(range(len(refs)))
-        and np.shape(refs[0].leaf)[0] == len(refs)
-    ):
-      chosen[stacked_path] = _cast(refs[0].leaf, s_leaf.dtype)
-    else:
-      chosen[stacked_path] = _stack(
-          [
-              _cast(r.value(), s_leaf.dtype) if r is not None else student[p].value()
-              for p, r in zip(block_paths, refs)
-          ]
-      )
+    chosen[stacked_path] = _assemble_stacked(student, sources, block_paths)
+  return chosen
 
-  used = set(sources)
-  unused = sorted((p for p in teacher if p not in used), key=_natural_key)
-  return tree_lib.unflatten(chosen, error=SurgeryError), SurgeryReport(rows, rules, unused)
+
+def _assemble_stacked(
+    student: Mapping[str, _Ref], sources: Mapping[str, _Ref], block_paths: Sequence[str]
+) -> Any:
+  """One scanned student leaf from its blocks, in order. Blocks that all come from one scanned
+  teacher leaf (or all stay) pass it through whole: no stacking, bitwise identical."""
+  s_leaf = student[block_paths[0]].leaf
+  refs = [sources.get(p) for p in block_paths]
+  if all(r is None for r in refs):
+    return s_leaf
+  if (
+      all(r is not None for r in refs)
+      and len({id(r.leaf) for r in refs}) == 1
+      and refs[0].stacked is not None
+      and [r.index for r in refs] == list(range(len(refs)))
+      and np.shape(refs[0].leaf)[0] == len(refs)
+  ):
+    return _cast(refs[0].leaf, s_leaf.dtype)
+  return _stack(
+      [
+          _cast(r.value(), s_leaf.dtype) if r is not None else student[p].value()
+          for p, r in zip(block_paths, refs)
+      ]
+  )
 
 
 def _natural_key(path: str) -> list[Any]:

@@ -211,8 +211,7 @@ def write_debian_photos(
   return sorted(paths)
 
 
-def main(argv: list[str] | None = None) -> int:
-  """The command line; a wrong argument or nothing installed is one `error:` line and exit 2."""
+def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="python -m linvit_jax.data.debian_photos", description=__doc__.splitlines()[0]
   )
@@ -232,38 +231,19 @@ def main(argv: list[str] | None = None) -> int:
       action="store_true",
       help="write the photographs that are installed even when some of the set's are missing",
   )
-  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  """The command line; a wrong argument or nothing installed is one `error:` line and exit 2."""
+  args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
   try:
     if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
       raise UserError(f"OUT_DIR '{args.out_dir}' is a file, not a folder")
     if args.max_side < 1:
       raise UserError(f"--max_side must be positive, got {args.max_side}")
     try:
-      sources = find_sources() if args.set == "photos" else find_lomiri_sources()
-      if not sources:
-        raise UserError(
-            f"none of the '{args.set}' photographs is installed: apt-get install "
-            f"{_SET_PACKAGES[args.set]}"
-        )
-      promised, missing = PROMISED[args.set], missing_packages(args.set)
-      if len(sources) < promised and not args.allow_partial:
-        raise UserError(
-            f"only {len(sources)} of the {promised} '{args.set}' photographs are installed "
-            f"(incomplete: {' '.join(missing)}); apt-get install {' '.join(missing)}, or pass "
-            f"--allow_partial to write those {len(sources)} (another folder than the README's: "
-            "its held-out split and figures differ); nothing was written"
-        )
-      paths = write_debian_photos(args.out_dir, max_side=args.max_side, sources=sources)
-      if len(sources) < promised:
-        print(
-            f"WARNING: wrote {len(sources)} of the {promised} '{args.set}' photographs "
-            f"(--allow_partial; not installed: {' '.join(missing)}): not the README's folder",
-            file=sys.stderr,
-        )
-      if args.with_samples:
-        from linvit_jax.data import sample_photos  # pylint: disable=g-import-not-at-top
-
-        paths += sample_photos.write_sample_photos(args.out_dir)
+      paths = _write(args)
     except ImportError as e:
       raise UserError(str(e)) from e
     except OSError as e:
@@ -274,6 +254,37 @@ def main(argv: list[str] | None = None) -> int:
     return 2
   print(f"wrote {len(paths)} photos to {args.out_dir}")
   return 0
+
+
+def _write(args: argparse.Namespace) -> list[str]:
+  """The set's installed photographs (and the samples) written to args.out_dir; their paths. An
+  incomplete set is a UserError (nothing written) unless --allow_partial, then a warning."""
+  sources = find_sources() if args.set == "photos" else find_lomiri_sources()
+  if not sources:
+    raise UserError(
+        f"none of the '{args.set}' photographs is installed: apt-get install "
+        f"{_SET_PACKAGES[args.set]}"
+    )
+  promised, missing = PROMISED[args.set], missing_packages(args.set)
+  if len(sources) < promised and not args.allow_partial:
+    raise UserError(
+        f"only {len(sources)} of the {promised} '{args.set}' photographs are installed "
+        f"(incomplete: {' '.join(missing)}); apt-get install {' '.join(missing)}, or pass "
+        f"--allow_partial to write those {len(sources)} (another folder than the README's: "
+        "its held-out split and figures differ); nothing was written"
+    )
+  paths = write_debian_photos(args.out_dir, max_side=args.max_side, sources=sources)
+  if len(sources) < promised:
+    print(
+        f"WARNING: wrote {len(sources)} of the {promised} '{args.set}' photographs "
+        f"(--allow_partial; not installed: {' '.join(missing)}): not the README's folder",
+        file=sys.stderr,
+    )
+  if args.with_samples:
+    from linvit_jax.data import sample_photos  # pylint: disable=g-import-not-at-top
+
+    paths += sample_photos.write_sample_photos(args.out_dir)
+  return paths
 
 
 if __name__ == "__main__":

@@ -241,55 +241,11 @@ def scan(
   tops = [rel.split("/")[0] if "/" in rel else None for rel in candidates]
   labelled = None not in tops
   class_names = tuple(sorted(set(tops))) if labelled else ()
-  class_ids = {name: i for i, name in enumerate(class_names)}
-
-  workers = workers or min(32, os.cpu_count() or 1)
-  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-    results = list(
-        pool.map(_try_inspect, [os.path.join(root, *rel.split("/")) for rel in candidates])
-    )
-  files, labels, convert, skipped, small = [], [], [], [], []
-  for rel, top, result in zip(candidates, tops, results):
-    if isinstance(result, str):
-      skipped.append((rel, result))
-      continue
-    width, height, needs = result
-    files.append(rel)
-    if labelled:
-      labels.append(class_ids[top])
-    convert.append(needs)
-    if min(width, height) < min_size:
-      small.append(f"{rel} ({width}x{height})")
-
-  if skipped:
-    logging.warning(
-        "image_folder %s: skipped %d unreadable file(s): %s",
-        root,
-        len(skipped),
-        _named([f"{rel} ({reason})" for rel, reason in skipped]),
-    )
-  if not files:
-    raise ValueError(
-        f"image_folder: none of the {len(candidates)} image files in {root} can be "
-        f"read: {_named([f'{rel} ({reason})' for rel, reason in skipped])}"
-    )
-  if small:
-    logging.info(
-        "image_folder %s: %d image(s) smaller than %d px on the shorter side (the pp "
-        "resizes them): %s",
-        root,
-        len(small),
-        min_size,
-        _named(small),
-    )
-  if labelled:
-    empty = sorted(set(class_names) - {f.split("/")[0] for f in files})
-    if empty:
-      logging.warning(
-          "image_folder %s: no readable image in class folder(s) %s (their ids are " "kept)",
-          root,
-          ", ".join(empty),
-      )
+  results = _inspect_all(root, candidates, workers)
+  files, labels, convert, skipped, small = _sort_results(
+      candidates, tops, results, class_names, min_size
+  )
+  _say_what_was_left(root, len(candidates), files, skipped, small, min_size, class_names)
   index = FolderIndex(
       root=root,
       files=tuple(files),
@@ -301,6 +257,81 @@ def scan(
   )
   _SCANS[(root, min_size)] = (fingerprint, index)
   return index
+
+
+def _inspect_all(
+    root: str, candidates: list[str], workers: int | None
+) -> list[str | tuple[int, int, bool]]:
+  """`_try_inspect` of each candidate, decoded by `workers` threads (None: one per CPU, <= 32)."""
+  workers = workers or min(32, os.cpu_count() or 1)
+  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    return list(pool.map(_try_inspect, [os.path.join(root, *rel.split("/")) for rel in candidates]))
+
+
+def _sort_results(
+    candidates: list[str],
+    tops: list[str | None],
+    results: list[str | tuple[int, int, bool]],
+    class_names: tuple[str, ...],
+    min_size: int,
+) -> tuple[list[str], list[int], list[bool], list[tuple[str, str]], list[str]]:
+  """(readable files, their labels (when `class_names`), whether each needs conversion, the
+  skipped (file, reason) pairs, the small images described)."""
+  class_ids = {name: i for i, name in enumerate(class_names)}
+  files, labels, convert, skipped, small = [], [], [], [], []
+  for rel, top, result in zip(candidates, tops, results):
+    if isinstance(result, str):
+      skipped.append((rel, result))
+      continue
+    width, height, needs = result
+    files.append(rel)
+    if class_names:
+      labels.append(class_ids[top])
+    convert.append(needs)
+    if min(width, height) < min_size:
+      small.append(f"{rel} ({width}x{height})")
+  return files, labels, convert, skipped, small
+
+
+def _say_what_was_left(
+    root: str,
+    num_candidates: int,
+    files: list[str],
+    skipped: list[tuple[str, str]],
+    small: list[str],
+    min_size: int,
+    class_names: tuple[str, ...],
+) -> None:
+  """Logs the skipped files, the small images and the class folders left empty; no readable
+  file at all is a ValueError naming why each was skipped."""
+  if skipped:
+    logging.warning(
+        "image_folder %s: skipped %d unreadable file(s): %s",
+        root,
+        len(skipped),
+        _named([f"{rel} ({reason})" for rel, reason in skipped]),
+    )
+  if not files:
+    raise ValueError(
+        f"image_folder: none of the {num_candidates} image files in {root} can be "
+        f"read: {_named([f'{rel} ({reason})' for rel, reason in skipped])}"
+    )
+  if small:
+    logging.info(
+        "image_folder %s: %d image(s) smaller than %d px on the shorter side (the pp "
+        "resizes them): %s",
+        root,
+        len(small),
+        min_size,
+        _named(small),
+    )
+  empty = sorted(set(class_names) - {f.split("/")[0] for f in files})
+  if empty:
+    logging.warning(
+        "image_folder %s: no readable image in class folder(s) %s (their ids are kept)",
+        root,
+        ", ".join(empty),
+    )
 
 
 def parse_split(split: str) -> tuple[str, float]:

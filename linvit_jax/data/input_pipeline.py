@@ -346,34 +346,16 @@ def make_train_iterator(
   batch is blended with the batch's previous one (`mix_with_previous`), each with its own weight
   λ ~ Beta(p, p) drawn from `seed` and the batch's step, so resuming yields the same blends.
   """
-  if not 0.0 <= compose <= 1.0:
-    raise ValueError(f"data.compose is a fraction of each batch in [0, 1], got {compose}")
-  if not (math.isfinite(mixup) and mixup >= 0):
-    raise ValueError(f"mixup is a Beta concentration (0: off), must be finite >= 0, got {mixup}")
+  _check_stream_args(compose, mixup, start_step, shuffle_buffer)
   index, count = _processes(process_index, process_count)
   local_batch = _local_batch(global_batch_size, count)
   if mixup and local_batch < 2:
     raise ValueError(f"mixup blends images within a batch: {local_batch} image per process")
-  if start_step < 0 or shuffle_buffer < 0:
-    raise ValueError(
-        f"start_step and shuffle_buffer must be >= 0, got {start_step}, " f"{shuffle_buffer}"
-    )
   share = _source(dataset, split, data_dir).share(index, count, cache=cache)
-  n = share.num_examples
-  if n == 0:
+  if share.num_examples == 0:
     raise ValueError(f"{dataset} {split!r}: process {index} of {count} has no examples")
-  first_epoch, offset = divmod(start_step * local_batch, n)
-  order_key = _key(seed, _ORDER)
-
-  def epoch(e: tf.Tensor) -> tf.data.Dataset:
-    key = _fold(order_key, e)
-    ds = share.read(key)
-    if shuffle_buffer > 1:
-      shuffle_seed = tf.random.stateless_uniform([], _fold(key, -1), 0, 2**31 - 1, tf.int64)
-      ds = ds.shuffle(shuffle_buffer, seed=shuffle_seed, reshuffle_each_iteration=False)
-    return tf.data.Dataset.zip((tf.data.Dataset.range(e * n, (e + 1) * n), ds))
-
-  ds = tf.data.Dataset.range(first_epoch, _FOREVER).flat_map(epoch)
+  first_epoch, offset = divmod(start_step * local_batch, share.num_examples)
+  ds = _shuffled_epochs(share, _key(seed, _ORDER), first_epoch, shuffle_buffer)
   ds = ds.skip(offset)  # Raw records only: nothing decoded for the skipped steps.
   ds = ds.map(
       _preprocess(pp, index, count, _key(seed, _AUGMENT)),
@@ -385,16 +367,53 @@ def make_train_iterator(
   if n_composed:
     ds = ds.map(lambda b: {**b, "image": compose_2x2(b["image"], n_composed)})
   if mixup:
-    mixup_key = _fold(_key(seed, _MIXUP), tf.constant(index, tf.int64))  # processes differ
-
-    def mix(step: tf.Tensor, batch: Example) -> Example:
-      weights = beta_weights(_fold(mixup_key, step), local_batch, mixup)
-      return {**batch, "image": mix_with_previous(batch["image"], weights)}
-
-    steps = tf.data.Dataset.range(start_step, _FOREVER)
-    ds = tf.data.Dataset.zip((steps, ds)).map(mix)
+    ds = _mixed_up(ds, seed, index, local_batch, mixup, start_step)
   ds = ds.prefetch(2)
   return _options(ds).as_numpy_iterator()
+
+
+def _check_stream_args(compose: float, mixup: float, start_step: int, shuffle_buffer: int) -> None:
+  if not 0.0 <= compose <= 1.0:
+    raise ValueError(f"data.compose is a fraction of each batch in [0, 1], got {compose}")
+  if not (math.isfinite(mixup) and mixup >= 0):
+    raise ValueError(f"mixup is a Beta concentration (0: off), must be finite >= 0, got {mixup}")
+  if start_step < 0 or shuffle_buffer < 0:
+    raise ValueError(
+        f"start_step and shuffle_buffer must be >= 0, got {start_step}, {shuffle_buffer}"
+    )
+
+
+def _shuffled_epochs(
+    share: _Share, order_key: tf.Tensor, first_epoch: int, shuffle_buffer: int
+) -> tf.data.Dataset:
+  """(stream position, raw example) from epoch `first_epoch` on, forever: epoch e reads the share
+  in the order fold_in(order_key, e) gives, shuffled within `shuffle_buffer`."""
+  n = share.num_examples
+
+  def epoch(e: tf.Tensor) -> tf.data.Dataset:
+    key = _fold(order_key, e)
+    ds = share.read(key)
+    if shuffle_buffer > 1:
+      shuffle_seed = tf.random.stateless_uniform([], _fold(key, -1), 0, 2**31 - 1, tf.int64)
+      ds = ds.shuffle(shuffle_buffer, seed=shuffle_seed, reshuffle_each_iteration=False)
+    return tf.data.Dataset.zip((tf.data.Dataset.range(e * n, (e + 1) * n), ds))
+
+  return tf.data.Dataset.range(first_epoch, _FOREVER).flat_map(epoch)
+
+
+def _mixed_up(
+    ds: tf.data.Dataset, seed: int, index: int, local_batch: int, mixup: float, start_step: int
+) -> tf.data.Dataset:
+  """Every batch's images blended with the batch's previous one (`mix_with_previous`), weights
+  drawn from `seed`, this process and the batch's step (so resuming yields the same blends)."""
+  mixup_key = _fold(_key(seed, _MIXUP), tf.constant(index, tf.int64))  # processes differ
+
+  def mix(step: tf.Tensor, batch: Example) -> Example:
+    weights = beta_weights(_fold(mixup_key, step), local_batch, mixup)
+    return {**batch, "image": mix_with_previous(batch["image"], weights)}
+
+  steps = tf.data.Dataset.range(start_step, _FOREVER)
+  return tf.data.Dataset.zip((steps, ds)).map(mix)
 
 
 def compose_2x2(images: tf.Tensor, n: int) -> tf.Tensor:

@@ -8,8 +8,9 @@ across the mesh. Every process prints one line
   MULTIHOST_SUM process=<i> processes=<P> devices=<D> local_devices=<L> sum=<s> psum=<s>
 
 so a test can check that all processes agree and see the whole (not their local part).
-Multi-process start-up goes through linvit_jax.runtime.sharding.maybe_initialize_distributed, i.e. the
-JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID contract the launchers rely on.
+Multi-process start-up goes through linvit_jax.runtime.distributed.maybe_initialize_distributed,
+i.e. the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID contract the launchers rely
+on.
 MULTIHOST_SUM_DELAY="<process id>:<seconds>" makes that process sleep between start-up and its
 first collective (a process that is late, e.g. still compiling on a busy machine).
 """
@@ -23,9 +24,9 @@ import numpy as np
 
 
 def main() -> None:
-  from linvit_jax.runtime import sharding  # before anything touches a JAX backend
+  from linvit_jax.runtime import distributed  # before anything touches a JAX backend
 
-  sharding.maybe_initialize_distributed()
+  distributed.maybe_initialize_distributed()
 
   import jax
   import jax.numpy as jnp

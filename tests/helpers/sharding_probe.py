@@ -25,7 +25,7 @@ def main(out: str) -> None:
   import jax.numpy as jnp
 
   from linvit_jax.conversion import optim
-  from linvit_jax.conversion import train
+  from linvit_jax.conversion import train_step
   from linvit_jax.models import vit
   from linvit_jax.runtime import sharding
   from linvit_jax.runtime import tree as tree_lib
@@ -70,7 +70,9 @@ def main(out: str) -> None:
   }
   mask = {"dense": {"kernel": True, "bias": True}}
   tx, _ = optim.make_optimizer({}, 10, mask)
-  abstract = jax.eval_shape(lambda p: train.init_train_state(p, tx, jax.random.PRNGKey(0)), small)
+  abstract = jax.eval_shape(
+      lambda p: train_step.init_train_state(p, tx, jax.random.PRNGKey(0)), small
+  )
   sh = sharding.state_shardings(abstract, mesh42, min_size=1024)
   flat = jax.tree_util.tree_flatten_with_path(sh)[0]
   r["state_specs"] = {tree_lib.path_str(p): str(s.spec) for p, s in flat}

@@ -163,9 +163,10 @@ def main(argv=None) -> None:
   ap.add_argument("--progress_file", default=None)
   args = ap.parse_args(argv)
 
+  from linvit_jax.runtime import distributed
   from linvit_jax.runtime import sharding
 
-  sharding.maybe_initialize_distributed()
+  distributed.maybe_initialize_distributed()
   import jax
 
   from linvit_jax.conversion import train
