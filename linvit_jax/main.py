@@ -79,7 +79,7 @@ class _OwnInfoOnly(std_logging.Filter):
 
 
 class _BarSafeStream:
-  """stderr for log lines while tqdm bars may be drawn there (conversion/stage_log.py's progress bars).
+  """stderr for log lines while tqdm bars may be drawn there (conversion/stage_log.py's bars).
 
   A bar's line has no newline until it closes, so a log line written straight to stderr lands in
   the middle of it. `tqdm.write` clears the bars, writes the line and redraws them; with no bar

@@ -300,7 +300,7 @@ def test_convert_folder_align_options_reach_the_stage(tmp_path):
   assert (a.steps, a.optimizer.warmup_steps, a.optimizer.lr) == (50, 12, 3e-4)
   assert a.optimizer.update_scale == "param_rms" and a.trainable == "all"
   assert (a.w_feature, a.blocks_top_weight, a.w_blocks, a.w_attn_tf) == (4.0, 3.0, 0.5, 0.0)
-  assert "w_structure" not in a  # off unless asked: no field (configs of earlier runs unchanged)
+  assert a.w_structure == 0.0  # off unless asked: the field at its off value
   structured = _config(path, str(tmp_path), extra + ",align_w_structure=2")
   assert structured.align.w_structure == 2.0
   from linvit_jax import preflight
@@ -316,13 +316,13 @@ def test_convert_folder_align_options_reach_the_stage(tmp_path):
   with pytest.raises(ValueError, match="align_start_weight=1.0"):
     _config(path, str(tmp_path), ",align_start_weight=1.0")
   assert optim.optimizer_settings(config.distill_attention.optimizer)["ema_decay"] == 0.0
-  # off: the field is left out, so workdirs recorded before it existed still resume
-  assert "ema_decay" not in _config(path, str(tmp_path), ",distill_fraction=0.5").align.optimizer
+  # off: the field at its off value (workdirs recorded without it resume: test_preflight)
+  assert _config(path, str(tmp_path), ",distill_fraction=0.5").align.optimizer.ema_decay == 0.0
   with pytest.raises(ValueError, match="align_ema=1.0"):
     _config(path, str(tmp_path), ",align_ema=1.0")
   tail = _config(path, str(tmp_path), ",distill_fraction=0.5,align_average=0.5").align.optimizer
-  assert tail.average_last == 0.5 and "ema_decay" not in tail
-  assert "average_last" not in _config(path, str(tmp_path), ",distill_fraction=0.5").align.optimizer
+  assert tail.average_last == 0.5 and tail.ema_decay == 0.0
+  assert _config(path, str(tmp_path), ",distill_fraction=0.5").align.optimizer.average_last == 0.0
   with pytest.raises(ValueError, match="align_average=1.5"):
     _config(path, str(tmp_path), ",align_average=1.5")
   with pytest.raises(ValueError, match="choose one"):
@@ -330,13 +330,13 @@ def test_convert_folder_align_options_reach_the_stage(tmp_path):
   lora = _config(path, str(tmp_path), ",distill_fraction=0.5").align.optimizer  # the default
   assert lora.lora_rank == 8 and optim.optimizer_settings(lora)["update_scale"] == "param_rms"
   assert _config(path, str(tmp_path), ",align_lora=16").align.optimizer.lora_rank == 16
-  # off: the field is left out, so workdirs recorded before it existed still resume
-  assert "lora_rank" not in _config(path, str(tmp_path), ",align_lora=0").align.optimizer
+  # off: the field at its off value, 0
+  assert _config(path, str(tmp_path), ",align_lora=0").align.optimizer.lora_rank == 0
   # no align stage (the whole budget distils): the align_* fields, the rank too, have no stage
   no_align = _config(path, str(tmp_path), ",tiny=False,max_images=400,distill_fraction=1")
   assert (
       no_align.stages == ("distill_attention",)
-      and "lora_rank" not in no_align.distill_attention.optimizer
+      and no_align.distill_attention.optimizer.lora_rank == 0
   )
   for bad in ("-1", "2.5"):
     with pytest.raises(ValueError, match="align_lora="):
