@@ -165,6 +165,37 @@ def eval_section(before: dict | None, after: dict | None) -> str:
   return "\n".join(lines) + "\n"
 
 
+def safetensors_section(before: dict | None, after: dict | None) -> str:
+  """The safetensors reader before and after the package swap (`python -m bench.safetensors_load`
+  run on both commits, one after the other on the same quiet machine)."""
+  if not (before and after):
+    return ""
+  lines = [
+      "### Reading the ViT-S/14 from .safetensors, before and after the `safetensors` package "
+      "(`python -m bench.safetensors_load`)\n",
+      f"Median of {len(after['rows'][0]['runs'])} fresh processes each; before = commit "
+      f"{before['commit']} (a hand-written reader), after = {after['commit']} (`safe_open` for a "
+      "file, `safetensors.deserialize` for bytes read once). reader: the file alone; import: "
+      "`checkpoint_record.read(folder)`, what `init=` a timm folder costs a run (read once, "
+      "digested, converted). Added MB: the process's peak resident memory minus its memory "
+      "before the call.\n",
+      "| dtype | path | file MB | before s | after s | after / before | before added MB | "
+      "after added MB |",
+      "|---|---|---|---|---|---|---|---|",
+  ]
+  old = {(r["dtype"], r["path"]): r for r in before["rows"]}
+  for r in after["rows"]:
+    b = old.get((r["dtype"], r["path"]))
+    if b:
+      bm, am = b["median"], r["median"]
+      lines.append(
+          f"| {r['dtype']} | {r['path']} | {r['file_mb']:.0f} | {bm['wall_s']:.3f} | "
+          f"{am['wall_s']:.3f} | {am['wall_s'] / bm['wall_s']:.2f} | {bm['added_mb']:.0f} | "
+          f"{am['added_mb']:.0f} |"
+      )
+  return "\n".join(lines) + "\n"
+
+
 # ----------------------------------------------------------------------------- plots
 
 
@@ -327,6 +358,10 @@ def write(results_dir: str, out_dir: str, notes_path: str | None = None) -> str:
     doc.append(distill_real_section(real))
   if ev_before and ev_after:
     doc.append(eval_section(ev_before, ev_after))
+  st_before = speed_rows.load(os.path.join(results_dir, "safetensors_load_before.json"))
+  st_after = speed_rows.load(os.path.join(results_dir, "safetensors_load_after.json"))
+  if st_before and st_after:
+    doc.append(safetensors_section(st_before, st_after))
   if gpu_speed or gpu_steps:
     doc.append(section(gpu_speed, gpu_steps, "GPU (bench/gpu.sh)", "gpu", out_dir))
   else:
