@@ -169,7 +169,7 @@ def _front_matter(card):
 
 
 def test_card_front_matter_licence_and_no_local_paths(tmp_path):
-  from tests.test_student_any_size import make_export
+  from tests.helpers.student_export import make_export
 
   teachers = tmp_path / "my_teachers"
   teachers.mkdir()
@@ -219,7 +219,7 @@ def test_card_licence_from_a_hugging_face_folder_or_other(tmp_path):
   info = provenance.teacher_info(str(hf))
   assert info["name"] == "facebook/dinov2-small" and info["license"] == "apache-2.0"
   # nothing recorded: license other, and the card says the teacher's licence applies
-  from tests.test_student_any_size import make_export
+  from tests.helpers.student_export import make_export
 
   make_export(tmp_path / "export", **{"teacher.init": str(tmp_path / "plain.npz")})
   card = (tmp_path / "export" / "README.md").read_text()
@@ -228,7 +228,7 @@ def test_card_licence_from_a_hugging_face_folder_or_other(tmp_path):
 
 
 def test_card_snippet_runs_in_the_export_folder(tmp_path):
-  from tests.test_student_any_size import make_export
+  from tests.helpers.student_export import make_export
 
   folder = make_export(tmp_path / "export")
   card = (tmp_path / "export" / "README.md").read_text()
@@ -243,7 +243,7 @@ def test_card_snippet_runs_in_the_export_folder(tmp_path):
 
 
 def test_card_of_a_surgery_only_export_and_knn_skipped(tmp_path):
-  from tests.test_student_any_size import make_export
+  from tests.helpers.student_export import make_export
 
   why = "no labelled set: set eval.knn.dataset to measure it"
   resolution = [{"factor": 1, "image_size": 16}, {"factor": 2, "image_size": 32, "cls_cosine": 0.5}]
@@ -292,7 +292,7 @@ def test_licence_ids_and_public_names():
 
 
 def test_card_on_test_photos(tmp_path):
-  from tests.test_student_any_size import make_export
+  from tests.helpers.student_export import make_export
 
   ci = {"mean": 0.9, "lo": 0.85, "hi": 0.95, "worst": 0.8, "worst_photo": "private/a.jpg", "n": 3}
   dense = {

@@ -268,7 +268,7 @@ def test_num_heads_that_contradicts_the_source_is_refused(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def student(tmp_path_factory):
-  from tests.test_student_any_size import make_export
+  from tests.helpers.student_export import make_export
 
   return student_loader.load_student(make_export(tmp_path_factory.mktemp("student")))
 
@@ -294,7 +294,7 @@ def test_empty_image_is_one_line(student):
 
 
 def test_empty_student_config_says_so(tmp_path):
-  from tests.test_student_any_size import make_export
+  from tests.helpers.student_export import make_export
 
   folder = make_export(tmp_path / "s")
   with open(os.path.join(folder, "student_config.json"), "w") as f:
@@ -382,7 +382,7 @@ def test_a_model_folder_is_opened_once_per_file(tmp_path, monkeypatch, stop_at_s
 
 
 def test_load_student_opens_each_file_once(tmp_path, monkeypatch):
-  from tests.test_student_any_size import make_export
+  from tests.helpers.student_export import make_export
 
   folder = make_export(tmp_path / "s")
   names = ("student_config.json", "student.npz")
@@ -396,7 +396,7 @@ def test_load_student_from_safetensors_opens_it_once(tmp_path, monkeypatch):
   safetensors package (safe_open maps it: no Python open() of it), the config once."""
   import safetensors
 
-  from tests.test_student_any_size import make_export
+  from tests.helpers.student_export import make_export
 
   folder = make_export(tmp_path / "s")
   os.remove(os.path.join(folder, "student.npz"))

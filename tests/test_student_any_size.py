@@ -13,48 +13,13 @@ import numpy as np
 import pytest
 
 import linvit_jax
-from linvit_jax.artifacts import export_folder
 from linvit_jax.artifacts import export_format
 from linvit_jax.artifacts import model_card
-from linvit_jax.configuration import config_lib
 from linvit_jax.data import sample_photos
 from linvit_jax.models import posemb
-from linvit_jax.models import vit
+from tests.helpers.student_export import make_export
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIELDS = dict(
-    num_classes=None,
-    patch_size=(4, 4),
-    width=32,
-    depth=2,
-    num_heads=2,
-    mlp_dim=64,
-    pool_type="tok",
-    reg_tokens=1,
-)
-ATTENTION = {"kind": "linear", "feature_map": "hedgehog", "center_keys": True, "conv_v": True}
-PP = 'decode|resize_small(18)|central_crop(16)|vgg_value_range|keep("image")'
-
-
-def make_export(folder, *, fields=None, attention=ATTENTION, results=None, **config_fields):
-  """A 16-px export folder (random params, a real student_config and card); returns its path.
-  config_fields: dotted config overrides, e.g. **{"teacher.init": path, "stages": ()}."""
-  fields = {**FIELDS, **(fields or {})}
-  model = vit.Model(**fields, attention=attention)
-  params = model.init(jax.random.PRNGKey(0), np.zeros((1, 16, 16, 3), np.float32))["params"]
-  # Non-zero cls/registers/posemb so that resampling and prefix tokens are visible in the outputs.
-  params = jax.tree.map(np.asarray, params)
-  params["cls"] = np.full_like(params["cls"], 0.5)
-  c = config_lib.base_config()
-  with c.unlocked():
-    c.data.image_size, c.data.pp_eval = 16, PP
-    for key, value in config_fields.items():
-      block, _, name = key.rpartition(".")
-      (c[block] if block else c)[name] = value
-  results = results or {"end_to_end_after_finetune": {"cls_cosine": 0.95, "patch_cosine": 0.9}}
-  cfg = export_folder.student_config(fields, attention, c, results)
-  export_folder.save(str(folder), params, cfg)
-  return str(folder)
 
 
 @pytest.fixture(scope="module")

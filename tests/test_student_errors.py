@@ -11,7 +11,7 @@ import pytest
 import linvit_jax
 from linvit_jax.artifacts import export_format
 from linvit_jax.runtime.errors import UserError
-from tests.test_student_any_size import make_export
+from tests.helpers.student_export import make_export
 
 
 @pytest.fixture(scope="module")
@@ -71,45 +71,46 @@ def test_corrupt_npz(good, tmp_path):
   _one_line(e, "student.npz", "truncated or corrupt")
 
 
-def test_unknown_attention_kind(good, tmp_path):
+def _rename_width(model):
+  model["widht"] = model.pop("width")
+
+
+@pytest.mark.parametrize(
+    "edit, fragments",
+    [
+        (
+            lambda model: model.update(attention="hedgehgo"),
+            ("student_config.json", "attention", "unknown attention kind 'hedgehgo'"),
+        ),
+        (
+            _rename_width,
+            ("student_config.json", "unknown model field 'widht'", "did you mean 'width'?"),
+        ),
+        (
+            lambda model: model.update(width=16),
+            ("student.npz' holds width 32, student_config.json says 16",),
+        ),
+        (
+            lambda model: model.update(mlp_dim=48),
+            ("student.npz", "does not match student_config.json", "MlpBlock"),
+        ),
+    ],
+    ids=[
+        "unknown_attention_kind",
+        "unknown_model_field_suggests_the_nearest",
+        "width_mismatch_is_one_short_line",
+        "other_shape_mismatch_is_one_line",
+    ],
+)
+def test_a_wrong_model_field_is_one_line(good, tmp_path, edit, fragments):
   folder = _copy(good, tmp_path)
   cfg = _config(folder)
-  cfg["model"]["attention"] = "hedgehgo"
+  edit(cfg["model"])
   (folder / "student_config.json").write_text(json.dumps(cfg))
   with pytest.raises(export_format.ExportError) as e:
     linvit_jax.load_student(str(folder))
-  _one_line(e, "student_config.json", "attention", "unknown attention kind 'hedgehgo'")
-
-
-def test_unknown_model_field_suggests_the_nearest(good, tmp_path):
-  folder = _copy(good, tmp_path)
-  cfg = _config(folder)
-  cfg["model"]["widht"] = cfg["model"].pop("width")
-  (folder / "student_config.json").write_text(json.dumps(cfg))
-  with pytest.raises(export_format.ExportError) as e:
-    linvit_jax.load_student(str(folder))
-  _one_line(e, "student_config.json", "unknown model field 'widht'", "did you mean 'width'?")
-
-
-def test_width_mismatch_is_one_short_line(good, tmp_path):
-  folder = _copy(good, tmp_path)
-  cfg = _config(folder)
-  cfg["model"]["width"] = 16
-  (folder / "student_config.json").write_text(json.dumps(cfg))
-  with pytest.raises(export_format.ExportError) as e:
-    linvit_jax.load_student(str(folder))
-  _one_line(e, "student.npz' holds width 32, student_config.json says 16")
-  assert len(str(e.value)) < 300
-
-
-def test_other_shape_mismatch_is_one_line(good, tmp_path):
-  folder = _copy(good, tmp_path)
-  cfg = _config(folder)
-  cfg["model"]["mlp_dim"] = 48
-  (folder / "student_config.json").write_text(json.dumps(cfg))
-  with pytest.raises(export_format.ExportError) as e:
-    linvit_jax.load_student(str(folder))
-  _one_line(e, "student.npz", "does not match student_config.json", "MlpBlock")
+  _one_line(e, *fragments)
+  assert len(str(e.value)) < 300  # short as well as one line
 
 
 def test_missing_image_path(good, tmp_path):

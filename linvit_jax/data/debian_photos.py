@@ -34,6 +34,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from linvit_jax.runtime import errors
 from linvit_jax.runtime.errors import UserError
 
 PLASMA_DIR = "/usr/share/wallpapers"
@@ -244,14 +245,10 @@ def main(argv: list[str] | None = None) -> int:
       raise UserError(f"--max_side must be positive, got {args.max_side}")
     try:
       paths = _write(args)
-    except ImportError as e:
-      raise UserError(str(e)) from e
-    except OSError as e:
-      where = f"cannot write {e.filename!r}: " if e.filename else ""
-      raise UserError(f"{where}{e.strerror or e}") from e
+    except (ImportError, OSError) as e:  # a package missing, a file not writable
+      raise errors.photo_writer_error(e) from e
   except UserError as e:
-    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-    return 2
+    return errors.say(e)
   print(f"wrote {len(paths)} photos to {args.out_dir}")
   return 0
 

@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 
+from linvit_jax.runtime import errors
 from linvit_jax.runtime.errors import UserError
 
 # skimage/data file names: real photographs only.
@@ -124,14 +125,10 @@ def main(argv: list[str] | None = None) -> int:
       raise UserError(f"OUT_DIR '{out_dir}' is a file, not a folder")
     try:
       paths = write_sample_photos(out_dir, which=which)
-    except ImportError as e:  # no scikit-image
-      raise UserError(str(e)) from e
-    except OSError as e:  # no photos found, or OUT_DIR cannot be written
-      where = f"cannot write {e.filename!r}: " if e.filename else ""
-      raise UserError(f"{where}{e.strerror or e}") from e
+    except (ImportError, OSError) as e:  # a package missing, a file not writable
+      raise errors.photo_writer_error(e) from e
   except UserError as e:
-    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-    return 2
+    return errors.say(e)
   print(f"wrote {len(paths)} photos to {out_dir}")
   promised = promised_names(which)
   missing = sorted(set(promised) - {os.path.basename(p) for p in paths})

@@ -10,6 +10,7 @@ No imports beyond the standard library: the CLI imports this module before JAX.
 from __future__ import annotations
 
 import errno
+import sys
 
 
 class UserError(Exception):
@@ -81,3 +82,18 @@ def shorten(text: str, limit: int = 60) -> str:
   """`text` (a path, a JSON value) kept to about `limit` characters for an error line: its start
   and its last 12 characters."""
   return text if len(text) <= limit else f"{text[: limit - 20]}…{text[-12:]}"
+
+
+def photo_writer_error(e: ImportError | OSError) -> UserError:
+  """A photo writer's failure (sample_photos, debian_photos) as one user-facing line: a missing
+  package says which; a file error says where it could not write."""
+  if isinstance(e, ImportError):
+    return UserError(str(e))
+  where = f"cannot write {e.filename!r}: " if e.filename else ""
+  return UserError(f"{where}{e.strerror or e}")
+
+
+def say(e: UserError) -> int:
+  """A command line's user error as one `error:` line on stderr; returns its exit code, 2."""
+  print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+  return 2
