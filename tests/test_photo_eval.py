@@ -18,11 +18,10 @@ from linvit_jax.evaluation import dense
 from linvit_jax.evaluation import photo_eval
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
-from tests import test_student_any_size
+from tests.helpers.student_export import FIELDS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HF = os.path.join(ROOT, "tests", "data", "foreign", "hf_dinov2_registers")
-FIELDS = test_student_any_size.FIELDS  # the same tiny headless ViT as the export tests
 PP = 'decode|resize_small(18)|central_crop(16)|vgg_value_range|keep("image")'
 
 

@@ -280,7 +280,10 @@ def photo_test() -> dict:
 
 
 def base_config() -> mlc.ConfigDict:
-  """Every field a run understands, with defaults; config files override what they need."""
+  """Every field a run understands, with defaults; config files override what they need.
+
+  One literal read top to bottom, as long as the schema is: each field's comment beside it is
+  its documentation (reference.field_docs reads them for --print_config)."""
   c = mlc.ConfigDict()
   c.seed = 0
   c.compile_cache = ""  # XLA executables reused across runs; "" = ~/.cache/linvit_jax/xla, "none"

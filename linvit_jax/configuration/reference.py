@@ -15,7 +15,8 @@ def field_docs() -> dict[str, str]:
 
   Keys are dotted paths; '*' stands for any stage block ("*.steps", "*.optimizer.lr"). A trailing
   `# comment` documents the keyword on its line; a `# name: meaning` comment block above
-  `c.<block> = dict(` documents `<block>.name`.
+  `c.<block> = dict(` documents `<block>.name`. Its small readers are nested: they share the
+  parsed source and the table they fill.
   """
   import ast
   import inspect

@@ -108,6 +108,9 @@ class Preprocess:
       size: tuple[int, int] | None = None,
       training_size: tuple[int, int] | None = None,
   ):
+    """One pass over the pp string's ops, one branch per supported op with its arguments (kept
+    together so each op reads like its TF counterpart in data/ops_image.py); the branches share
+    the size factors and where the value ops start, which a split would pass around."""
     self.pp = pp
     ops = parse(pp)
     unknown = [n for n, _, _ in ops if n not in SUPPORTED]
