@@ -24,6 +24,7 @@ from linvit_jax.artifacts import export_format
 from linvit_jax.evaluation import feature_cache
 from linvit_jax.evaluation import photo_eval
 from linvit_jax.models import vit
+from linvit_jax.runtime import errors
 from linvit_jax.runtime.errors import UserError
 
 
@@ -129,8 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             f"--out {args.out!r}: cannot write it ({e.strerror or e})"
         ) from None
   except UserError as e:
-    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-    return 2
+    return errors.say(e)
   print(photo_eval.format_table(results))
   if args.out:
     print(f"wrote {args.out}")

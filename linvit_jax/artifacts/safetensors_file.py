@@ -50,9 +50,4 @@ def read(path: str) -> dict[str, np.ndarray]:
 
 def from_bytes(data: bytes) -> dict[str, np.ndarray]:
   """The tensors of a .safetensors file's bytes (`read` of a remote file)."""
-  return {
-      name: np.frombuffer(t["data"], foreign_files.SAFETENSORS_DTYPES[t["dtype"]]).reshape(
-          t["shape"]
-      )
-      for name, t in safetensors.deserialize(data)
-  }
+  return foreign_files.tensors_of_bytes(data)

@@ -83,6 +83,7 @@ from typing import Any
 import numpy as np
 
 from linvit_jax.data import inference_pp
+from linvit_jax.data import pp_spec
 from linvit_jax.evaluation import dense
 from linvit_jax.evaluation import photo_tokens
 from linvit_jax.runtime.errors import UserError
@@ -108,8 +109,8 @@ class PhotoEvalError(UserError, ValueError):
 def value_ops(pp: str) -> str:
   """The pp string without its geometric ops: decode, the normalisation and any colour op."""
   kept = []
-  for spec in (s.strip() for s in pp.split("|")):
-    if spec and inference_pp.parse(spec)[0][0] not in _GEOMETRIC:
+  for spec in pp_spec.ops(pp):
+    if inference_pp.parse(spec)[0][0] not in _GEOMETRIC:
       kept.append(spec)
   if not kept or inference_pp.parse(kept[0])[0][0] != "decode":
     kept.insert(0, "decode")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 import ml_dtypes
@@ -67,7 +68,7 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
   """
   try:
     if gfile.reading_once() or gfile.is_remote(path):
-      return _tensors_of_bytes(gfile.read_bytes(path), path)
+      return tensors_of_bytes(gfile.read_bytes(path), lambda c, n: _dtype(c, n, path))
     return _tensors_of_file(path)
   except OSError as e:
     raise CheckpointError(f"checkpoint '{path}': cannot read it ({e.strerror or e})") from e
@@ -83,12 +84,15 @@ def _dtype(code: str, name: str, path: str) -> Any:
   return _DTYPES[code]
 
 
-def _tensors_of_bytes(raw: bytes, path: str) -> dict[str, np.ndarray]:
+def tensors_of_bytes(
+    raw: bytes, dtype_of: Callable[[str, str], Any] = lambda code, name: SAFETENSORS_DTYPES[code]
+) -> dict[str, np.ndarray]:
+  """The tensors of a .safetensors file's bytes, in name order, each viewed as
+  `dtype_of(code, name)` (numpy's dtype for the header's code; bfloat16 as ml_dtypes')."""
   out = {}
   # In no fixed order (a hash map's); each tensor's data a bytearray of its own.
   for name, info in sorted(safetensors.deserialize(raw), key=lambda item: item[0]):
-    dtype = _dtype(info["dtype"], name, path)
-    out[name] = np.frombuffer(info["data"], dtype=dtype).reshape(info["shape"])
+    out[name] = np.frombuffer(info["data"], dtype_of(info["dtype"], name)).reshape(info["shape"])
   return out
 
 

@@ -21,6 +21,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
+from linvit_jax.runtime import errors
 from linvit_jax.runtime import gfile
 from linvit_jax.runtime.errors import UserError
 
@@ -88,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     imported = import_weights(args.src, args.out, args.num_heads)
   except UserError as e:
-    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-    return 2
+    return errors.say(e)
   a = imported.arch
   print(
       f"{imported.family}: width {a['width']}, depth {a['depth']}, heads {a['num_heads']}, "
