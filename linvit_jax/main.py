@@ -181,6 +181,12 @@ def _fail(text: str) -> NoReturn:
 _HELP_ALIASES = {"-h": "--help"}
 
 
+def _with_help_aliases(argv: list[str]) -> list[str]:
+  """argv with `-h` as `--help` among the flags (not among the arguments after `--`)."""
+  end = argv.index("--") if "--" in argv else len(argv)
+  return [_HELP_ALIASES.get(a, a) for a in argv[:end]] + argv[end:]
+
+
 @dataclasses.dataclass(frozen=True)
 class _Request:
   """What the command line asks, read by absl from argv before main's flags are parsed (a
@@ -261,9 +267,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
   file or a failing get_config is said as such), then absl and ml_collections parse the flags
   and apply the overrides; what they raise then is an override's error (a field the config
   lacks, a value of the wrong type) or an unknown flag."""
-  argv = config_files.resolve_config_argv(argv)
-  end = argv.index("--") if "--" in argv else len(argv)
-  argv = [_HELP_ALIASES.get(a, a) for a in argv[:end]] + argv[end:]
+  argv = _with_help_aliases(config_files.resolve_config_argv(argv))
   request = _request(argv)
   config = None
   if request.config is not None and not request.help:  # --help works whatever --config says
@@ -286,7 +290,7 @@ def cli(command: Command = convert) -> None:
   `error: <message>` on stderr and exit code 2 (128 + signal after Ctrl-C or SIGTERM)."""
   # Before a config or the data pipeline imports TensorFlow loudly; not for --help, which must
   # answer at once (importing TensorFlow takes seconds).
-  if not _request([_HELP_ALIASES.get(a, a) for a in sys.argv]).help:
+  if not _request(_with_help_aliases(sys.argv)).help:
     quiet_tf.import_quietly("tensorflow")
   try:
     app.run(functools.partial(main, command=command), flags_parser=_parse_flags)

@@ -100,6 +100,7 @@ def stage_losses(kind: str) -> dict:
         w_blocks=0.0,  # the teacher's residual stream after every block (the student's own)
         blocks_top_weight=1.0,  # w_blocks' weight of the last block over the first (linear ramp)
         w_attn_tf=0.0,  # teacher-forced attention outputs (nmse), every layer
+        w_structure=0.0,  # the final patch tokens' deviations from their image's mean token
         label_loss="softmax_xent",  # softmax_xent | sigmoid_xent
     )
   if kind == "align":  # label-free, and what trains is chosen
@@ -110,6 +111,7 @@ def stage_losses(kind: str) -> dict:
         w_blocks=1.0,
         blocks_top_weight=1.0,  # the last block's weight over the first (linear ramp; 1: mean)
         w_attn_tf=1.0,
+        w_structure=0.0,
         trainable="all",  # "all" | "attention" | a path regex (re.fullmatch)
     )
   if kind == "distill_attention":  # its loss weights are the `distill` block's
@@ -125,9 +127,6 @@ def stage_losses(kind: str) -> dict:
 # RMS at lr 2e-4, a quarter of the stage warm-up (convert_folder's defaults, the demo's option).
 ALIGN_RECIPE = dict(lr=2e-4, trainable="all", update_scale="param_rms", warmup=0.25)
 
-
-# The stage kinds that read w_structure.
-STRUCTURE_KINDS = ("train", "finetune", "align")
 
 
 def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> dict:
@@ -149,12 +148,10 @@ def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> di
   mixup = kw.pop("mixup", 0.0)
   start_weight = kw.pop("start_weight", 0.0)
   image_size = kw.pop("image_size", 0)
-  # w > 0: the final patch tokens' deviations from their image's mean token matched
-  # (distill.token_structure_loss; train / finetune / align).
-  w_structure = kw.pop("w_structure", 0.0)
+  w_structure = kw.get("w_structure", 0.0)  # a loss field of train, finetune and align
   if not (float(w_structure) >= 0.0 and math.isfinite(float(w_structure))):
     raise ValueError(f"w_structure={w_structure!r}: a loss weight is finite and >= 0")
-  if w_structure and kind not in STRUCTURE_KINDS:
+  if "w_structure" not in losses and kw.pop("w_structure", 0.0):
     raise ValueError(f"a {kind} stage has no field w_structure (train, finetune and align do)")
   unknown = sorted(set(kw) - set(losses))
   if unknown:
@@ -179,7 +176,6 @@ def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> di
       optimizer=optimizer(lr, **opt_kw),
       **stage_bookkeeping(steps),
       **{**losses, **kw},
-      **({"w_structure": w_structure} if kind in STRUCTURE_KINDS else {}),
   )
 
 
