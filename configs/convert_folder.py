@@ -24,6 +24,10 @@ The teacher and the photos:
     (by a second hash) validate the run's choices, the other half are the test photos it reports
     at res, 2·res and 4·res (eval.test; fewer than 8 of either: the run says so)
   eval_images: how many held-out crops the fidelity report measures
+  eval_folder: a folder of photos from other sources than `images` (debian_photos --set cross):
+    the run validates on one half of it and reports the test table on the other (val@1 / test@1,
+    by a hash of each path) instead of on the held-out share of `images`, which then stays unseen
+    for `python -m linvit_jax.compare` (the in-source figures); empty: off
 
 The student's linear attention:
   feature_map: hedgehog_exp | hedgehog | elu1 | relu | favor
@@ -122,6 +126,7 @@ OPTIONS = dict(
     deploy_fraction=0.25,
     holdout=0.2,
     eval_images=32,
+    eval_folder="",
     exact_prefix=False,
     center_keys=True,
     conv_v=True,
@@ -159,8 +164,8 @@ def get_config(arg=None):
       train_split="train" + split,
       # The run's choices (hybrid layers, curves, calibration) and its fidelity sample: the
       # validation half of the held-out photos; the test half is only reported (eval.test).
-      eval_split="val" + split,
-      eval_dataset="",
+      eval_split="val@1" if arg.eval_folder else "val" + split,
+      eval_dataset=f"image_folder:{arg.eval_folder}" if arg.eval_folder else "",
       image_size=res,
       num_classes=0,
       label_key="labels",
@@ -257,7 +262,7 @@ def _eval(c, arg) -> None:
   c.eval.update(sample_pp=c.data.pp_train, fidelity_images=arg.eval_images, curve_images=few)
   c.eval.update(throughput_batch=8, attention_map_images=4, resolution_factors=(1, 2))
   c.eval.resolution_fidelity_images = few
-  c.eval.test.split = f"test@{arg.holdout}"
+  c.eval.test.split = "test@1" if arg.eval_folder else f"test@{arg.holdout}"
   if arg.knn not in ("", "none"):  # auto: resolved when the run starts (preflight.resolve_knn)
     folder = arg.knn.startswith("image_folder")
     c.eval.knn.update(

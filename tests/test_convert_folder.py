@@ -366,3 +366,25 @@ def test_a_workdir_of_the_previous_default_is_refused_then_finished_with_its_set
     preflight.check_same_run(str(workdir), _config(path, str(tmp_path), ",distill_fraction=0.5"))
   assert "align.optimizer.lora_rank" in str(e.value) and "align.start_weight" in str(e.value)
   preflight.check_same_run(str(workdir), _config(path, str(tmp_path), previous))
+
+
+def test_eval_folder_validates_and_tests_on_the_other_photos(tmp_path):
+  """eval_folder=: validation and test are the two halves of that folder (val@1 / test@1) and
+  nothing of it trains; the training folder keeps its holdout unseen; bad folders are one line."""
+  from linvit_jax import report
+
+  path = str(tmp_path / "t.npz")
+  _headless_checkpoint(path)
+  _photos(str(tmp_path / "train"), n=6)
+  _photos(str(tmp_path / "cross"), n=10, seed=1)
+  config = _config(path, str(tmp_path / "train"), f",eval_folder={tmp_path / 'cross'}")
+  assert config.data.eval_dataset == f"image_folder:{tmp_path / 'cross'}"
+  assert (config.data.train_split, config.data.eval_split) == ("train@0.2", "val@1")
+  assert config.eval.test.split == "test@1"
+  test_paths, _, val_paths = report.test_sets(config)
+  assert not set(test_paths) & set(val_paths) and len(test_paths) + len(val_paths) == 10
+  assert all(p.startswith(str(tmp_path / "cross")) for p in test_paths + val_paths)
+  with pytest.raises(ValueError, match="eval_folder='/nowhere' is not a folder"):
+    _config(path, str(tmp_path / "train"), ",eval_folder=/nowhere")
+  with pytest.raises(ValueError, match="eval_folder= is the training folder"):
+    _config(path, str(tmp_path / "train"), f",eval_folder={tmp_path / 'train'}/")

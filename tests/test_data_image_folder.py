@@ -177,6 +177,19 @@ def test_val_test_tiny_holdout_fallbacks():
   assert image_folder.split_files(one, "test@0.000001") == []
 
 
+def test_at_one_every_file_is_held_out_and_halved():
+  """ "val@1" / "test@1": a folder that only validates and tests (eval_folder=) has every file in
+  one half or the other, by the same second hash as any holdout, and no train file."""
+  files = [f"x{i}.png" for i in range(40)]
+  val, test = (set(image_folder.split_files(files, f"{name}@1")) for name in ("val", "test"))
+  assert not val & test and val | test == set(range(40))
+  assert val == {i for i, f in enumerate(files) if image_folder.val_hash(f) < 0.5}
+  assert image_folder.split_files(files, "holdout@1") == list(range(40))
+  assert image_folder.split_files(files, "train@0.999999") != []  # only F = 1 takes every file
+  two = ["a.png", "b.png"]  # the tiny-holdout fallbacks still give each half one
+  assert len(image_folder.split_files(two, "val@1")) == len(image_folder.split_files(two, "test@1"))
+
+
 def test_tiny_folder_fallbacks(tmp_path):
   (tmp_path / "one").mkdir()
   write(str(tmp_path / "one" / "only.png"), rgb(1))
@@ -194,7 +207,7 @@ def test_tiny_folder_fallbacks(tmp_path):
 
 @pytest.mark.parametrize(
     "split",
-    ["validation", "all@0.3", "train@1", "holdout@0", "train@x", "holdout@nan", "val@1", "tests"],
+    ["validation", "all@0.3", "train@1", "holdout@0", "train@x", "holdout@nan", "val@1.5", "tests"],
 )
 def test_bad_split_names(split):
   with pytest.raises(ValueError, match="split must be"):

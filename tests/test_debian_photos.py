@@ -69,7 +69,7 @@ def test_nothing_installed_is_a_clear_error(tmp_path, capsys, monkeypatch):
 
 
 def test_promised_counts_are_the_readmes():
-  assert debian_photos.PROMISED == {"photos": 46, "lomiri": 15}
+  assert debian_photos.PROMISED == {"photos": 46, "lomiri": 15, "cross": 25}
 
 
 def test_cli_writes_the_folder(packages, tmp_path, monkeypatch, capsys):
@@ -109,3 +109,25 @@ def test_lomiri_set_is_listed_photos_only_and_disjoint(tmp_path, monkeypatch, ca
   assert debian_photos.main([str(tmp_path / "none"), "--set", "lomiri"]) == 2
   err = capsys.readouterr().err
   assert "apt-get install lomiri-wallpapers" in err and not os.path.exists(tmp_path / "none")
+
+
+def test_cross_set_is_other_packages_with_unique_names(tmp_path, monkeypatch, capsys):
+  """The cross-source set: packages no other set reads, every written name unique and unlike the
+  other sets' (so a folder of both keeps both), found under a fake /usr/share."""
+  packages = {package for package, _ in debian_photos.CROSS_PHOTOS}
+  assert not packages & {"plasma-workspace-wallpapers", "opencv-doc", "mate-backgrounds"}
+  assert "lomiri-wallpapers" not in packages
+  names = [debian_photos.cross_name(rel) for _, rel in debian_photos.CROSS_PHOTOS]
+  assert len(set(names)) == len(names) == 25 and all(n.startswith("x_") for n in names)
+  assert debian_photos.cross_name("a/u76c0g_bliznaca_srgb8.png") == "x_u76c0g_bliznaca.jpg"
+  _, rel = debian_photos.CROSS_PHOTOS[0]
+  _image(str(tmp_path / rel), (600, 400))
+  found = debian_photos.find_cross_sources(str(tmp_path))
+  assert found == [(str(tmp_path / rel), debian_photos.cross_name(rel))]
+  monkeypatch.setattr(debian_photos, "find_cross_sources", lambda: found)
+  monkeypatch.setattr(debian_photos, "CROSS_ROOT", str(tmp_path))
+  assert debian_photos.main([str(tmp_path / "out"), "--set", "cross"]) == 2
+  err = capsys.readouterr().err
+  assert "only 1 of the 25 'cross' photographs" in err and "gnome-taquin" in err
+  assert debian_photos.main([str(tmp_path / "out"), "--set", "cross", "--allow_partial"]) == 0
+  assert os.listdir(tmp_path / "out") == [debian_photos.cross_name(rel)]

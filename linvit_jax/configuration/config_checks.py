@@ -128,8 +128,14 @@ def convert_folder(arg: Any) -> None:
           f"align's steps there, but the budget leaves align {align_steps(arg)} step(s) and that "
           "share none: raise max_images or deploy_fraction, or set deploy_res=0"
       )
-  if "://" not in arg.images and not os.path.isdir(arg.images):
-    raise ValueError(f"images={arg.images!r} is not a folder")
+  for field in ("images", "eval_folder"):
+    if arg[field] and "://" not in arg[field] and not os.path.isdir(arg[field]):
+      raise ValueError(f"{field}={arg[field]!r} is not a folder")
+  if arg.eval_folder and os.path.realpath(arg.eval_folder) == os.path.realpath(arg.images):
+    raise ValueError(
+        "eval_folder= is the training folder: give a folder of other photos, or leave it empty "
+        "(holdout= then keeps a share of images= aside)"
+    )
 
 
 def demo(arg: Any) -> None:

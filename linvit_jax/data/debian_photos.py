@@ -21,6 +21,11 @@ and `lomiri-wallpapers-20.04` (`apt-get install lomiri-wallpapers`, which instal
 `LOMIRI_PHOTOS` (the renders beside them are left out), written as `lomiri_<name>.jpg`. None of
 them is in the first set.
 
+A third set (`--set cross`, `CROSS_PHOTOS`) is for the cross-source test: 25 photographs of five
+packages neither other set uses (`apt-get install lxqt-themes gnome-taquin libjxl-testdata
+puzzle-jigsaw libsixel-examples`), written as `x_<name>.jpg`: a folder to validate and test on
+(`eval_folder=` of configs/convert_folder.py) while training on the others.
+
 Every photo is written as RGB JPEG (quality 95), shrunk (never enlarged) so its longer side is at
 most `max_side`: a fixed recipe, so the same packages give the same files and, because held-out
 splits hash the file name, the same train / validation / test split on every machine.
@@ -99,6 +104,41 @@ LOMIRI_PHOTOS = (
     "seeding_by_Clements_Engelhardt.jpg",
     "sunset_by_Aitzol_Berasategi.jpg",
 )
+# A third set (`--set cross`), for judging a student on photos from other packages than any it
+# trained on (the cross-source test): 25 photographs of five packages none of the other sets uses
+# (animals, flowers, landscapes, one room; no people: no Debian package found ships photographs of
+# people at this size). Each is (package, path under /usr/share); written as `x_<stem>.jpg`.
+CROSS_PHOTOS = (
+    ("lxqt-themes", "lxqt/wallpapers/Butterfly-Kenneth-Wimer.jpg"),
+    ("lxqt-themes", "lxqt/wallpapers/Valendas.png"),
+    ("lxqt-themes", "lxqt/wallpapers/after-the-rain.jpg"),
+    ("lxqt-themes", "lxqt/wallpapers/appleflower.png"),
+    ("lxqt-themes", "lxqt/wallpapers/beam.png"),
+    ("lxqt-themes", "lxqt/wallpapers/butterfly.png"),
+    ("lxqt-themes", "lxqt/wallpapers/cloud.png"),
+    ("lxqt-themes", "lxqt/wallpapers/drop.png"),
+    ("lxqt-themes", "lxqt/wallpapers/flowers.png"),
+    ("lxqt-themes", "lxqt/wallpapers/fog.jpg"),
+    ("lxqt-themes", "lxqt/wallpapers/this-is-not-windows.jpg"),
+    ("gnome-taquin", "gnome-taquin/themes/cats/1-Cat_face_day.jpg"),
+    ("gnome-taquin", "gnome-taquin/themes/cats/1-Jasmina.jpg"),
+    ("gnome-taquin", "gnome-taquin/themes/cats/1-Tortoiseshell.jpg"),
+    ("gnome-taquin", "gnome-taquin/themes/cats/1-maine.jpg"),
+    ("gnome-taquin", "gnome-taquin/themes/cats/1-march.jpg"),
+    ("libjxl-testdata", "libjxl-testdata/jxl/flower/flower.png"),
+    ("libjxl-testdata", "libjxl-testdata/jxl/hdr_room.png"),
+    ("libjxl-testdata", "libjxl-testdata/external/wesaturate/500px/cvo9xd_keong_macan_srgb8.png"),
+    (
+        "libjxl-testdata",
+        "libjxl-testdata/external/wesaturate/500px/tmshre_riaphotographs_srgb8.png",
+    ),
+    ("libjxl-testdata", "libjxl-testdata/external/wesaturate/500px/u76c0g_bliznaca_srgb8.png"),
+    ("puzzle-jigsaw", "puzzle-jigsaw/samples/cat-animal-cat-portrait-mackerel.jpg"),
+    ("puzzle-jigsaw", "puzzle-jigsaw/samples/pexels-photo-302304.jpeg"),
+    ("libsixel-examples", "doc/libsixel-examples/examples/images/egret.jpg"),
+    ("libsixel-examples", "doc/libsixel-examples/examples/images/snake.jpg"),
+)
+CROSS_ROOT = "/usr/share"
 _IMAGE_EXTS = (".jpg", ".jpeg", ".png")
 
 
@@ -146,16 +186,31 @@ def find_lomiri_sources(lomiri_dir: str = LOMIRI_DIR) -> list[tuple[str, str]]:
   return [(p, lomiri_name(n)) for p, n in paths if os.path.isfile(p)]
 
 
+def cross_name(path: str) -> str:
+  """The written name of a cross-source photo: 'x_' and its file's stem (the '_srgb8' suffix of
+  libjxl's test photos dropped)."""
+  stem = os.path.splitext(os.path.basename(path))[0].removesuffix("_srgb8")
+  return f"x_{stem}.jpg"
+
+
+def find_cross_sources(root: str = CROSS_ROOT) -> list[tuple[str, str]]:
+  """(source path, output file name) of every listed cross-source photograph that is installed."""
+  paths = [os.path.join(root, rel) for _, rel in CROSS_PHOTOS]
+  return [(p, cross_name(p)) for p in paths if os.path.isfile(p)]
+
+
 # Each set's Debian packages, for the error when none of its photos is installed.
 _SET_PACKAGES = {
     "photos": "plasma-workspace-wallpapers opencv-doc mate-backgrounds",
     "lomiri": "lomiri-wallpapers",
+    "cross": " ".join(dict.fromkeys(package for package, _ in CROSS_PHOTOS)),
 }
 MATE_PHOTO_COUNT = 12  # the photographs mate-backgrounds ships in MATE_DIR (all of them are used)
 # What each set promises (the README quotes it): fewer installed is an error unless allowed.
 PROMISED = {
     "photos": len(PLASMA_PHOTOS) + len(OPENCV_PHOTOS) + MATE_PHOTO_COUNT,
     "lomiri": len(LOMIRI_PHOTOS),
+    "cross": len(CROSS_PHOTOS),
 }
 
 
@@ -163,6 +218,9 @@ def missing_packages(photo_set: str) -> list[str]:
   """The packages of `photo_set` whose photographs are not all installed."""
   if photo_set == "lomiri":
     return [] if len(find_lomiri_sources()) == len(LOMIRI_PHOTOS) else ["lomiri-wallpapers"]
+  if photo_set == "cross":
+    absent = [p for p, rel in CROSS_PHOTOS if not os.path.isfile(os.path.join(CROSS_ROOT, rel))]
+    return list(dict.fromkeys(absent))
   counts = (
       ("plasma-workspace-wallpapers", len(_plasma_sources(PLASMA_DIR)), len(PLASMA_PHOTOS)),
       ("opencv-doc", len(_opencv_sources(OPENCV_DIR)), len(OPENCV_PHOTOS)),
@@ -221,7 +279,8 @@ def _parser() -> argparse.ArgumentParser:
       "--set",
       choices=sorted(_SET_PACKAGES),
       default="photos",
-      help="photos: the default folder's (plasma, opencv, mate); lomiri: a disjoint set",
+      help="photos: the default folder's (plasma, opencv, mate); lomiri: a disjoint set; cross: "
+      "photos of five other packages, to test a student on sources it never trained on",
   )
   parser.add_argument("--max_side", type=int, default=1920, help="longer side at most (px)")
   parser.add_argument(
@@ -256,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
 def _write(args: argparse.Namespace) -> list[str]:
   """The set's installed photographs (and the samples) written to args.out_dir; their paths. An
   incomplete set is a UserError (nothing written) unless --allow_partial, then a warning."""
-  sources = find_sources() if args.set == "photos" else find_lomiri_sources()
+  finders = {"photos": find_sources, "lomiri": find_lomiri_sources, "cross": find_cross_sources}
+  sources = finders[args.set]()
   if not sources:
     raise UserError(
         f"none of the '{args.set}' photographs is installed: apt-get install "

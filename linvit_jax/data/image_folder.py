@@ -22,7 +22,8 @@ separate eval folder must have the same class sub-folders as the train one.
 
 Splits. "all" (every file), "train" and "holdout": a file is held out when
 int(sha1(relative path).hexdigest()[:8], 16) / 2**32 < F, with F = 0.2, or F from "train@F" /
-"holdout@F" (0 < F < 1). The rule looks at one path only, so adding or removing other files never
+"holdout@F" (0 < F < 1; "holdout@1", "val@1" and "test@1" hold out every file, for a folder
+that only validates and tests). The rule looks at one path only, so adding or removing other files never
 moves a file between train and holdout. Tiny folders: when the rule holds out no file, the one with
 the smallest hash is held out; when it holds out every file (and there are >= 2), the one with the
 largest hash goes to train.
@@ -340,7 +341,8 @@ def parse_split(split: str) -> tuple[str, float]:
   name, fraction = match.groups() if match else (None, None)
   usage = (
       f"image_folder: split must be 'all', 'train', 'holdout', 'val' or 'test', the last four "
-      f"optionally with '@F' (F: the held-out fraction, 0 < F < 1), got {split!r}"
+      f"optionally with '@F' (F: the held-out fraction, 0 < F < 1; 1 for 'holdout', 'val' and "
+      f"'test': every file), got {split!r}"
   )
   if name is None or (name == "all" and fraction is not None):
     raise ValueError(usage)
@@ -348,7 +350,8 @@ def parse_split(split: str) -> tuple[str, float]:
     value = DEFAULT_HOLDOUT_FRACTION if fraction is None else float(fraction)
   except ValueError:
     raise ValueError(usage) from None
-  if not 0 < value < 1:  # Also rejects nan.
+  # F = 1 holds out every file: a separate folder to validate and test on ("val@1", "test@1").
+  if not (0 < value < 1 or (value == 1 and name in ("holdout", "val", "test"))):  # nan too
     raise ValueError(usage)
   return name, value
 
@@ -364,7 +367,7 @@ def holdout_mask(files: tuple[str, ...] | list[str], fraction: float) -> list[bo
   mask = [h < fraction for h in hashes]
   if files and not any(mask):
     mask[min(range(len(files)), key=lambda i: (hashes[i], files[i]))] = True
-  elif len(files) >= 2 and all(mask):
+  elif len(files) >= 2 and all(mask) and fraction < 1:
     mask[max(range(len(files)), key=lambda i: (hashes[i], files[i]))] = False
   return mask
 
