@@ -61,7 +61,7 @@ def test_nothing_installed_is_a_clear_error(tmp_path, capsys, monkeypatch):
         str(tmp_path / "o"),
         sources=debian_photos.find_sources(empty, empty, empty),
     )
-  monkeypatch.setattr(debian_photos, "find_sources", lambda: [])
+  monkeypatch.setattr(debian_photos, "find_sources", lambda *_: [])
   assert debian_photos.main([str(tmp_path / "o2")]) == 2
   err = capsys.readouterr().err
   assert err.startswith("error: ") and "mate-backgrounds" in err
@@ -74,7 +74,7 @@ def test_promised_counts_are_the_readmes():
 
 def test_cli_writes_the_folder(packages, tmp_path, monkeypatch, capsys):
   found = debian_photos.find_sources(**packages)
-  monkeypatch.setattr(debian_photos, "find_sources", lambda: found)
+  monkeypatch.setattr(debian_photos, "find_sources", lambda *_: found)
   out = str(tmp_path / "cli")
   # 3 of the 46 promised: an error naming the count, and nothing written ...
   assert debian_photos.main([out, "--max_side", "600"]) == 2
@@ -99,13 +99,13 @@ def test_lomiri_set_is_listed_photos_only_and_disjoint(tmp_path, monkeypatch, ca
   names = {debian_photos.lomiri_name(n) for n in debian_photos.LOMIRI_PHOTOS}
   assert len(names) == len(debian_photos.LOMIRI_PHOTOS)  # one output name per photo
   assert not any(n.startswith(("wall_", "cv_", "mate_")) for n in names)
-  monkeypatch.setattr(debian_photos, "find_lomiri_sources", lambda: found)
+  monkeypatch.setattr(debian_photos, "find_lomiri_sources", lambda *_: found)
   out = str(tmp_path / "lomiri")
   assert debian_photos.main([out, "--set", "lomiri"]) == 2
   assert "only 1 of the 15" in capsys.readouterr().err and not os.path.exists(out)
   assert debian_photos.main([out, "--set", "lomiri", "--allow_partial"]) == 0
   assert os.listdir(out) == ["lomiri_sunset.jpg"]
-  monkeypatch.setattr(debian_photos, "find_lomiri_sources", lambda: [])
+  monkeypatch.setattr(debian_photos, "find_lomiri_sources", lambda *_: [])
   assert debian_photos.main([str(tmp_path / "none"), "--set", "lomiri"]) == 2
   err = capsys.readouterr().err
   assert "apt-get install lomiri-wallpapers" in err and not os.path.exists(tmp_path / "none")
@@ -124,10 +124,15 @@ def test_cross_set_is_other_packages_with_unique_names(tmp_path, monkeypatch, ca
   _image(str(tmp_path / rel), (600, 400))
   found = debian_photos.find_cross_sources(str(tmp_path))
   assert found == [(str(tmp_path / rel), debian_photos.cross_name(rel))]
-  monkeypatch.setattr(debian_photos, "find_cross_sources", lambda: found)
-  monkeypatch.setattr(debian_photos, "CROSS_ROOT", str(tmp_path))
-  assert debian_photos.main([str(tmp_path / "out"), "--set", "cross"]) == 2
+  assert (
+      debian_photos.main([str(tmp_path / "out"), "--set", "cross", "--share_dir", str(tmp_path)])
+      == 2
+  )
   err = capsys.readouterr().err
   assert "only 1 of the 25 'cross' photographs" in err and "gnome-taquin" in err
-  assert debian_photos.main([str(tmp_path / "out"), "--set", "cross", "--allow_partial"]) == 0
+  out = str(tmp_path / "out")
+  assert (
+      debian_photos.main([out, "--set", "cross", "--share_dir", str(tmp_path), "--allow_partial"])
+      == 0
+  )
   assert os.listdir(tmp_path / "out") == [debian_photos.cross_name(rel)]

@@ -128,7 +128,6 @@ def stage_losses(kind: str) -> dict:
 ALIGN_RECIPE = dict(lr=2e-4, trainable="all", update_scale="param_rms", warmup=0.25)
 
 
-
 def stage(kind: str, *, steps: int, batch_size: int, lr: float, **kw: Any) -> dict:
   """One stage block with exactly the fields its kind reads. kind: train (labels, from the current
   params), distill_attention (only attention + feature-map params train, teacher-forced losses

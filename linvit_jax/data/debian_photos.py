@@ -1,6 +1,7 @@
 """Natural photographs from installed Debian packages, gathered into one folder for evidence runs.
 
-  python -m linvit_jax.data.debian_photos OUT_DIR [--max_side 1920] [--with_samples] [--set lomiri]
+  python -m linvit_jax.data.debian_photos OUT_DIR [--max_side 1920] [--with_samples] [--set lomiri|cross]
+      [--share_dir DIR]
 
 The 21 sample photos (sample_photos.py) are small (most under 600 px) and a third of them are
 grayscale microscopy or texture: too few and too small to test a student at 448–896 px. Three
@@ -138,7 +139,8 @@ CROSS_PHOTOS = (
     ("libsixel-examples", "doc/libsixel-examples/examples/images/egret.jpg"),
     ("libsixel-examples", "doc/libsixel-examples/examples/images/snake.jpg"),
 )
-CROSS_ROOT = "/usr/share"
+SHARE_DIR = "/usr/share"  # where the packages put their files; --share_dir: an unpacked copy
+CROSS_ROOT = SHARE_DIR
 _IMAGE_EXTS = (".jpg", ".jpeg", ".png")
 
 
@@ -214,19 +216,41 @@ PROMISED = {
 }
 
 
-def missing_packages(photo_set: str) -> list[str]:
+def _under(path: str, share_dir: str) -> str:
+  """`path` (under /usr/share) moved under `share_dir`: a package unpacked with `dpkg-deb -x`
+  instead of installed (launch/setup_photos.sh) has the same tree below another root."""
+  return os.path.join(share_dir, os.path.relpath(path, SHARE_DIR))
+
+
+def set_sources(photo_set: str, share_dir: str = SHARE_DIR) -> list[tuple[str, str]]:
+  """(source path, output file name) of the set's installed photographs under `share_dir`."""
+  if photo_set == "lomiri":
+    return find_lomiri_sources(_under(LOMIRI_DIR, share_dir))
+  if photo_set == "cross":
+    return find_cross_sources(_under(CROSS_ROOT, share_dir))
+  dirs = (_under(d, share_dir) for d in (PLASMA_DIR, OPENCV_DIR, MATE_DIR))
+  return find_sources(*dirs)
+
+
+def missing_packages(photo_set: str, share_dir: str = SHARE_DIR) -> list[str]:
   """The packages of `photo_set` whose photographs are not all installed."""
   if photo_set == "lomiri":
-    return [] if len(find_lomiri_sources()) == len(LOMIRI_PHOTOS) else ["lomiri-wallpapers"]
+    found = find_lomiri_sources(_under(LOMIRI_DIR, share_dir))
+    return [] if len(found) == len(LOMIRI_PHOTOS) else ["lomiri-wallpapers"]
   if photo_set == "cross":
-    absent = [p for p, rel in CROSS_PHOTOS if not os.path.isfile(os.path.join(CROSS_ROOT, rel))]
+    root = _under(CROSS_ROOT, share_dir)
+    absent = [p for p, rel in CROSS_PHOTOS if not os.path.isfile(os.path.join(root, rel))]
     return list(dict.fromkeys(absent))
   counts = (
-      ("plasma-workspace-wallpapers", len(_plasma_sources(PLASMA_DIR)), len(PLASMA_PHOTOS)),
-      ("opencv-doc", len(_opencv_sources(OPENCV_DIR)), len(OPENCV_PHOTOS)),
-      ("mate-backgrounds", len(_mate_sources(MATE_DIR)), MATE_PHOTO_COUNT),
+      (
+          "plasma-workspace-wallpapers",
+          _plasma_sources(_under(PLASMA_DIR, share_dir)),
+          PLASMA_PHOTOS,
+      ),
+      ("opencv-doc", _opencv_sources(_under(OPENCV_DIR, share_dir)), OPENCV_PHOTOS),
+      ("mate-backgrounds", _mate_sources(_under(MATE_DIR, share_dir)), range(MATE_PHOTO_COUNT)),
   )
-  return [name for name, found, promised in counts if found < promised]
+  return [name for name, found, promised in counts if len(found) < len(promised)]
 
 
 def write_debian_photos(
@@ -284,6 +308,12 @@ def _parser() -> argparse.ArgumentParser:
   )
   parser.add_argument("--max_side", type=int, default=1920, help="longer side at most (px)")
   parser.add_argument(
+      "--share_dir",
+      default=SHARE_DIR,
+      help="the packages' /usr/share: another folder for packages unpacked with dpkg-deb -x "
+      "(launch/setup_photos.sh) instead of installed",
+  )
+  parser.add_argument(
       "--with_samples", action="store_true", help="also write the 21 sample photos (sample_photos)"
   )
   parser.add_argument(
@@ -315,14 +345,13 @@ def main(argv: list[str] | None = None) -> int:
 def _write(args: argparse.Namespace) -> list[str]:
   """The set's installed photographs (and the samples) written to args.out_dir; their paths. An
   incomplete set is a UserError (nothing written) unless --allow_partial, then a warning."""
-  finders = {"photos": find_sources, "lomiri": find_lomiri_sources, "cross": find_cross_sources}
-  sources = finders[args.set]()
+  sources = set_sources(args.set, args.share_dir)
   if not sources:
     raise UserError(
         f"none of the '{args.set}' photographs is installed: apt-get install "
         f"{_SET_PACKAGES[args.set]}"
     )
-  promised, missing = PROMISED[args.set], missing_packages(args.set)
+  promised, missing = PROMISED[args.set], missing_packages(args.set, args.share_dir)
   if len(sources) < promised and not args.allow_partial:
     raise UserError(
         f"only {len(sources)} of the {promised} '{args.set}' photographs are installed "
