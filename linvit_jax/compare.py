@@ -1,11 +1,13 @@
 r"""An exported student against its teacher on photos it never saw (evaluation/photo_eval.py).
 
     python -m linvit_jax.compare --student WORKDIR --teacher INIT --photos DIR \
-        [--val_photos DIR] [--res 224] [--factors 1,2,4] [--out results.json]
+        [--val_photos DIR | --holdout 0.2] [--res 224] [--factors 1,2,4] [--out results.json]
 
 The teacher is the student's own architecture with softmax attention, read from INIT at the
 student's training size. Without --val_photos, the folder is split by image_folder's val / test
-hash rule. Prints photo_eval's table; --out writes its JSON.
+hash rule; with --holdout F, --photos is the run's own training folder and only its held-out
+photos are used (test@F and val@F, as the run split them): the in-source figures beside a run's
+cross-source ones (eval_folder=). Prints photo_eval's table; --out writes its JSON.
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ import numpy as np
 
 import linvit_jax
 from linvit_jax.artifacts import export_format
+from linvit_jax.data import image_folder
 from linvit_jax.evaluation import feature_cache
 from linvit_jax.evaluation import photo_eval
 from linvit_jax.models import vit
 from linvit_jax.runtime import errors
 from linvit_jax.runtime.errors import UserError
+
+SPLITS = ("test", "val")
 
 
 def load_teacher(init: str, student: Any, res: int) -> tuple[Any, Any]:
@@ -59,6 +64,8 @@ def _factors(text: str) -> tuple[float, ...]:
 
 def _run_cli(args: argparse.Namespace) -> dict[str, Any]:
 
+  if not 0 < args.holdout <= 1:
+    raise photo_eval.PhotoEvalError(f"--holdout {args.holdout}: expected a fraction in (0, 1]")
   if not os.path.isdir(args.photos):
     raise photo_eval.PhotoEvalError(f"--photos {args.photos!r} is not a folder")
   if args.val_photos:
@@ -67,6 +74,11 @@ def _run_cli(args: argparse.Namespace) -> dict[str, Any]:
     index, val_index = photo_eval.scan(args.photos), photo_eval.scan(args.val_photos)
     test = [index.path(i) for i in range(len(index.files))]
     names, val = list(index.files), [val_index.path(i) for i in range(len(val_index.files))]
+  elif args.holdout < 1:  # a training folder: only its held-out photos were never seen
+    index = photo_eval.scan(args.photos)
+    test_at, val_at = (image_folder.split_files(index.files, f"{s}@{args.holdout}") for s in SPLITS)
+    test, val = [index.path(i) for i in test_at], [index.path(i) for i in val_at]
+    names = [index.files[i] for i in test_at]
   else:
     photo_eval.scan(args.photos)
     test, val, names = photo_eval.split_folder(args.photos)
@@ -108,6 +120,13 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--photos", required=True, help="the test photos (a folder)")
   parser.add_argument(
       "--val_photos", default="", help="validation photos; default: half of --photos by a hash"
+  )
+  parser.add_argument(
+      "--holdout",
+      type=float,
+      default=1.0,
+      help="--photos is the run's training folder: its test@F / val@F halves (the run's holdout="
+      "; 1: the whole folder is held out)",
   )
   parser.add_argument("--res", type=int, default=0, help="base size (default: the training size)")
   parser.add_argument("--factors", default="1,2,4", help="sizes as multiples of --res")

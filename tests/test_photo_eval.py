@@ -13,6 +13,7 @@ from linvit_jax import build
 from linvit_jax import compare
 from linvit_jax.artifacts import export_folder
 from linvit_jax.configuration import config_lib
+from linvit_jax.data import image_folder
 from linvit_jax.data import inference_pp
 from linvit_jax.evaluation import dense
 from linvit_jax.evaluation import photo_eval
@@ -275,6 +276,16 @@ def test_cli_writes_json_and_bad_photos_is_one_line(tmp_path, capsys):
   assert err.startswith("error: ") and "no image files" in err and err.count("\n") == 1
   assert compare.main([*args[:6], "--factors", "1,x"]) == 2
   assert "--factors" in capsys.readouterr().err
+  # --holdout F: the photos are a training folder; only its test@F / val@F halves are used.
+  write_photos(folder, 24, seed=4)
+  assert compare.main([*args, "--holdout", "0.3", "--out", out]) == 0
+  with open(out) as f:
+    held = json.load(f)
+  files = sorted(os.listdir(folder))
+  expect = [len(image_folder.split_files(files, f"{s}@0.3")) for s in ("test", "val")]
+  assert [held["n_test"], held["n_val"]] == expect and sum(expect) < len(files)
+  assert compare.main([*args, "--holdout", "1.5"]) == 2
+  assert "--holdout" in capsys.readouterr().err
 
 
 def test_the_teachers_tokens_come_from_the_cache_the_second_time(teacher, photos, tmp_path):
