@@ -7,8 +7,10 @@
 Per run: the options that differ from convert_folder's defaults, the test table
 (results["test"]: sizes, views, intervals, dense measure), where the time went (timing_s) and
 each stage's steps, batch and seconds a step, k-NN retention and speed, the run's own validation
-figures after its last stage. Nothing is
-recomputed: every figure is the run's results.json.
+figures after its last stage; and, when the run validated and tested on another folder
+(eval_folder=) and the workdir holds in_source.json (`python -m linvit_jax.compare --holdout F
+--out WORKDIR/in_source.json` on its training folder), that table of its own held-out photos as
+"in_source". Nothing is recomputed: every figure is a file the run or compare wrote.
 """
 
 from __future__ import annotations
@@ -40,10 +42,19 @@ def _step_seconds(r: dict[str, Any]) -> dict[str, float]:
   return out
 
 
+IN_SOURCE = "in_source.json"
+
+
 def collect(workdir: str) -> dict[str, Any]:
   with open(os.path.join(workdir, "results.json")) as f:
     r = json.load(f)
   config = r["config"]
+  in_source = os.path.join(workdir, IN_SOURCE)
+  if os.path.exists(in_source):  # the training folder's own held-out photos (compare --holdout)
+    with open(in_source) as f:
+      extra = {"in_source": json.load(f)}
+  else:
+    extra = {}
   return {
       "workdir": os.path.basename(os.path.normpath(workdir)),
       "seed": config["seed"],
@@ -61,6 +72,7 @@ def collect(workdir: str) -> dict[str, Any]:
       "teacher_images_per_s": r.get("teacher_images_per_s"),
       # Seconds per step of each stage: 1 / the median of its logged rates.
       "step_seconds": _step_seconds(r),
+      **extra,
   }
 
 

@@ -418,3 +418,52 @@ def fixtures(load: Load) -> str:
         f"{'' if f['reloaded_feature_finite'] else ' (non-finite)'} | {f['minutes']:.1f} |"
     )
   return "\n".join(lines)
+
+
+DATA_STUDY = "docs/data_study.json"
+# (name in DATA_STUDY, what the run trained on): the data study's arms at one image budget.
+DATA_ARMS = (
+    ("S", "21 sample photos (scikit-image, matplotlib)"),
+    ("D", "46 Debian photos (plasma, opencv, mate)"),
+    ("SDL", "82: the sample, Debian and lomiri photos"),
+)
+
+
+def data_study(arms: Sequence[tuple[str, str]]) -> Callable[[Load], str]:
+  """The data study: per training folder (runs `arms` of DATA_STUDY, one budget), cls / patch
+  cosine of whole views on the cross-source test photos at each size and the dense drop-in at
+  the base size, then the same on the training folder's own held-out test photos ("in_source",
+  compare --holdout) where the run has them."""
+
+  def render(load: Load) -> str:
+    study = load(DATA_STUDY)
+    first = study[arms[0][0]]
+    sizes = _sizes(first)
+    head = " | ".join(f"cross {s} px: cls / patch" for s in sizes)
+    lines = [
+        f"| trained on (test: {first['test']['n_test']} cross-source photos) | images | {head} | cross {sizes[0]} px: drop-in | in-source "
+        f"{sizes[0]} px: cls / patch (photos) |",
+        "|---|---|" + "---|" * len(sizes) + "---|---|",
+    ]
+    for name, label in arms:
+      run = study[name]
+      cells = [
+          f"{_whole(run, s)['cls_cosine']['mean']:.3f} / {_whole(run, s)['patch_cosine']['mean']:.3f}"
+          for s in sizes
+      ]
+      drop = _whole(run, sizes[0])["dense"]["drop_in"]["mean"]
+      own = run.get("in_source")
+      if own:
+        row = _whole(own, sizes[0])
+        mine = (
+            f"{row['cls_cosine']['mean']:.3f} / {row['patch_cosine']['mean']:.3f} "
+            f"({own['n_test']})"
+        )
+      else:
+        mine = "—"
+      lines.append(
+          f"| {label} | {run['images_seen']} | {' | '.join(cells)} | {drop:.3f} | {mine} |"
+      )
+    return "\n".join(lines)
+
+  return render
