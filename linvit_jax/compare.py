@@ -5,7 +5,8 @@ r"""An exported student against its teacher on photos it never saw (evaluation/p
 
 The teacher is the student's own architecture with softmax attention, read from INIT at the
 student's training size. Without --val_photos, the folder is split by image_folder's val / test
-hash rule. Prints photo_eval's table; --out writes its JSON.
+hash rule. Prints photo_eval's table (fidelity, the dense measure, crop retrieval); --out writes
+its JSON.
 """
 
 from __future__ import annotations
