@@ -56,8 +56,9 @@ tokens of a batch are kept under its params' digest, its model fields and the sh
 batch's pixels: a second evaluation of the same teacher on the same photos (the next experiment
 on the same folder) runs only the student, except the first three teacher batches at each size,
 which always run so that `teacher_images_per_s` is measured (from two batches, the first being
-the compile; "teacher_timed_images" says on how many images). "teacher_cache" says {"hits",
-"computed", "saved_seconds"}.
+the compile; "teacher_timed_images" says on how many images). Crop retrieval's teacher features
+are kept the same way (the features only, every batch: none is timed). "teacher_cache" says
+{"hits", "computed", "saved_seconds"} over both.
 
 Intervals: every number is a mean over test photos with a percentile bootstrap 95 % interval
 (`bootstrap` resamples of the photos, seed `seed`), the worst photo and its name, and n. Fewer
