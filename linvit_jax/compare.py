@@ -7,7 +7,8 @@ The teacher is the student's own architecture with softmax attention, read from 
 student's training size. Without --val_photos, the folder is split by image_folder's val / test
 hash rule; with --holdout F, --photos is the run's own training folder and only its held-out
 photos are used (test@F and val@F, as the run split them): the in-source figures beside a run's
-cross-source ones (eval_folder=). Prints photo_eval's table; --out writes its JSON.
+cross-source ones (eval_folder=). Prints photo_eval's table (fidelity, the dense measure, crop
+retrieval); --out writes its JSON.
 """
 
 from __future__ import annotations

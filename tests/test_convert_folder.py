@@ -206,6 +206,14 @@ def test_convert_folder_headless_end_to_end(folder_run):
     assert 0 < c["lo"] <= c["mean"] <= c["hi"] <= 1.0001 and c["n"] == n_test
     assert 0 <= r["dense"]["drop_in"]["mean"] <= 1
   assert "## On test photos" in card and "| 64 px | crop |" in card
+  # crop retrieval at 32 px (absent, with its reason, below 2 test photos): results and card
+  retrieval = test["crop_retrieval"]
+  if n_test >= 2:
+    assert retrieval["n_queries"] == 8 * n_test and retrieval["size"] == 32
+    assert 0 <= retrieval["student_top1"]["mean"] <= 1
+  else:
+    assert retrieval["absent"].endswith("retrieval needs at least 2")
+  assert "Crop retrieval" in card
 
 
 def test_convert_folder_hybrid_export_round_trips(folder_run):

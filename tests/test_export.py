@@ -311,6 +311,12 @@ def test_card_on_test_photos(tmp_path):
       "dense_k": 8,
       "too_few": "test set: 3 photos (< 8)",
       "rows": rows,
+      "crop_retrieval": {
+          **dict(feature="cls token", size=16, crops_per_photo=8, n_photos=3, n_queries=24),
+          **dict(area=[0.1, 0.5], aspect=[0.75, 4 / 3], retention=0.8, chance=1 / 3),
+          "teacher_top1": {**ci, "mean": 0.75},
+          "student_top1": {**ci, "mean": 0.6, "lo": 0.5, "hi": 0.7},
+      },
   }
   make_export(tmp_path / "export", results={"test": test})
   card = (tmp_path / "export" / "README.md").read_text()
@@ -322,5 +328,21 @@ def test_card_on_test_photos(tmp_path):
   cfg = json.loads((tmp_path / "export" / "student_config.json").read_text())
   assert cfg["fidelity"]["test"]["rows"][0]["drop_in"] == [0.7, 0.85, 0.95]
   assert "private" not in json.dumps(cfg)
+  assert (
+      "top-1 by the cosine of each model's own cls token against the whole photos): student "
+      "0.600 [0.500, 0.700], teacher 0.750, retention 0.800 (chance 0.333)." in card
+  )
+  assert cfg["fidelity"]["test"]["crop_retrieval"]["student_top1"] == [0.6, 0.5, 0.7]
   empty = model_card.model_card({"model": {}, "fidelity": {"test": {"n_test": 0, "rows": []}}})
   assert "No test photo was measured." in empty
+  # Results from before crop retrieval: no line; too few photos: the reason.
+  old = {k: v for k, v in test.items() if k != "crop_retrieval"}
+  summary = export_folder.test_summary(old)
+  assert "crop_retrieval" not in summary
+  card = model_card.model_card({"model": {}, "fidelity": {"test": summary}})
+  assert "| 64 px | crop |" in card and "Crop retrieval" not in card
+  absent = {**old, "crop_retrieval": {"absent": "1 test photo: retrieval needs at least 2"}}
+  card = model_card.model_card(
+      {"model": {}, "fidelity": {"test": export_folder.test_summary(absent)}}
+  )
+  assert "Crop retrieval: not measured (1 test photo: retrieval needs at least 2)." in card

@@ -260,6 +260,7 @@ def test_cli_writes_json_and_bad_photos_is_one_line(tmp_path, capsys):
   assert [r["size"] for r in results["rows"]] == [28, 28, 56, 56]
   assert 0 < results["rows"][0]["patch_cosine"]["mean"] < 1
   assert "too_few" in results and "cls cosine" in printed and "wrote" in printed
+  assert "crop_retrieval" in results and "  crop retrieval" in printed
   test, val, names = photo_eval.split_folder(folder)
   assert sorted(names) == sorted(os.path.basename(p) for p in test) and not set(test) & set(val)
 
@@ -296,7 +297,10 @@ def test_the_teachers_tokens_come_from_the_cache_the_second_time(teacher, photos
   # batch 8 at these sizes: 14 test and 12 validation photos are two batches each, one past
   # the three that always run (the compile and two timed batches).
   many = photos + write_photos(str(tmp_path / "more"), 16, seed=3)
-  spec = _spec(factors=(1,), views=("whole",), bootstrap=50, dense_k=4, min_photos=2)
+  # (crop retrieval's teacher features and the cache: test_crop_retrieval)
+  spec = _spec(
+      factors=(1,), views=("whole",), bootstrap=50, dense_k=4, min_photos=2, retrieval_crops=0
+  )
   run = lambda params, c: photo_eval.evaluate_photos(  # noqa: E731
       teacher[0], params, teacher[0], student, many[:14], many[14:], spec, cache=c
   )

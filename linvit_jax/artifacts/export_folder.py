@@ -174,7 +174,23 @@ def test_summary(test: Mapping[str, Any]) -> dict[str, Any]:
       row["probe"] = [d["probe_student"]["mean"], d["probe_teacher"]["mean"]]
     rows.append(row)
   keys = ("n_test", "n_val", "too_few", "dense_k", "bootstrap")
-  return {**{k: test[k] for k in keys if k in test}, "rows": rows}
+  out = {**{k: test[k] for k in keys if k in test}, "rows": rows}
+  if "crop_retrieval" in test:  # (results written before it have none)
+    out["crop_retrieval"] = _retrieval_summary(test["crop_retrieval"])
+  return out
+
+
+def _retrieval_summary(block: Mapping[str, Any]) -> dict[str, Any]:
+  """photo_eval's "crop_retrieval" block for the export: counts, means, the student's interval."""
+  if "absent" in block:
+    return {"absent": block["absent"]}
+  keys = ("feature", "size", "crops_per_photo", "n_photos", "n_queries", "retention", "chance")
+  s = block["student_top1"]
+  return {
+      **{k: block[k] for k in keys},
+      "student_top1": [s["mean"], s["lo"], s["hi"]],
+      "teacher_top1": block["teacher_top1"]["mean"],
+  }
 
 
 def save(

@@ -231,7 +231,25 @@ def _test_section(test: Mapping[str, Any]) -> list[str]:
       "/ teacher |",
       "|---|---|---|---|---|---|---|",
   ]
-  return lines + [_test_row(r) for r in rows]
+  lines += [_test_row(r) for r in rows]
+  if "crop_retrieval" in test:  # (results written before it have none)
+    lines += ["", _retrieval_line(test["crop_retrieval"])]
+  return lines
+
+
+def _retrieval_line(r: Mapping[str, Any]) -> str:
+  """The card's crop-retrieval sentence (export_folder's summary of photo_eval's block)."""
+  if "absent" in r:
+    return f"Crop retrieval: not measured ({r['absent']})."
+  s, retention = r["student_top1"], r["retention"]
+  kept = "–" if retention is None else f"{retention:.3f}"
+  return (
+      f"Crop retrieval (which of the {r['n_photos']} test photos each of {r['n_queries']} random "
+      f"crops came from: {r['crops_per_photo']} per photo, 10–50 % of its area, resized to "
+      f"{r['size']} px; top-1 by the cosine of each model's own {r['feature']} against the whole "
+      f"photos): student {s[0]:.3f} [{s[1]:.3f}, {s[2]:.3f}], teacher {r['teacher_top1']:.3f}, "
+      f"retention {kept} (chance {r['chance']:.3f})."
+  )
 
 
 def _test_row(r: Mapping[str, Any]) -> str:

@@ -1,4 +1,5 @@
-r"""A student against its teacher on test photos: native resolution, intervals, a dense measure.
+r"""A student against its teacher on test photos: native resolution, intervals, a dense measure,
+crop retrieval.
 
     spec = PhotoEvalSpec(pp=pp_eval, res=224)  # factors, views, bootstrap, dense_k, seed, ...
     out = evaluate_photos(teacher, t_params, student, s_params, test_paths, val_paths, spec)
@@ -44,13 +45,20 @@ The dense measure (does the student keep the teacher's parts of a photo?). At ea
     one-hot targets fits directions particular to the few fitting photos).
 Nothing is chosen on the test photos: the parts and probes are fitted on validation photos only.
 
+Crop retrieval (crop_retrieval.py defines it): which test photo a random crop came from. At the
+base size res only: each test photo's whole view is the gallery, `retrieval_crops` random crops
+of each (10-50 % of its area, seeded by `seed`) the queries; top-1 by the cosine of each model's
+own final feature (the cls token, else the mean patch token). The teacher's and the student's
+accuracies as STATs, retention = student / teacher. Absent (with the reason) below 2 test photos.
+
 Cache. With `cache` (the run's and the CLI's: feature_cache at $LINVIT_CACHE_DIR), the teacher's
 tokens of a batch are kept under its params' digest, its model fields and the sha256 of the
 batch's pixels: a second evaluation of the same teacher on the same photos (the next experiment
 on the same folder) runs only the student, except the first three teacher batches at each size,
 which always run so that `teacher_images_per_s` is measured (from two batches, the first being
-the compile; "teacher_timed_images" says on how many images). "teacher_cache" says {"hits",
-"computed", "saved_seconds"}.
+the compile; "teacher_timed_images" says on how many images). Crop retrieval's teacher features
+are kept the same way (the features only, every batch: none is timed). "teacher_cache" says
+{"hits", "computed", "saved_seconds"} over both.
 
 Intervals: every number is a mean over test photos with a percentile bootstrap 95 % interval
 (`bootstrap` resamples of the photos, seed `seed`), the worst photo and its name, and n. Fewer
@@ -58,7 +66,8 @@ than `min_photos` test or validation photos: the evaluation still runs, logs a w
 in "too_few".
 
 Results (plain JSON types):
-  {"res", "factors", "views", "n_test", "n_val", "bootstrap", "dense_k", "too_few" (only when),
+  {"res", "factors", "views", "n_test", "n_val", "bootstrap", "dense_k", "retrieval_crops",
+   "too_few" (only when),
    "rows": [{"size", "view", "n", "upsampled" (photos enlarged to make the view),
              "size_seconds" (the whole size: both models, validation and test photos, compiles),
              "teacher_images_per_s", "student_images_per_s" (the forwards after the first at
@@ -66,7 +75,12 @@ Results (plain JSON types):
              "teacher_timed_images" (the images the teacher's speed rests on),
              "cls_cosine" (cls-token models), "patch_cosine": STAT,
              "dense": {"drop_in": STAT, "probe_teacher": STAT, "probe_student": STAT,
-                       "probe_ratio": float} (when there are validation photos)}]}
+                       "probe_ratio": float} (when there are validation photos)}],
+   "crop_retrieval": {"feature", "size", "crops_per_photo", "n_photos", "n_queries", "area",
+                      "aspect", "teacher_top1": STAT, "student_top1": STAT,
+                      "retention" (None when the teacher's is 0), "chance"}
+                     or {"absent": why} (fewer than 2 test photos, or retrieval_crops 0)}
+  (results written before crop retrieval have neither "retrieval_crops" nor "crop_retrieval")
   STAT = {"mean", "lo", "hi", "worst", "worst_photo", "n"}.
 """
 
@@ -84,6 +98,7 @@ import numpy as np
 
 from linvit_jax.data import inference_pp
 from linvit_jax.data import pp_spec
+from linvit_jax.evaluation import crop_retrieval
 from linvit_jax.evaluation import dense
 from linvit_jax.evaluation import photo_tokens
 from linvit_jax.runtime.errors import UserError
@@ -184,8 +199,9 @@ class PhotoEvalSpec:
   """How the photos are evaluated (module doc): `pp`, a pp string whose decode and value ops
   (the normalisation) are kept; `res`, the training size the factors multiply; the views; the
   bootstrap resamples; the dense measure's parts (`dense_k`, 0: none) and the patches its fits
-  use at most; `min_photos`, below which a note is said; `seed`, the bootstrap's and the dense
-  measure's. A bad view name fails here, before any compute."""
+  use at most; `retrieval_crops`, crop retrieval's random crops per test photo (0: none);
+  `min_photos`, below which a note is said; `seed`, the bootstrap's, the dense measure's and
+  the crops'. A bad view name or crop count fails here, before any compute."""
 
   pp: str
   res: int
@@ -194,6 +210,7 @@ class PhotoEvalSpec:
   bootstrap: int = DEFAULT_BOOTSTRAP
   dense_k: int = DEFAULT_DENSE_K
   fit_patches: int = FIT_PATCHES
+  retrieval_crops: int = crop_retrieval.DEFAULT_CROPS
   min_photos: int = DEFAULT_MIN_PHOTOS
   seed: int = 0
 
@@ -202,6 +219,8 @@ class PhotoEvalSpec:
     object.__setattr__(self, "views", tuple(self.views))
     for view in self.views:
       view_pp(view, self.res, "decode")
+    if self.retrieval_crops < 0:
+      raise PhotoEvalError(f"retrieval_crops {self.retrieval_crops}: expected 0 (none) or more")
 
   def sizes(self, patch: tuple[int, int]) -> list[int]:
     """Each factor × res in px; a PhotoEvalError unless a positive multiple of the patch."""
@@ -245,6 +264,7 @@ def evaluate_photos(
       "n_val": len(val_photos),
       "bootstrap": int(spec.bootstrap),
       "dense_k": int(spec.dense_k),
+      "retrieval_crops": int(spec.retrieval_crops),
   }
   message = too_few_message(len(test_photos), len(val_photos), spec.min_photos)
   if message:
@@ -252,11 +272,14 @@ def evaluate_photos(
     out["too_few"] = message
   if not test_photos:  # nothing to measure: said, not an error (a run goes on to its export)
     out["rows"] = []
+    out["crop_retrieval"] = {"absent": crop_retrieval.absent_reason(0, spec.retrieval_crops)}
     return out
   t_tok = photo_tokens.CachedTokens(photo_tokens.Tokens(teacher, teacher_params, spec.res), cache)
   s_tok = photo_tokens.Tokens(student, student_params, spec.res)
   photos = _Photos(test_photos, val_photos, names)
   out["rows"] = [row for size in sizes for row in _size_rows(t_tok, s_tok, photos, size, spec)]
+  # After the rows: its forwards at res must not count in the rows' images/s.
+  out["crop_retrieval"] = _crop_retrieval(t_tok, s_tok, photos, spec)
   if cache is not None:
     out["teacher_cache"] = t_tok.summary()
   return out
@@ -312,6 +335,20 @@ def _size_rows(
   return rows
 
 
+def _crop_retrieval(
+    t_tok: photo_tokens.CachedTokens,
+    s_tok: photo_tokens.Tokens,
+    photos: _Photos,
+    spec: PhotoEvalSpec,
+) -> dict[str, Any]:
+  """The "crop_retrieval" block: crop_retrieval.evaluate at res on the whole view's pp."""
+  pp = inference_pp.Preprocess(view_pp("whole", spec.res, value_ops(spec.pp)))
+  bootstrap = functools.partial(stat, names=photos.names, resamples=spec.bootstrap, seed=spec.seed)
+  return crop_retrieval.evaluate(
+      t_tok, s_tok, photos.test, pp, spec.res, spec.retrieval_crops, spec.seed, bootstrap
+  )
+
+
 def _dense_stats(
     per_photo: dict[str, list[float]], bootstrap: Callable[[Sequence[float]], dict[str, Any]]
 ) -> dict[str, Any]:
@@ -336,7 +373,8 @@ def _ci(s: dict[str, Any]) -> str:
 
 def format_table(results: dict[str, Any]) -> str:
   """The results as a small text table: size × view, fidelity with 95 % intervals and the worst
-  photo, and the dense measure (drop-in; probe on the student's / the teacher's tokens)."""
+  photo, the dense measure (drop-in; probe on the student's / the teacher's tokens) and one line
+  of crop retrieval."""
   lines = [
       f"on {results['n_test']} test photos (parts and probes fitted on {results['n_val']} "
       f"validation photos; 95 % bootstrap intervals over photos):"
@@ -367,7 +405,22 @@ def format_table(results: dict[str, Any]) -> str:
           f"  {r['size']:>5} {r['view']:<5} {_ci(d['drop_in'])} | {d['probe_student']['mean']:.4f}"
           f" / {d['probe_teacher']['mean']:.4f} ({d['probe_ratio']:.3f})"
       )
+  if "crop_retrieval" in results:  # (absent from results written before it)
+    lines.append(retrieval_line(results["crop_retrieval"]))
   return "\n".join(lines)
+
+
+def retrieval_line(block: dict[str, Any]) -> str:
+  """The table's line of the "crop_retrieval" block: student top-1 [95% CI] / teacher's."""
+  if "absent" in block:
+    return f"  crop retrieval: not measured ({block['absent']})"
+  s, t, retention = block["student_top1"], block["teacher_top1"], block["retention"]
+  kept = f"retention {retention:.3f}" if retention is not None else "retention -"
+  return (
+      f"  crop retrieval ({block['crops_per_photo']} random crops of each of {block['n_photos']} "
+      f"photos at {block['size']} px, top-1 to the photo): student {_ci(s)} / teacher "
+      f"{t['mean']:.4f} ({kept}; chance {block['chance']:.4f})"
+  )
 
 
 # ----------------------------------------------------------------------------- a folder of photos

@@ -2,7 +2,8 @@
 defines the views and what is measured on the tokens): each photo decoded once and made into
 every view at a size, fixed-size batches (one compile per size, a padded last batch), the
 position table resampled to the size's grid as `load_student` does, each model's images/s after
-the compile, and the teacher's tokens kept in the feature cache between evaluations.
+the compile, and the teacher's tokens (or its image features: `features`) kept in the feature
+cache between evaluations.
 """
 
 from __future__ import annotations
@@ -23,6 +24,20 @@ _MAX_BATCH = 8
 # Teacher batches per size always computed (the first compiles, the second is timed) when the
 # rest come from the feature cache.
 _TIMED_CALLS = 3  # the compile and two timed batches: a speed from more than one batch
+
+
+def image_feature(model: Any, tokens: np.ndarray) -> np.ndarray:
+  """[B, D], a model's one vector per image from its final tokens [B, N, D]: the cls token (pool
+  "tok": the token photo_eval's cls cosine compares), else the mean of the patch tokens
+  (registers excluded; "gap" pooling: a MAP head's output is not in the tokens)."""
+  if model.pool_type == "tok":
+    return tokens[:, 0]
+  return tokens[:, model.num_prefix_tokens :].mean(axis=1)
+
+
+def feature_name(model: Any) -> str:
+  """What `image_feature` takes of `model`'s tokens, in words (results say it)."""
+  return "cls token" if model.pool_type == "tok" else "mean patch token"
 
 
 def _train_grid(params: Any, res: int, patch: tuple[int, int]) -> tuple[int, int]:
@@ -72,6 +87,10 @@ class Tokens:
       self.timing[size] = [0.0, 0]
     return out
 
+  def features(self, images: np.ndarray, batch: int) -> np.ndarray:
+    """`image_feature` [B, D] of a batch (at most `batch` images)."""
+    return image_feature(self.model, self(images, batch))
+
   def images_per_s(self, size: int) -> float | None:
     seconds, images = self.timing.get(size, (0.0, 0))
     return images / seconds if images else None
@@ -105,12 +124,14 @@ class CachedTokens:
     self.calls: dict[int, int] = {}
     self.hits, self.misses, self.saved_seconds = 0, 0, 0.0
 
-  def _parts(self, images: np.ndarray, batch: int) -> dict[str, Any]:
+  def _parts(
+      self, images: np.ndarray, batch: int, what: str = "photo_eval tokens(encoded)"
+  ) -> dict[str, Any]:
     import jax
 
     pixels = np.ascontiguousarray(images, np.float32)
     return {
-        "what": "photo_eval tokens(encoded)",
+        "what": what,
         "params": self.digest,
         "model": self.fields,
         "batch": int(batch),
@@ -138,6 +159,24 @@ class CachedTokens:
     self.misses += 1
     if calls > _TIMED_CALLS:  # the timed batches run every time: storing them saves nothing
       self.cache.put(parts, {"tokens": out, "seconds": np.float64(time.perf_counter() - t0)})
+    return out
+
+  def features(self, images: np.ndarray, batch: int) -> np.ndarray:
+    """`image_feature` [B, D] of a batch, from the cache whenever it holds them: these batches
+    (crop retrieval's) are no speed's measure, so no batch is run for timing. Only the features
+    are stored, not the tokens they were taken from."""
+    if self.digest is None:
+      return self.inner.features(images, batch)
+    parts = self._parts(images, batch, f"photo_eval features({feature_name(self.model)})")
+    entry = self.cache.get(parts)
+    if entry is not None and entry["features"].shape[0] == len(images):
+      self.hits += 1
+      self.saved_seconds += float(entry["seconds"])
+      return entry["features"]
+    t0 = time.perf_counter()
+    out = self.inner.features(images, batch)
+    self.misses += 1
+    self.cache.put(parts, {"features": out, "seconds": np.float64(time.perf_counter() - t0)})
     return out
 
   def images_per_s(self, size: int) -> float | None:
