@@ -45,6 +45,15 @@ def load_teacher(init: str, student: Any, res: int) -> tuple[Any, Any]:
   return model, vit.load(shapes["params"], init, fields)
 
 
+def student_pp(student: Any) -> str:
+  """The student's own inference pp string; an old export that records none gets ImageNet's
+  mean/std (the run's default)."""
+  try:
+    return student._pp_string()
+  except export_format.ExportError:
+    return "decode|vgg_value_range"
+
+
 class _Parser(argparse.ArgumentParser):
 
   def error(self, message: str) -> NoReturn:
@@ -94,10 +103,7 @@ def _run_cli(args: argparse.Namespace) -> dict[str, Any]:
   if not res:
     raise photo_eval.PhotoEvalError(f"student '{args.student}' records no input size: pass --res")
   teacher, teacher_params = load_teacher(args.teacher, student, res)
-  try:
-    pp = student._pp_string()
-  except export_format.ExportError:
-    pp = "decode|vgg_value_range"  # an old export: ImageNet's mean/std, the run's default
+  pp = student_pp(student)
   return photo_eval.evaluate_photos(
       teacher,
       teacher_params,

@@ -204,3 +204,32 @@ def plot_token_study(
   fig.tight_layout()
   with gfile.open(path, "wb") as f:
     fig.savefig(f, format="png", dpi=120)
+
+
+def plot_compounding(results: Mapping[str, Any], path: str) -> None:
+  """The compounding study's per-layer bars (studies/compounding.py's results), one panel per
+  measure (cls, patch): the share of the student's gap that fixing the layer recovers, beside the
+  gap the layer's student attention makes alone in the teacher, on the same scale."""
+  measures = list(results["baseline"])
+  layers = results["layers"]
+  fig = new_figure(figsize=(5 + 0.35 * len(layers) * len(measures), 3.8))
+  axes = np.asarray(fig.subplots(1, len(measures), squeeze=False)).ravel()
+  x = np.arange(len(layers))
+  for ax, m in zip(axes, measures):
+    for offset, key, label in (
+        (-0.2, "recovered_share", "fix one: share of the gap recovered"),
+        (0.2, "gap_alone_share", "break one: gap alone / student's gap"),
+    ):
+      values = [np.nan if r[key][m] is None else r[key][m] for r in layers]
+      ax.bar(x + offset, values, 0.4, label=label)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(x, [str(r["layer"]) for r in layers])
+    ax.set_xlabel("layer")
+    ax.set_title(f"{m} cosine: student {results['baseline'][m]:.4f}", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+  axes[0].set_ylabel("share of the student's gap (1 − cosine)")
+  fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8)
+  fig.suptitle(f"error that compounds, {results['n_photos']} photo(s)", fontsize=10)
+  fig.tight_layout(rect=(0, 0.07, 1, 1))
+  with gfile.open(path, "wb") as f:
+    fig.savefig(f, format="png", dpi=110)

@@ -1,0 +1,351 @@
+r"""Error that compounds: how much of a student's final gap to its teacher each layer's attention
+causes, measured by swapping one layer's attention at a time.
+
+    python -m linvit_jax.studies.compounding --student EXPORT_DIR --teacher INIT --photos DIR \
+        [--res 224] [--views whole|crop] [--out compounding.json] [--plot compounding.png]
+
+Teacher-forced, every student attention layer is close to the teacher's (evaluate.attention_
+fidelity); end to end the student is further off, because each layer's error changes every later
+layer's input. Two interventions per layer l, each one forward of an ordinary hybrid model
+(`swap_attention`: the model's own per-layer attention specs, no patching):
+
+  fix l    the student end to end, its layer l attention replaced by the teacher's (the teacher's
+           operator and q/k/v/out params), acting on the student's own stream at that layer;
+  break l  the teacher end to end, its layer l attention replaced by the student's (operator,
+           projections, feature maps and levers), acting on the teacher's stream.
+
+Each is compared with the teacher's own final tokens: `cls`, the cosine of the pooled feature
+(`out["head_input"]`: the final cls token after the encoder norm for a cls-token model, the mean
+or MAP pool otherwise; absent with pool "none"), and `patch`, the mean over patch tokens (cls and
+registers excluded) of the final tokens' cosine, both per photo, then averaged over photos. From
+the averages, per layer and for each of cls / patch:
+
+  recovered_share   (cos_fix_l − cos_student) / (1 − cos_student): the share of the student's
+                    gap that fixing layer l alone closes (None when the student has no gap);
+  gap_alone         1 − cos_break_l: the gap layer l's student attention makes on its own;
+  gap_alone_share   gap_alone / (1 − cos_student): the same on the scale of the student's gap.
+
+Shares that sum to about 1 over the layers mean the layers' errors add up; a layer whose
+recovered share is far above its gap_alone_share is one whose error grows through the stack.
+Beside them, `attention_tf_cosine`: the layer's teacher-forced attention-output cosine (mean over
+all tokens, evaluate.attention_fidelity).
+
+The CLI reads the exported student as `python -m linvit_jax.compare` does (its teacher loader,
+the student's own inference pp with the geometry of photo_eval's views at --res), every photo of
+the folder (nothing is fitted, so no validation split), and compiles about 2·depth + 3 forwards.
+
+Results (`summarize`; plain JSON types; m in "cls", "patch", "cls" only when the models pool):
+  {"n_photos", "baseline": {m: the student's own cosine},
+   "layers": [{"layer", "fix_cls", "fix_patch", "break_cls", "break_patch",
+               "recovered_share": {m}, "gap_alone": {m}, "gap_alone_share": {m},
+               "attention_tf_cosine"}],
+   "sum_recovered_share": {m}, "sum_gap_alone_share": {m}}   (a share is None without a gap)
+  and from the CLI also "student", "teacher", "photos" (its arguments), "res", "view",
+  "upsampled" (photos smaller than the view, enlarged to make it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import linvit_jax
+from linvit_jax import compare
+from linvit_jax.data import inference_pp
+from linvit_jax.evaluation import evaluate
+from linvit_jax.evaluation import photo_eval
+from linvit_jax.evaluation import photo_tokens
+from linvit_jax.evaluation import plots
+from linvit_jax.models import layout
+from linvit_jax.models import probe
+from linvit_jax.models import vit
+from linvit_jax.models import vit_checkpoint
+from linvit_jax.runtime import errors
+from linvit_jax.runtime.errors import UserError
+
+INTERVENTIONS = ("fix", "break")
+MEASURES = ("cls", "patch")
+_NO_GAP = 1e-6  # a student closer than this to its teacher has no gap to share out
+
+
+class CompoundingError(UserError, ValueError):
+  """Inputs this study cannot use (a scanned model, models of different depth, a bad folder)."""
+
+
+# ------------------------------------------------------------------------------- the interventions
+
+
+def swap_attention(
+    model: Any, params: Mapping[str, Any], donor: Any, donor_params: Mapping[str, Any], layer: int
+) -> tuple[Any, dict]:
+  """(`model` whose layer `layer` attention is `donor`'s operator, params whose layer `layer`
+  attention subtree is `donor_params`'): a hybrid through the model's per-layer attention specs;
+  every other leaf is `params`' own (shared, not copied)."""
+  for m, p in ((model, params), (donor, donor_params)):
+    if m.scan or layout.is_scanned(p):
+      raise CompoundingError(
+          "one layer's attention can only be swapped in a per-block (scan=False) model"
+      )
+  specs = list(vit.layer_specs(model))
+  specs[layer] = vit.layer_specs(donor)[layer]
+  name = layout.block_name(layer)
+  out = dict(params)
+  out["Transformer"] = dict(out["Transformer"])
+  out["Transformer"][name] = {
+      **out["Transformer"][name],
+      layout.ATTN: donor_params["Transformer"][name][layout.ATTN],
+  }
+  return model.clone(attention=tuple(specs)), out
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _finals(model: Any, params: Any, images: jax.Array) -> dict[str, jax.Array]:
+  """The final pooled feature (when the model pools) and patch tokens."""
+  _, out = model.apply({"params": params}, images, train=False)
+  finals = {"patch": out["encoded"][:, model.num_prefix_tokens :]}
+  if model.pool_type != "none":
+    finals["cls"] = out["head_input"]
+  return finals
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _cosines(model: Any, params: Any, images: jax.Array, teacher: dict) -> dict[str, jax.Array]:
+  """Per photo: the pooled feature's cosine and the patch tokens' mean cosine to `teacher`."""
+  finals = _finals(model, params, images)
+  out = {"patch": jnp.mean(probe.cosine(finals["patch"], teacher["patch"]), axis=1)}
+  if "cls" in teacher:
+    out["cls"] = probe.cosine(finals["cls"], teacher["cls"])
+  return out
+
+
+def intervention_cosines(
+    teacher: Any, teacher_params: Any, student: Any, student_params: Any, images: np.ndarray
+) -> dict[str, dict[str, np.ndarray]]:
+  """Per photo, cosines to the teacher's final tokens: {"baseline": {m: [B]} (the student),
+  "fix": {m: [L, B]}, "break": {m: [L, B]}} for m in MEASURES ("cls" only when the models pool).
+  The params must hold position tables at the images' grid; both models per-block, of the same
+  depth. Each intervention is one jitted forward of a hybrid (`swap_attention`)."""
+  if student.depth != teacher.depth:
+    raise CompoundingError(f"student depth {student.depth} != teacher depth {teacher.depth}")
+  images = jnp.asarray(images)
+  reference = _finals(teacher, teacher_params, images)
+  fetch = lambda m, p: jax.device_get(_cosines(m, p, images, reference))  # noqa: E731
+  per_layer: dict[str, list[dict[str, np.ndarray]]] = {"fix": [], "break": []}
+  for layer in range(teacher.depth):
+    fixed = swap_attention(student, student_params, teacher, teacher_params, layer)
+    broken = swap_attention(teacher, teacher_params, student, student_params, layer)
+    per_layer["fix"].append(fetch(*fixed))
+    per_layer["break"].append(fetch(*broken))
+  out = {"baseline": fetch(student, student_params)}
+  for what, rows in per_layer.items():
+    out[what] = {m: np.stack([r[m] for r in rows]) for m in rows[0]}
+  return out
+
+
+# ------------------------------------------------------------------------------------ the summary
+
+
+def _share(gap_closed: float, gap: float) -> float | None:
+  return None if gap < _NO_GAP else float(gap_closed / gap)
+
+
+def summarize(
+    cosines: Mapping[str, Mapping[str, np.ndarray]], attention_tf: Sequence[float] | None = None
+) -> dict[str, Any]:
+  """The results (module doc) of `intervention_cosines`' values: photo means, and per layer the
+  shares; `attention_tf`: the teacher-forced cosine per layer, when measured."""
+  measures = [m for m in MEASURES if m in cosines["baseline"]]
+  baseline = {m: float(np.mean(cosines["baseline"][m])) for m in measures}
+  gap = {m: 1 - baseline[m] for m in measures}
+  layers = []
+  for l in range(len(cosines["fix"][measures[0]])):
+    row: dict[str, Any] = {"layer": l}
+    for what in INTERVENTIONS:
+      row.update({f"{what}_{m}": float(np.mean(cosines[what][m][l])) for m in measures})
+    row["recovered_share"] = {m: _share(row[f"fix_{m}"] - baseline[m], gap[m]) for m in measures}
+    row["gap_alone"] = {m: 1 - row[f"break_{m}"] for m in measures}
+    row["gap_alone_share"] = {m: _share(row["gap_alone"][m], gap[m]) for m in measures}
+    if attention_tf is not None:
+      row["attention_tf_cosine"] = float(attention_tf[l])
+    layers.append(row)
+  total = lambda key, m: (  # noqa: E731
+      None if gap[m] < _NO_GAP else float(sum(r[key][m] for r in layers))
+  )
+  return {
+      "n_photos": int(len(cosines["baseline"][measures[0]])),
+      "baseline": baseline,
+      "layers": layers,
+      "sum_recovered_share": {m: total("recovered_share", m) for m in measures},
+      "sum_gap_alone_share": {m: total("gap_alone_share", m) for m in measures},
+  }
+
+
+def measure(
+    teacher: Any,
+    teacher_params: Any,
+    student: Any,
+    student_params: Any,
+    images: np.ndarray,
+    batch_size: int = 8,
+) -> dict[str, Any]:
+  """`summarize` of every image, in batches of `batch_size` (the last one padded, so each
+  forward compiles once), with the teacher-forced attention-output cosine per layer."""
+  parts, tf_sums = [], None
+  batch_size = max(1, min(batch_size, len(images)))
+  for start in range(0, len(images), batch_size):
+    chunk = np.asarray(images[start : start + batch_size], np.float32)
+    k = len(chunk)
+    padded = np.concatenate([chunk, np.zeros((batch_size - k, *chunk.shape[1:]), chunk.dtype)])
+    cos = intervention_cosines(teacher, teacher_params, student, student_params, padded)
+    parts.append(jax.tree.map(lambda a, k=k: a[..., :k], cos))
+    rows = evaluate.attention_fidelity(teacher, teacher_params, student, student_params, chunk)
+    tf = k * np.array([r["cosine"] for r in rows])
+    tf_sums = tf if tf_sums is None else tf_sums + tf
+  if not parts:
+    raise CompoundingError("no images to measure")
+  cosines = jax.tree.map(lambda *a: np.concatenate(a, axis=-1), *parts)
+  return summarize(cosines, tf_sums / len(images))
+
+
+# ---------------------------------------------------------------------------------- table and plot
+
+
+def _fmt(value: float | None) -> str:
+  return "   -  " if value is None else f"{value:6.3f}"
+
+
+def format_table(results: Mapping[str, Any]) -> str:
+  """One line per layer: the teacher-forced attention cosine, then per measure the fixed
+  student's cosine and the share of the gap it recovers, the broken teacher's cosine and its gap
+  as a share of the student's."""
+  measures = list(results["baseline"])
+  lines = [
+      f"{results['n_photos']} photo(s); student: "
+      + ", ".join(f"{m} {results['baseline'][m]:.4f}" for m in measures),
+      "fix: the student with the layer's teacher attention (recov: the share of the student's "
+      "gap it closes); break: the teacher with the layer's student attention (alone: its gap / "
+      "the student's)",
+      " " * 13 + "".join(f"| {m:<29}" for m in measures),
+      "layer tf cos " + "| fix     recov  break   alone " * len(measures),
+  ]
+  for r in results["layers"]:
+    cells = "".join(
+        f"| {r[f'fix_{m}']:.4f} {_fmt(r['recovered_share'][m])}  {r[f'break_{m}']:.4f} "
+        f"{_fmt(r['gap_alone_share'][m])} "
+        for m in measures
+    )
+    lines.append(f"{r['layer']:5d} {_fmt(r.get('attention_tf_cosine'))} {cells}")
+  sums = [
+      f"{m}: recovered {_fmt(results['sum_recovered_share'][m]).strip()}, alone "
+      f"{_fmt(results['sum_gap_alone_share'][m]).strip()}"
+      for m in measures
+  ]
+  lines.append("sum over layers: " + "; ".join(sums))
+  return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------- the CLI
+
+
+def _params_at(params: Any, patch: Sequence[int], trained: Sequence[int], size: int) -> Any:
+  """`params` with the position table resampled from the training grid (`trained` px; the
+  table's square grid when it is not that grid's) to `size` px's, as load_student does."""
+  grid = (size // patch[0], size // patch[1])
+  old = (trained[0] // patch[0], trained[1] // patch[1])
+  table = np.shape(params.get("pos_embedding", np.zeros((1, 0, 1))))[1]
+  return vit_checkpoint.with_posemb_grid(params, grid, old if old[0] * old[1] == table else None)
+
+
+def _photos(folder: str) -> list[str]:
+  if not os.path.isdir(folder):
+    raise CompoundingError(f"--photos {folder!r} is not a folder")
+  index = photo_eval.scan(folder)
+  return [index.path(i) for i in range(len(index.files))]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+  """The study of one export on one folder of photos: `measure`'s results with what they rest
+  on (the paths, the size, the view, how many photos were enlarged to make it)."""
+  paths = _photos(args.photos)
+  student = linvit_jax.load_student(args.student)
+  res = args.res or (student.training_size[0] if student.training_size else 0)
+  if not res:
+    raise CompoundingError(f"student '{args.student}' records no input size: pass --res")
+  if res % student.patch[0] or res % student.patch[1]:
+    raise CompoundingError(f"--res {res}: not a multiple of the patch size {student.patch}")
+  teacher, teacher_params = compare.load_teacher(args.teacher, student, res)
+  trained = student.training_size or (res, res)
+  pp = photo_eval.view_pp(args.views, res, photo_eval.value_ops(compare.student_pp(student)))
+  images, upsampled = photo_tokens.decode_views(paths, {"view": inference_pp.Preprocess(pp)}, res)
+  results = measure(
+      teacher,
+      _params_at(teacher_params, student.patch, trained, res),
+      student.model,
+      _params_at(student.params, student.patch, trained, res),
+      images["view"],
+      photo_tokens.batch_size(teacher, res),
+  )
+  where = {"student": args.student, "teacher": args.teacher, "photos": args.photos}
+  return {**where, "res": res, "view": args.views, "upsampled": upsampled["view"], **results}
+
+
+class _Parser(argparse.ArgumentParser):
+
+  def error(self, message: str) -> NoReturn:
+    self.exit(2, f"error: {message} (--help lists the arguments)\n")
+
+
+def _write(path: str, what: str, write: Any) -> None:
+  try:
+    write(path)
+  except OSError as e:
+    raise CompoundingError(f"{what} {path!r}: cannot write it ({e.strerror or e})") from None
+
+
+def _write_json(results: Mapping[str, Any], path: str) -> None:
+  with open(path, "w") as f:
+    json.dump(results, f, indent=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = _Parser(
+      prog="python -m linvit_jax.studies.compounding",
+      description="Per layer, how much of the student's final gap to its teacher its attention "
+      "causes.",
+  )
+  parser.add_argument("--student", required=True, help="the export folder (a run's workdir)")
+  parser.add_argument("--teacher", required=True, help="the teacher: npz, model folder, hub name")
+  parser.add_argument("--photos", required=True, help="a folder of photos (all of them are used)")
+  parser.add_argument("--res", type=int, default=0, help="size in px (default: the training size)")
+  parser.add_argument(
+      "--views", choices=photo_eval.VIEWS, default="whole", help="photo_eval's view"
+  )
+  parser.add_argument("--out", default="", help="write the results as JSON here")
+  parser.add_argument("--plot", default="", help="draw the per-layer shares as a PNG here")
+  args = parser.parse_args(argv)
+  try:
+    results = run(args)
+    if args.out:
+      _write(args.out, "--out", functools.partial(_write_json, results))
+    if args.plot:
+      _write(args.plot, "--plot", functools.partial(plots.plot_compounding, results))
+  except UserError as e:
+    return errors.say(e)
+  print(format_table(results))
+  for path in (args.out, args.plot):
+    if path:
+      print(f"wrote {path}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

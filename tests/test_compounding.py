@@ -1,0 +1,116 @@
+"""studies/compounding: the fix-one / break-one interventions on a tiny 2-layer ViT (a student
+equal to its teacher has no gap; a student that differs in layer 0 only owes it all of its gap)
+and the CLI on an exported tiny student."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from linvit_jax.models import layout
+from linvit_jax.models import vit
+from linvit_jax.studies import compounding
+from tests.helpers import student_export
+from tests.helpers import tiny_teacher
+
+IMAGES = np.random.RandomState(0).randn(3, 16, 16, 3).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def teacher():
+  model = vit.Model(**student_export.FIELDS, attention="softmax")
+  params = model.init(jax.random.PRNGKey(0), IMAGES[:1])["params"]
+  params = jax.tree.map(np.asarray, params)
+  params["cls"] = np.full_like(params["cls"], 0.5)  # a cls token that is not all zeros
+  return model, params
+
+
+def _student_differing_in_layer_0(teacher):
+  """The teacher with layer 0's attention linear (make_export's hedgehog, centred keys, conv of
+  v): the teacher's projections, the student's own feature maps and levers."""
+  model, params = teacher
+  student = vit.Model(**student_export.FIELDS, attention=(student_export.ATTENTION, "softmax"))
+  fresh = student.init(jax.random.PRNGKey(1), IMAGES[:1])["params"]
+  name = layout.block_name(0)
+  attn = dict(params["Transformer"][name][layout.ATTN])
+  attn.update({k: v for k, v in fresh["Transformer"][name][layout.ATTN].items() if k not in attn})
+  out = {**params, "Transformer": dict(params["Transformer"])}
+  out["Transformer"][name] = {**params["Transformer"][name], layout.ATTN: attn}
+  return student, out
+
+
+def test_a_student_equal_to_its_teacher_has_no_gap_to_share(teacher):
+  model, params = teacher
+  cosines = compounding.intervention_cosines(model, params, model, params, IMAGES)
+  assert cosines["fix"]["cls"].shape == (2, 3) and cosines["break"]["patch"].shape == (2, 3)
+  for values in jax.tree.leaves(cosines):
+    np.testing.assert_allclose(values, 1, atol=1e-5)
+  summary = compounding.summarize(cosines)
+  assert summary["n_photos"] == 3 and summary["sum_recovered_share"] == {"cls": None, "patch": None}
+  assert all(r["recovered_share"]["cls"] is None for r in summary["layers"])
+
+
+def test_a_student_that_differs_in_layer_0_owes_it_its_whole_gap(teacher):
+  student, student_params = _student_differing_in_layer_0(teacher)
+  model, params = teacher
+  out = compounding.measure(model, params, student, student_params, IMAGES, batch_size=3)
+  l0, l1 = out["layers"]
+  for m in ("cls", "patch"):
+    base = out["baseline"][m]
+    assert base < 0.999  # the linear layer 0 makes a gap
+    assert l0[f"fix_{m}"] == pytest.approx(1, abs=1e-5)  # its softmax back: the teacher again
+    assert l1[f"break_{m}"] == pytest.approx(1, abs=1e-5)  # layer 1 is the teacher's own
+    # the teacher with the student's layer 0 is the student; fixing layer 1 changes nothing
+    assert l0[f"break_{m}"] == pytest.approx(base, abs=1e-5)
+    assert l1[f"fix_{m}"] == pytest.approx(base, abs=1e-5)
+    assert l0["recovered_share"][m] == pytest.approx(1, abs=1e-3)
+    assert l1["recovered_share"][m] == pytest.approx(0, abs=1e-3)
+    assert l0["gap_alone"][m] == pytest.approx(1 - base, abs=1e-5)
+    assert out["sum_recovered_share"][m] == pytest.approx(1, abs=1e-3)
+  assert l0["attention_tf_cosine"] < 0.999 and l1["attention_tf_cosine"] == pytest.approx(1)
+
+
+def test_swap_attention_moves_one_subtree_and_needs_a_per_block_model(teacher):
+  model, params = teacher
+  student, student_params = _student_differing_in_layer_0(teacher)
+  broken, broken_params = compounding.swap_attention(model, params, student, student_params, 0)
+  assert vit.layer_specs(broken) == vit.layer_specs(student)
+  block = broken_params["Transformer"][layout.block_name(0)]
+  assert block[layout.ATTN] is student_params["Transformer"][layout.block_name(0)][layout.ATTN]
+  assert block["MlpBlock_0"] is params["Transformer"][layout.block_name(0)]["MlpBlock_0"]
+  assert "feature_map_q" not in params["Transformer"][layout.block_name(0)][layout.ATTN]
+  scanned = model.clone(scan=True)
+  with pytest.raises(compounding.CompoundingError, match="scan=False"):
+    compounding.swap_attention(scanned, params, model, params, 0)
+
+
+def test_cli_writes_json_and_plot_and_a_bad_folder_is_one_line(tmp_path, capsys):
+  student = student_export.make_export(tmp_path / "student")
+  teacher = str(tmp_path / "teacher.npz")
+  tiny_teacher.headless_checkpoint(teacher, patch_size=(4, 4), reg_tokens=1)
+  photos = str(tmp_path / "photos")
+  tiny_teacher.smooth_photos(photos, n=3)
+  out, png = str(tmp_path / "c.json"), str(tmp_path / "c.png")
+  args = ["--student", student, "--teacher", teacher, "--photos", photos]
+  # 24 px: both position tables resampled from the 16-px training grid
+  assert (
+      compounding.main([*args, "--res", "24", "--views", "crop", "--out", out, "--plot", png]) == 0
+  )
+  printed = capsys.readouterr().out
+  with open(out) as f:
+    results = json.load(f)
+  assert results["n_photos"] == 3 and results["res"] == 24 and results["view"] == "crop"
+  assert [r["layer"] for r in results["layers"]] == [0, 1]
+  row = results["layers"][0]
+  assert {"fix_cls", "fix_patch", "break_cls", "break_patch", "recovered_share"} <= set(row)
+  assert -1 <= row["fix_cls"] <= 1 and 0 < results["baseline"]["patch"] < 1
+  assert os.path.getsize(png) > 1000 and "wrote" in printed and "recov" in printed
+
+  assert compounding.main([*args[:4], "--photos", str(tmp_path / "nowhere")]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: --photos") and err.count("\n") == 1
+  assert compounding.main([*args, "--res", "18"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: --res 18") and err.count("\n") == 1
