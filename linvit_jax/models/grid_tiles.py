@@ -5,7 +5,8 @@ patches around it, masked to each query's w×w neighbourhood (`Tiling.band`). A 
 (t + 2r)² key products instead of w², but as batched [t², E]·[E, (t + 2r)²] matmuls, which XLA
 runs an order of magnitude faster than w² shifted elementwise products with their slice copies
 (measured on CPU at 4096 patches: ~25x for the whole window part). Every tile array is
-head-major, [B, T, H, rows, E] (T tiles), the layout whose matmuls need no transposes. The grid
+head-major, [B, H, T, rows, E] (T tiles): the layout whose matmuls, and the linear branch's
+φ(q)·(φ(k)ᵀv) on the same rows, need no transposes (XLA:CPU's transposes are slow). The grid
 is zero-padded to a multiple of t; padded query slots are cut by `untile`, padded keys masked.
 Linear in N: O(N·(t + 2r)²·E). models/exact_set.py's window part uses it.
 """
@@ -50,28 +51,28 @@ class Tiling:
     return jnp.pad(grid, ((0, 0), (before, after), (before, after), (0, 0), (0, 0)))
 
   def queries(self, x: jax.Array) -> jax.Array:
-    """Patch tokens [B,M,H,E] as tiles [B,T,H,t²,E]."""
+    """Patch tokens [B,M,H,E] as tiles [B,H,T,t²,E]."""
     b, _, h, e = x.shape
     n, t = self.per_side, self.tile
-    tiles = self._grid(x, 0, 0).reshape(b, n, t, n, t, h, e).transpose(0, 1, 3, 5, 2, 4, 6)
-    return tiles.reshape(b, n * n, h, t * t, e)
+    tiles = self._grid(x, 0, 0).reshape(b, n, t, n, t, h, e).transpose(0, 5, 1, 3, 2, 4, 6)
+    return tiles.reshape(b, h, n * n, t * t, e)
 
   def keys(self, x: jax.Array) -> jax.Array:
-    """Patch tokens [B,M,H,E] as haloed tiles [B,T,H,(t+2r)²,E] (overlapping: each row and
+    """Patch tokens [B,M,H,E] as haloed tiles [B,H,T,(t+2r)²,E] (overlapping: each row and
     column band is a slice, so the backward is pads and adds)."""
     b, _, h, e = x.shape
     n, t, r = self.per_side, self.tile, self.radius
     grid = self._grid(x, r, r)
     rows = jnp.stack([grid[:, i * t : i * t + t + 2 * r] for i in range(n)], axis=1)
     tiles = jnp.stack([rows[:, :, :, j * t : j * t + t + 2 * r] for j in range(n)], axis=2)
-    return tiles.transpose(0, 1, 2, 5, 3, 4, 6).reshape(b, n * n, h, (t + 2 * r) ** 2, e)
+    return tiles.transpose(0, 5, 1, 2, 3, 4, 6).reshape(b, h, n * n, (t + 2 * r) ** 2, e)
 
   def untile(self, y: jax.Array) -> jax.Array:
-    """Tiles [B,T,H,t²,...] back to patch tokens [B,M,H,...] (padded slots dropped)."""
-    b, _, h, _, *rest = y.shape
+    """Tiles [B,H,T,t²,...] back to patch tokens [B,M,H,...] (padded slots dropped)."""
+    b, h, _, _, *rest = y.shape
     n, t = self.per_side, self.tile
-    grid = y.reshape(b, n, n, h, t, t, *rest)
-    grid = jnp.moveaxis(grid, 3, 5).transpose(0, 1, 3, 2, 4, *range(5, grid.ndim))
+    grid = y.reshape(b, h, n, n, t, t, *rest)
+    grid = grid.transpose(0, 2, 4, 3, 5, 1, *range(6, grid.ndim))
     grid = grid.reshape(b, n * t, n * t, h, *rest)[:, : self.side, : self.side]
     return grid.reshape(b, self.side * self.side, h, *rest)
 
