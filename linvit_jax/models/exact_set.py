@@ -21,49 +21,62 @@ from linvit_jax.models.attention_ops import center_keys
 
 @dataclasses.dataclass(frozen=True)
 class _ExactPart:
-  """One group of keys in the exact set of blocks of query rows [B,H,T,X] (T blocks of X rows,
-  head-major): scores s and linear-kernel products a [B,H,T,X,K] (s = -inf and a = 0 where a key
-  is not in a row's set), and `mix(w)`: Σ_K w·v_K, [B,H,T,X,D]."""
+  """One group of keys in the exact set of blocks of query rows [G,T,X] (G = images × heads,
+  T blocks of X rows): scores s and linear-kernel products a [G,T,X,K] (s = -inf and a = 0 where a
+  key is not in a row's set), and `mix(w)`: Σ_K w·v_K, [G,T,X,D]. Images and heads are one axis
+  because XLA:CPU's reductions of a product are ~20x slower with a size-1 axis (batch 1); it
+  leads, so every matmul here is a plain batched one."""
 
   s: jax.Array
   a: jax.Array
   mix: Any
 
 
+def _heads_first(x: jax.Array) -> jax.Array:
+  """Tokens [B,R,H,E] as [G,R,E], G = B·H."""
+  return jnp.swapaxes(x, 1, 2).reshape(-1, x.shape[1], x.shape[3])
+
+
+def _merge(x: jax.Array) -> jax.Array:
+  """[B,H,...] as [G,...], G = B·H."""
+  return x.reshape(-1, *x.shape[2:])
+
+
 def _as_block(x: jax.Array) -> jax.Array:
-  """Rows [B,R,H,E] as one block of rows [B,H,1,R,E]."""
-  return jnp.swapaxes(x, 1, 2)[:, :, None]
+  """Rows [B,R,H,E] as one block of rows [G,1,R,E]."""
+  return _heads_first(x)[:, None]
 
 
 def _shared_part(q_rows, phi_rows, keys, values, phi_keys, valid=None) -> _ExactPart:
   """Keys shared by every row (prefix tokens; sinks, gathered per image and head), [B,K,H,·];
-  rows [B,H,T,X,·]."""
+  rows [G,T,X,·]."""
   scale = 1.0 / np.sqrt(q_rows.shape[-1])
-  s = jnp.einsum("bhtxd,bkhd->bhtxk", q_rows, keys) * scale
-  a = jnp.einsum("bhtxf,bkhf->bhtxk", phi_rows, phi_keys)
+  keys, values, phi_keys = (_heads_first(x) for x in (keys, values, phi_keys))
+  s = jnp.einsum("gtxd,gkd->gtxk", q_rows, keys) * scale
+  a = jnp.einsum("gtxf,gkf->gtxk", phi_rows, phi_keys)
   if valid is not None:
     s, a = jnp.where(valid, s, -jnp.inf), jnp.where(valid, a, 0.0)
-  return _ExactPart(s, a, lambda w: jnp.einsum("bhtxk,bkhd->bhtxd", w, values))
+  return _ExactPart(s, a, lambda w: jnp.einsum("gtxk,gkd->gtxd", w, values))
 
 
 def _window_part(tiles: grid_tiles.Tiling, q_rows, phi_rows, kp, vp, phi_kp) -> _ExactPart:
-  """Each patch row's w×w neighbourhood: rows are `tiles`' query tiles [B,H,T,t²,·], keys the
+  """Each patch row's w×w neighbourhood: rows are `tiles`' query tiles [G,T,t²,·], keys the
   patch tokens [B,M,H,·], scored against each tile's haloed keys by batched matmuls and masked
   to the band (grid_tiles explains why not w² shifted products)."""
-  band = tiles.band()[None, None]  # [1,1,T,X,Y]
+  band = tiles.band()[None]  # [1,T,X,Y]
   scale = 1.0 / np.sqrt(q_rows.shape[-1])
-  keys, values, phi_keys = (tiles.keys(x) for x in (kp, vp, phi_kp))
-  s = jnp.einsum("bhtxd,bhtyd->bhtxy", q_rows * scale, keys)
-  a = jnp.einsum("bhtxf,bhtyf->bhtxy", phi_rows, phi_keys)
+  keys, values, phi_keys = (_merge(tiles.keys(x)) for x in (kp, vp, phi_kp))
+  s = jnp.einsum("gtxd,gtyd->gtxy", q_rows * scale, keys)
+  a = jnp.einsum("gtxf,gtyf->gtxy", phi_rows, phi_keys)
   return _ExactPart(
       jnp.where(band, s, -jnp.inf),
       jnp.where(band, a, 0.0),
-      lambda w: jnp.einsum("bhtxy,bhtyd->bhtxd", w, values),
+      lambda w: jnp.einsum("gtxy,gtyd->gtxd", w, values),
   )
 
 
 def _mix(parts, phi_rows, kv, k_sum, boost, eps):
-  """The hybrid rows [B,H,T,X,D] and their α [B,H,T,X] (float32): α·(softmax average over the
+  """The hybrid rows [G,T,X,D] and their α [G,T,X] (float32): α·(softmax average over the
   exact set) + (1 − α)·(linear average over the rest), α = the linear kernel's share of mass on
   the set, scaled by the gate's boost (a logit shift). Linear over the rest is every key's sum
   (φ(q)·φ(k)ᵀv, φ(q)·Σφ(k)) minus the set's (φ ≥ 0, so the difference is ≥ 0 up to rounding:
@@ -76,12 +89,12 @@ def _mix(parts, phi_rows, kv, k_sum, boost, eps):
   e = [jnp.exp(part.s - top) for part in parts]
   soft_den = functools.reduce(jnp.add, [jnp.sum(w, -1) for w in e])  # ≥ 1 with a non-empty set
   lin_exact = functools.reduce(jnp.add, [jnp.sum(part.a, -1) for part in parts])
-  lin_den = jnp.einsum("bhtxf,bhf->bhtx", phi_rows, k_sum)
+  lin_den = jnp.einsum("gtxf,gf->gtx", phi_rows, k_sum)
   lin_rest = jnp.maximum(lin_den - lin_exact, 0.0)
   alpha = lin_exact * boost / (lin_exact * boost + lin_rest + eps)
   soft_w = (alpha / jnp.maximum(soft_den, 1e-30))[..., None]
   lin_w = ((1.0 - alpha) / (lin_rest + eps))[..., None]
-  y = lin_w * jnp.einsum("bhtxf,bhfd->bhtxd", phi_rows, kv)
+  y = lin_w * jnp.einsum("gtxf,gfd->gtxd", phi_rows, kv)
   y = y + functools.reduce(
       jnp.add, [part.mix(soft_w * w - lin_w * part.a) for part, w in zip(parts, e)]
   )
@@ -106,7 +119,7 @@ def _gather_patches(x: jax.Array, prefix: int, idx: jax.Array) -> jax.Array:
 
 
 def _sink_part(q_rows, phi_rows, k, v, phi_k, prefix, idx, window=0, positions=None):
-  """The sink keys for rows [B,H,T,X,·]; with a window (patch rows at grid `positions`, each
+  """The sink keys for rows [G,T,X,·]; with a window (patch rows at grid `positions`, each
   [T,X]), a sink inside a row's window is left to the window part (counted once)."""
   keys, values, phi_keys = (_gather_patches(x, prefix, idx) for x in (k, v, phi_k))
   valid = None
@@ -115,6 +128,7 @@ def _sink_part(q_rows, phi_rows, k, v, phi_k, prefix, idx, window=0, positions=N
     q_row, q_col = (p[None, None, :, :, None] for p in positions)  # [1,1,T,X,1]
     s_row, s_col = (jnp.moveaxis(p, 1, -1)[:, :, None, None] for p in jnp.divmod(idx, side))
     valid = (jnp.abs(q_row - s_row) > r) | (jnp.abs(q_col - s_col) > r)  # [B,H,T,X,m]
+    valid = _merge(valid)
   return _shared_part(q_rows, phi_rows, keys, values, phi_keys, valid)
 
 
@@ -146,9 +160,11 @@ def exact_set_hybrid(
   out_dtype = v.dtype
   q, k, v, phi_q, phi_k = (x.astype(f32) for x in (q, k, v, phi_q, phi_k))
   idx = sink_indices(k, prefix, sinks) if sinks else None
+  b, _, h, _ = v.shape
   kv = jnp.einsum("bkhf,bkhd->bhfd", phi_k, v)
   k_sum = jnp.sum(phi_k, axis=1)  # [B,H,F]
-  boost = jnp.exp(gate_bias.astype(f32))[:, None, None]  # [H,1,1]: broadcasts over [B,H,T,X]
+  boost = jnp.tile(jnp.exp(gate_bias.astype(f32)), b)[:, None, None]  # [G,1,1]
+  kv_g, k_sum_g = _merge(kv), _merge(k_sum)
 
   def shared_parts(q_rows, phi_rows, positions=None):
     parts = []
@@ -162,19 +178,21 @@ def exact_set_hybrid(
 
   def block_rows(rows):  # rows [B,R,H,·] without a window: (y [B,R,H,D], α [B,R,H])
     q_rows, phi_rows = _as_block(q[:, rows]), _as_block(phi_q[:, rows])
-    y, alpha = _mix(shared_parts(q_rows, phi_rows), phi_rows, kv, k_sum, boost, eps)
-    return jnp.swapaxes(y[:, :, 0], 1, 2), jnp.swapaxes(alpha[:, :, 0], 1, 2)
+    y, alpha = _mix(shared_parts(q_rows, phi_rows), phi_rows, kv_g, k_sum_g, boost, eps)
+    y, alpha = y.reshape(b, h, *y.shape[2:]), alpha.reshape(b, h, -1)
+    return jnp.swapaxes(y, 1, 2), jnp.swapaxes(alpha, 1, 2)
 
   if not window:
     y, alpha = block_rows(slice(None))
     return y.astype(out_dtype), jnp.mean(alpha, axis=(0, 1))
   tiles = grid_tiles.tiling(grid_tiles.grid_side(k.shape[1] - prefix, "window"), window)
-  q_rows, phi_rows = (tiles.queries(x[:, prefix:]) for x in (q, phi_q))
+  q_rows, phi_rows = (_merge(tiles.queries(x[:, prefix:])) for x in (q, phi_q))
   patch_kv = (x[:, prefix:] for x in (k, v, phi_k))
   parts = [_window_part(tiles, q_rows, phi_rows, *patch_kv)]
   parts += shared_parts(q_rows, phi_rows, tiles.positions())
-  y, alpha = _mix(parts, phi_rows, kv, k_sum, boost, eps)
-  y, alpha = tiles.untile(y), tiles.untile(alpha[..., None])[..., 0]
+  y, alpha = _mix(parts, phi_rows, kv_g, k_sum_g, boost, eps)
+  y = tiles.untile(y.reshape(b, h, *y.shape[1:]))
+  alpha = tiles.untile(alpha.reshape(b, h, *alpha.shape[1:], 1))[..., 0]
   pre = slice(None, prefix)
   if sinks and prefix:
     y_pre, alpha_pre = block_rows(pre)
