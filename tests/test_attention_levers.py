@@ -15,16 +15,16 @@ from tests.helpers import tiny_teacher
 X = jax.random.normal(jax.random.PRNGKey(0), (2, 1 + 16, 32))  # cls + a 4×4 grid
 
 
-def _pair(fmap="hedgehog_exp", prefix=1, **levers):
-  """A softmax layer and a linear layer with `levers`, sharing q/k/v/out."""
+def _pair(fmap="hedgehog_exp", prefix=1, x=X, **levers):
+  """A softmax layer and a linear layer with `levers`, sharing q/k/v/out (initialised on x)."""
   soft = A.Attention(num_heads=2)
-  params = soft.init(jax.random.PRNGKey(1), X)["params"]
+  params = soft.init(jax.random.PRNGKey(1), x)["params"]
   lin = A.Attention(
       num_heads=2,
       spec=A.AttentionSpec(kind="linear", feature_map=fmap, **levers),
       num_prefix_tokens=prefix,
   )
-  lin_params = dict(lin.init(jax.random.PRNGKey(2), X)["params"])
+  lin_params = dict(lin.init(jax.random.PRNGKey(2), x)["params"])
   lin_params.update({k: params[k] for k in ("query", "key", "value", "out")})
   return soft, params, lin, lin_params
 
@@ -180,7 +180,7 @@ def test_window_covering_the_grid_with_gate_one_is_softmax():
   np.testing.assert_allclose(np.asarray(y_win), np.asarray(y_soft), atol=2e-5)
 
 
-def _dense_hybrid(lin_params, inter, exact, logit):
+def _dense_hybrid(lin_params, inter, exact, logit, x=X):
   """The exact-set hybrid written out in O(N²) with an explicit mask `exact` [B,H,Q,N] over the
   rows Q it covers (the last Q rows of X): exact softmax inside the set, linear attention
   outside, mixed by α = the linear kernel's mass on the set, logit-shifted by the gate. Returns
@@ -188,7 +188,7 @@ def _dense_hybrid(lin_params, inter, exact, logit):
   nq = exact.shape[2]
   q, k = inter["q"][0][:, -nq:], inter["k"][0]
   phi_q, phi_k = inter["phi_q"][0][:, -nq:], inter["phi_k"][0]
-  v = jnp.einsum("bnd,dhk->bnhk", X, lin_params["value"]["kernel"]) + lin_params["value"]["bias"]
+  v = jnp.einsum("bnd,dhk->bnhk", x, lin_params["value"]["kernel"]) + lin_params["value"]["bias"]
   s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
   e = jnp.where(exact, jnp.exp(s - jnp.max(jnp.where(exact, s, -jnp.inf), -1, keepdims=True)), 0)
   a = jnp.einsum("bqhf,bkhf->bhqk", phi_q, phi_k)
@@ -253,6 +253,73 @@ def test_sink_hybrid_equals_its_dense_definition(sinks, window, logit):
   np.testing.assert_allclose(
       np.asarray(inter["exact_share"][0]), np.asarray(alpha.mean(axis=(0, 2))), atol=1e-5
   )
+
+
+@pytest.mark.parametrize("window, prefix, sinks", [(3, 1, 0), (5, 0, 0), (3, 0, 3), (3, 1, 4)])
+def test_window_hybrid_on_a_padded_tiling_equals_its_dense_definition(window, prefix, sinks):
+  """A 10×10 grid is cut into 6×6 tiles (padded to 12×12): padded query slots are dropped and
+  padded keys never enter a window; without a prefix token some padded slots have an empty
+  exact set, which must not turn into NaNs (forward or backward)."""
+  side = 10
+  x = jax.random.normal(jax.random.PRNGKey(4), (2, prefix + side * side, 32))
+  _, _, lin, lin_params = _pair("hedgehog_exp", prefix, x, window=window, sinks=sinks)
+  lin_params = _with_gate(lin_params, 0.7)
+  y, state = lin.apply({"params": lin_params}, x, mutable=["intermediates"])
+  inter = state["intermediates"]
+  rows, cols = np.divmod(np.arange(side * side), side)
+  r = window // 2
+  near = (np.abs(rows[:, None] - rows[None]) <= r) & (np.abs(cols[:, None] - cols[None]) <= r)
+  exact = np.zeros((2, 2, prefix + side * side, prefix + side * side), bool)
+  exact[..., :prefix] = True
+  exact[:, :, prefix:, prefix:] = near
+  if sinks:
+    k = np.asarray(inter["k"][0])[:, prefix:]  # [B,M,H,D]
+    top = np.argsort(-np.sum((k - k.mean(axis=1, keepdims=True)) ** 2, -1), axis=1)[:, :sinks]
+    for b in range(2):
+      for h in range(2):
+        exact[b, h, :, prefix + top[b, :, h]] = True
+  hybrid_rows = slice(0 if sinks else prefix, None)
+  ref_y, alpha = _dense_hybrid(lin_params, inter, exact[:, :, hybrid_rows], 0.7, x)
+  np.testing.assert_allclose(np.asarray(y[:, hybrid_rows]), np.asarray(ref_y), atol=2e-4, rtol=1e-4)
+  np.testing.assert_allclose(
+      np.asarray(inter["exact_share"][0]), np.asarray(alpha.mean(axis=(0, 2))), atol=1e-5
+  )
+  grads = jax.grad(lambda p, x: jnp.sum(lin.apply({"params": p}, x) ** 2), argnums=(0, 1))(
+      lin_params, x
+  )
+  assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree_util.tree_leaves(grads))
+
+
+@pytest.mark.parametrize("window, sinks", [(7, 0), (0, 16), (3, 2)])
+def test_exact_set_guards_hold_at_bfloat16(window, sinks):
+  """bfloat16 inputs, and exact sets that hold every key (the linear rest Σ_all − Σ_set is then
+  0 up to rounding, possibly negative: clipped) or none of the mass (φ(k) = 0 outside the
+  prefix): outputs and gradients stay finite, and the full set is softmax attention."""
+  from linvit_jax.models import exact_set
+
+  keys = jax.random.split(jax.random.PRNGKey(5), 5)
+  bf16 = jnp.bfloat16
+  q, k, v = (3 * jax.random.normal(key, (2, 17, 2, 8), bf16) for key in keys[:3])
+  phi_q = jax.nn.softmax(jax.random.normal(keys[3], (2, 17, 2, 16)), -1).astype(bf16)
+  phi_k = jnp.exp(jax.random.normal(keys[4], (2, 17, 2, 16)) - 2).astype(bf16)
+  gate = jnp.full((2,), 40.0)  # α = 1 wherever the set has any linear mass
+
+  def run(q, k, v, phi_q, phi_k):
+    return exact_set.exact_set_hybrid(q, k, v, phi_q, phi_k, gate, window, 1, sinks, 1e-6)[0]
+
+  for phi in (phi_k, phi_k.at[:, 1:].set(0)):
+    y = run(q, k, v, phi_q, phi)
+    assert y.dtype == bf16 and np.all(np.isfinite(np.asarray(y, np.float32)))
+    loss = lambda *a: jnp.sum(run(*a).astype(jnp.float32) ** 2)  # noqa: E731
+    grads = jax.grad(loss, argnums=(0, 1, 2, 3, 4))(q, k, v, phi_q, phi)
+    assert all(np.all(np.isfinite(np.asarray(g, np.float32))) for g in grads)
+  if window == 7 or sinks == 16:  # every key exact for the hybrid rows: softmax
+    soft = A.ops.softmax_attention(*(x.astype(jnp.float32) for x in (q, k, v)))
+    rows = slice(1, None) if window else slice(None)
+    y = run(q, k, v, phi_q, phi_k)
+    np.testing.assert_allclose(
+        np.asarray(y[:, rows], np.float32), np.asarray(soft[:, rows]), atol=0.05
+    )
 
 
 def test_sinks_covering_every_key_with_gate_one_is_softmax():

@@ -188,3 +188,18 @@ def test_feature_map_layer_bench_runs_every_case_and_restores_the_map(tmp_path):
   assert json.loads(out.read_text())["shape"]["tokens"] == 17
   with pytest.raises(SystemExit, match="unknown case"):
     bench.main(["--cases", "hedgehog"])
+
+
+def test_window_speed_bench_at_a_tiny_grid(tmp_path):
+  # Every row of the window-hybrid layer bench on a 3×3 patch grid (width 32, 2 heads).
+  from bench import window_speed
+
+  out = tmp_path / "window_speed.json"
+  argv = ["--px", "42", "--width", "32", "--heads", "2", "--reps", "1", "--out", str(out)]
+  result = window_speed.main(argv)
+  assert [r["tokens"] for r in result["rows"]] == [10] * 10
+  assert {r["case"] for r in result["rows"]} == set(window_speed.CASES)
+  assert all(r["ms"] > 0 and r["x_hedgehog_exp"] > 0 for r in result["rows"])
+  assert json.loads(out.read_text())["commit"]
+  text = window_speed.table(result)
+  assert text.count("| window3 |") == 1 and "fwd+bwd × hedgehog_exp" in text

@@ -229,19 +229,15 @@ class Attention(nn.Module):
     # folded into them) nor a second pass of the feature maps.
     self.sow("intermediates", "phi_q", phi_q)
     self.sow("intermediates", "phi_k", phi_k)
-    y = ops.linear_attention(phi_q, phi_k, v, spec.eps)
     p = self.num_prefix_tokens
     if spec.window or spec.sinks:
       gate = WindowGate(self.num_heads, name="window" if spec.window else "sinks")()
-      rows, prefix_rows, share = exact_set.exact_set_hybrid(
+      y, share = exact_set.exact_set_hybrid(
           q, k, v, phi_q, phi_k, gate, spec.window, p, spec.sinks, spec.eps
       )
-      if not spec.window:
-        y = rows.astype(y.dtype)
-      else:
-        y_pre = y[:, :p] if prefix_rows is None else prefix_rows.astype(y.dtype)
-        y = jnp.concatenate([y_pre, rows.astype(y.dtype)], axis=1)
       self.sow("intermediates", "exact_share", share)
+    else:
+      y = ops.linear_attention(phi_q, phi_k, v, spec.eps)
     if spec.exact_prefix_rows and p:
       # The cls (and register) rows are what the pooled feature is made of; exact softmax over
       # all keys for P queries is O(P·N).
