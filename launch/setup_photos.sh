@@ -1,22 +1,36 @@
 #!/usr/bin/env bash
-# Gathers the photos of the README's conversion: the 21 sample photos of scikit-image and
-# matplotlib (pip) to train on, and the 25 cross-source photos (debian_photos --set cross) to
-# validate and test on, from five Debian packages that are downloaded and unpacked into a cache
-# (apt-get download + dpkg-deb -x), not installed: no desktop is pulled in and no root is needed
-# once the package lists exist. Safe to run again: each step is skipped when done.
+# Gathers the photos of the README's conversion: a folder to train on and the 25 cross-source
+# photos (debian_photos --set cross) to validate and test on. The Debian packages they come from
+# are downloaded and unpacked into a cache (apt-get download + dpkg-deb -x), not installed: no
+# desktop is pulled in, and no root is needed once the package lists exist. Safe to run again:
+# a package already downloaded is not fetched again.
 #
-#   bash launch/setup_photos.sh [TRAIN_DIR] [CROSS_DIR]   (default workdirs/photos workdirs/cross)
+#   bash launch/setup_photos.sh [TRAIN_DIR] [CROSS_DIR] [TRAIN_SET]
+#
+# TRAIN_SET (default all): samples = the 21 sample photos of scikit-image and matplotlib (pip);
+# debian = those and the 46 photographs of plasma-workspace-wallpapers, opencv-doc and
+# mate-backgrounds; all = those and the 15 lomiri photographs (82 photos, ~240 MB of packages).
+# The cross-source packages: lxqt-themes gnome-taquin libjxl-testdata puzzle-jigsaw
+# libsixel-examples (~50 MB). docs/data_study.md compares the three.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TRAIN_DIR=${1:-workdirs/photos}
 CROSS_DIR=${2:-workdirs/cross}
+TRAIN_SET=${3:-all}
 DEBS=${LINVIT_DEB_DIR:-$HOME/.cache/linvit_jax/debs}
-PACKAGES="lxqt-themes gnome-taquin libjxl-testdata puzzle-jigsaw libsixel-examples"
+CROSS="lxqt-themes gnome-taquin libjxl-testdata puzzle-jigsaw libsixel-examples"
+DEBIAN="plasma-workspace-wallpapers opencv-doc mate-backgrounds"
+LOMIRI="lomiri-wallpapers-16.04 lomiri-wallpapers-20.04"
+case "$TRAIN_SET" in
+  samples) PACKAGES="$CROSS" ;;
+  debian) PACKAGES="$CROSS $DEBIAN" ;;
+  all) PACKAGES="$CROSS $DEBIAN $LOMIRI" ;;
+  *) echo "error: TRAIN_SET must be samples, debian or all, got '$TRAIN_SET'" >&2; exit 2 ;;
+esac
 
-if [ ! -f .venv/bin/python ]; then
+if [ ! -x .venv/bin/python ]; then
   bash launch/setup_local.sh
 fi
-.venv/bin/python -m linvit_jax.data.sample_photos "$TRAIN_DIR"
 
 mkdir -p "$DEBS/archives" "$DEBS/root"
 for package in $PACKAGES; do
@@ -25,14 +39,21 @@ for package in $PACKAGES; do
       if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
         apt-get update -qq && (cd "$DEBS/archives" && apt-get download -qq "$package")
       else
-        echo "cannot download the Debian package $package: run 'sudo apt-get update' and retry" >&2
+        echo "error: cannot download the Debian package $package: run 'sudo apt-get update' and retry" >&2
         exit 1
       fi
     fi
   fi
+  dpkg-deb -x "$(ls "$DEBS/archives/${package}"_*.deb | head -1)" "$DEBS/root"
 done
-for deb in "$DEBS"/archives/*.deb; do
-  dpkg-deb -x "$deb" "$DEBS/root"
-done
-.venv/bin/python -m linvit_jax.data.debian_photos "$CROSS_DIR" --set cross \
-  --share_dir "$DEBS/root/usr/share"
+
+SHARE="$DEBS/root/usr/share"
+.venv/bin/python -m linvit_jax.data.debian_photos "$CROSS_DIR" --set cross --share_dir "$SHARE"
+if [ "$TRAIN_SET" = samples ]; then
+  .venv/bin/python -m linvit_jax.data.sample_photos "$TRAIN_DIR"
+else
+  .venv/bin/python -m linvit_jax.data.debian_photos "$TRAIN_DIR" --with_samples --share_dir "$SHARE"
+fi
+if [ "$TRAIN_SET" = all ]; then
+  .venv/bin/python -m linvit_jax.data.debian_photos "$TRAIN_DIR" --set lomiri --share_dir "$SHARE"
+fi
