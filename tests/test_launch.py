@@ -612,3 +612,25 @@ if "ssh" in sys.argv and "linvit_jax.main" in sys.argv[-1]:
   assert [f.split(".", 1)[1] for f in files] == ["worker0.log", "worker1.log"]
   assert (tmp_path / "logs" / files[1]).read_text() == "step 1 loss 2.0\ndone\n"
   assert "[w1] done" in out.getvalue()
+
+
+def test_setup_photos_checks_its_set_first_and_downloads_what_it_names(tmp_path):
+  """setup_photos.sh: valid bash; a wrong TRAIN_SET is one error line before anything is fetched;
+  the packages it downloads for `all` are those debian_photos reads (cross, default and lomiri)."""
+  from linvit_jax.data import debian_photos
+
+  script = os.path.join(ROOT, "launch", "setup_photos.sh")
+  assert subprocess.run(["bash", "-n", script], check=False).returncode == 0
+  env = {**os.environ, "LINVIT_DEB_DIR": str(tmp_path / "debs")}
+  result = subprocess.run(
+      ["bash", script, str(tmp_path / "t"), str(tmp_path / "c"), "everything"],
+      capture_output=True, text=True, env=env, check=False,
+  )  # fmt: skip
+  assert result.returncode == 2 and result.stderr.startswith("error: TRAIN_SET must be")
+  assert not (tmp_path / "debs").exists()
+  text = open(script).read()
+  for package, _ in debian_photos.CROSS_PHOTOS:
+    assert package in text
+  for package in ("plasma-workspace-wallpapers", "opencv-doc", "mate-backgrounds"):
+    assert package in text
+  assert "lomiri-wallpapers-16.04" in text and "lomiri-wallpapers-20.04" in text
