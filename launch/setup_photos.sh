@@ -9,9 +9,10 @@
 #
 # TRAIN_SET (default all): samples = the 21 sample photos of scikit-image and matplotlib (pip);
 # debian = those and the 46 photographs of plasma-workspace-wallpapers, opencv-doc and
-# mate-backgrounds; all = those and the 15 lomiri photographs (82 photos, ~240 MB of packages).
+# mate-backgrounds; all = those and the 15 lomiri photographs (82 photos; with the cross-source
+# packages ~350 MB downloaded, ~600 MB unpacked).
 # The cross-source packages: lxqt-themes gnome-taquin libjxl-testdata puzzle-jigsaw
-# libsixel-examples (~50 MB). docs/data_study.md compares the three.
+# libsixel-examples. docs/data_study.md compares training folders like these three.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TRAIN_DIR=${1:-workdirs/photos}

@@ -295,9 +295,13 @@ def _made_by_earlier_commands(command: Command) -> list[pathlib.PurePosixPath]:
   """Output paths that README commands before `command` create (e.g. a folder of photos)."""
   made = []
   for earlier in COMMANDS[: COMMANDS.index(command)]:
-    if earlier.module() in (None, *CLI_MODULES):
+    if earlier.words[:2] == ("bash", "launch/setup_photos.sh"):  # TRAIN_DIR CROSS_DIR: folders
+      words = list(earlier.words[2:])
+    elif earlier.module() in (None, *CLI_MODULES):
       continue
-    for word in earlier.module_args():
+    else:
+      words = earlier.module_args()
+    for word in words:
       path = _local_path(word) or (pathlib.PurePosixPath(word) if "/" in word else None)
       if path is not None and not word.startswith("-") and _is_output(path):
         made.append(path)

@@ -90,6 +90,8 @@ TABLES: dict[str, Table] = {
     "default_full_resolution_curves": Table((photos.RESOLUTION_CURVES,), photos.resolution_curves),
     "default_full_rerun": Table((photos.FULL_STUDY,), photos.rerun),
     "default_full_rerun_cost": Table((photos.FULL_STUDY,), photos.rerun_cost),
+    "data_study": Table((photos.DATA_STUDY,), photos.data_study(photos.DATA_ARMS)),
+    "data_study_compounding": Table((photos.COMPOUNDING,), photos.compounding),
 }
 
 

@@ -426,7 +426,9 @@ DATA_ARMS = (
     ("S", "21 sample photos (scikit-image, matplotlib)"),
     ("D", "46 Debian photos (plasma, opencv, mate)"),
     ("SDL", "82: the sample, Debian and lomiri photos"),
-)
+    ("M21", "21 mixed: 7 sample, 7 Debian, 7 lomiri (tools/mix_photos.py)"),
+)[:3]
+COMPOUNDING = "docs/data_study_compounding.json"
 
 
 def data_study(arms: Sequence[tuple[str, str]]) -> Callable[[Load], str]:
@@ -442,8 +444,8 @@ def data_study(arms: Sequence[tuple[str, str]]) -> Callable[[Load], str]:
     head = " | ".join(f"cross {s} px: cls / patch" for s in sizes)
     lines = [
         f"| trained on (test: {first['test']['n_test']} cross-source photos) | images | {head} | cross {sizes[0]} px: drop-in | in-source "
-        f"{sizes[0]} px: cls / patch (photos) |",
-        "|---|---|" + "---|" * len(sizes) + "---|---|",
+        f"{sizes[0]} px: cls / patch (photos) | crop retrieval, student / teacher top-1 |",
+        "|---|---|" + "---|" * len(sizes) + "---|---|---|",
     ]
     for name, label in arms:
       run = study[name]
@@ -454,16 +456,53 @@ def data_study(arms: Sequence[tuple[str, str]]) -> Callable[[Load], str]:
       drop = _whole(run, sizes[0])["dense"]["drop_in"]["mean"]
       own = run.get("in_source")
       if own:
-        row = _whole(own, sizes[0])
+        row = _whole({"test": own}, sizes[0])  # compare's JSON is a test table itself
         mine = (
             f"{row['cls_cosine']['mean']:.3f} / {row['patch_cosine']['mean']:.3f} "
             f"({own['n_test']})"
         )
       else:
         mine = "—"
+      found = run["test"].get("crop_retrieval") or {}
+      if "student_top1" in found:
+        retrieval = (
+            f"{found['student_top1']['mean']:.3f} / {found['teacher_top1']['mean']:.3f} "
+            f"({found['retention']:.2f})"
+        )
+      else:  # runs from before the measure
+        retrieval = "—"
       lines.append(
-          f"| {label} | {run['images_seen']} | {' | '.join(cells)} | {drop:.3f} | {mine} |"
+          f"| {label} | {run['images_seen']} | {' | '.join(cells)} | {drop:.3f} | {mine} "
+          f"| {retrieval} |"
       )
     return "\n".join(lines)
 
   return render
+
+
+def compounding(load: Load) -> str:
+  """studies/compounding.py's JSON: per layer, the teacher-forced attention cosine, the final cls /
+  patch cosine with that layer's attention the teacher's (fix) and the share of the student's gap
+  it closes, and the gap that layer's student attention causes alone in the teacher (as a share of
+  the student's gap); the baseline and the sums last."""
+  c = load(COMPOUNDING)
+  lines = [
+      "| layer | teacher-forced attention cosine | fix: cls / patch | share of the gap closed: "
+      "cls / patch | break: cls / patch | gap alone ÷ the student's: cls / patch |",
+      "|---|---|---|---|---|---|",
+  ]
+  for row in c["layers"]:
+    rec, alone = row["recovered_share"], row["gap_alone_share"]
+    lines.append(
+        f"| {row['layer']} | {row['attention_tf_cosine']:.3f} | {row['fix_cls']:.3f} / "
+        f"{row['fix_patch']:.3f} | {rec['cls']:+.3f} / {rec['patch']:+.3f} | "
+        f"{row['break_cls']:.3f} / {row['break_patch']:.3f} | {alone['cls']:.3f} / "
+        f"{alone['patch']:.3f} |"
+    )
+  base, rec, alone = c["baseline"], c["sum_recovered_share"], c["sum_gap_alone_share"]
+  lines.append(
+      f"| the student ({c['n_photos']} photos, {c['res']} px) | | {base['cls']:.3f} / "
+      f"{base['patch']:.3f} | sum {rec['cls']:.2f} / {rec['patch']:.2f} | | sum "
+      f"{alone['cls']:.2f} / {alone['patch']:.2f} |"
+  )
+  return "\n".join(lines)
