@@ -427,7 +427,7 @@ DATA_ARMS = (
     ("D", "46 Debian photos (plasma, opencv, mate)"),
     ("SDL", "82: the sample, Debian and lomiri photos"),
     ("M21", "21 mixed: 7 sample, 7 Debian, 7 lomiri (tools/mix_photos.py)"),
-)[:3]
+)
 COMPOUNDING = "docs/data_study_compounding.json"
 
 
