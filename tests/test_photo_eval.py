@@ -108,6 +108,7 @@ def test_bootstrap_contains_the_mean_and_shrinks_with_more_photos():
   assert photo_eval.bootstrap_interval(few, seed=3) == photo_eval.bootstrap_interval(few, seed=3)
   s = photo_eval.stat([0.9, 0.5, 0.8], ["a", "b", "c"])
   assert (s["worst"], s["worst_photo"], s["n"]) == (0.5, "b", 3)
+  assert s["per_photo"] == {"a": 0.9, "b": 0.5, "c": 0.8}  # kept, for paired comparisons
 
 
 def test_the_teacher_as_its_own_student_keeps_every_part(teacher, photos):

@@ -163,7 +163,9 @@ def bootstrap_interval(
 def stat(
     values: Sequence[float], names: Sequence[str], resamples: int = DEFAULT_BOOTSTRAP, seed: int = 0
 ) -> dict[str, Any]:
-  """{"mean", "lo", "hi", "worst", "worst_photo", "n"} of per-photo values (worst: the lowest)."""
+  """{"mean", "lo", "hi", "worst", "worst_photo", "n", "per_photo"} of per-photo values (worst:
+  the lowest; per_photo: each photo's value by name, so two runs on the same photos can be
+  compared photo by photo, with a paired interval)."""
   v = np.asarray(values, np.float64)
   lo, hi = bootstrap_interval(v, resamples, seed)
   worst = int(np.argmin(v))
@@ -174,6 +176,7 @@ def stat(
       "worst": float(v[worst]),
       "worst_photo": names[worst],
       "n": len(v),
+      "per_photo": {str(name): float(x) for name, x in zip(names, v)},
   }
 
 
