@@ -24,14 +24,11 @@ import numpy as np
 
 import linvit_jax
 from linvit_jax.artifacts import export_format
-from linvit_jax.data import image_folder
 from linvit_jax.evaluation import feature_cache
 from linvit_jax.evaluation import photo_eval
 from linvit_jax.models import vit
 from linvit_jax.runtime import errors
 from linvit_jax.runtime.errors import UserError
-
-SPLITS = ("test", "val")
 
 
 def load_teacher(init: str, student: Any, res: int) -> tuple[Any, Any]:
@@ -84,14 +81,8 @@ def _run_cli(args: argparse.Namespace) -> dict[str, Any]:
     index, val_index = photo_eval.scan(args.photos), photo_eval.scan(args.val_photos)
     test = [index.path(i) for i in range(len(index.files))]
     names, val = list(index.files), [val_index.path(i) for i in range(len(val_index.files))]
-  elif args.holdout < 1:  # a training folder: only its held-out photos were never seen
-    index = photo_eval.scan(args.photos)
-    test_at, val_at = (image_folder.split_files(index.files, f"{s}@{args.holdout}") for s in SPLITS)
-    test, val = [index.path(i) for i in test_at], [index.path(i) for i in val_at]
-    names = [index.files[i] for i in test_at]
-  else:
-    photo_eval.scan(args.photos)
-    test, val, names = photo_eval.split_folder(args.photos)
+  else:  # holdout < 1: a training folder, of which only the held-out photos were never seen
+    test, val, names = photo_eval.split_folder(args.photos, args.holdout)
   if not test:
     raise photo_eval.PhotoEvalError(
         f"--photos {args.photos!r}: no test photo ({len(val)} photo(s), all for validation); "

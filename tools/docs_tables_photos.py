@@ -213,7 +213,12 @@ WHOLE_MEASURES = (
 
 def _whole(run: dict[str, Any], size: int) -> dict[str, Any]:
   """Run `run`'s test row of the whole view at `size`."""
-  return next(r for r in run["test"]["rows"] if (r["size"], r["view"]) == (size, "whole"))
+  return _whole_row(run["test"], size)
+
+
+def _whole_row(test: dict[str, Any], size: int) -> dict[str, Any]:
+  """A test table's row (photo_eval's, a run's "test" or compare's JSON) of the whole view."""
+  return next(r for r in test["rows"] if (r["size"], r["view"]) == (size, "whole"))
 
 
 def _sizes(run: dict[str, Any]) -> list[int]:
@@ -449,14 +454,12 @@ def data_study(arms: Sequence[tuple[str, str]]) -> Callable[[Load], str]:
     ]
     for name, label in arms:
       run = study[name]
-      cells = [
-          f"{_whole(run, s)['cls_cosine']['mean']:.3f} / {_whole(run, s)['patch_cosine']['mean']:.3f}"
-          for s in sizes
-      ]
-      drop = _whole(run, sizes[0])["dense"]["drop_in"]["mean"]
+      rows = [_whole(run, s) for s in sizes]
+      cells = [f"{r['cls_cosine']['mean']:.3f} / {r['patch_cosine']['mean']:.3f}" for r in rows]
+      drop = rows[0]["dense"]["drop_in"]["mean"]
       own = run.get("in_source")
       if own:
-        row = _whole({"test": own}, sizes[0])  # compare's JSON is a test table itself
+        row = _whole_row(own, sizes[0])
         mine = (
             f"{row['cls_cosine']['mean']:.3f} / {row['patch_cosine']['mean']:.3f} "
             f"({own['n_test']})"

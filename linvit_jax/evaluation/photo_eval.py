@@ -429,15 +429,14 @@ def retrieval_line(block: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------- a folder of photos
 
 
-def split_folder(folder: str) -> tuple[list[str], list[str], list[str]]:
-  """(test paths, validation paths, test names) of a folder by image_folder's val / test rule,
-  the whole folder taken as held out."""
+def split_folder(folder: str, holdout: float = 1.0) -> tuple[list[str], list[str], list[str]]:
+  """(test paths, validation paths, test names) of a folder by image_folder's splits test@F and
+  val@F: with F = 1 the whole folder is held out and halved by the val / test rule; with F < 1 it
+  is a run's training folder and only the photos the run held out are used."""
   from linvit_jax.data import image_folder
 
   index = scan(folder)
-  in_val = image_folder.val_mask(index.files)
-  test = [i for i, v in enumerate(in_val) if not v]
-  val = [i for i, v in enumerate(in_val) if v]
+  test, val = (image_folder.split_files(index.files, f"{s}@{holdout}") for s in ("test", "val"))
   return [index.path(i) for i in test], [index.path(i) for i in val], [index.files[i] for i in test]
 
 
