@@ -1,13 +1,14 @@
 r"""An exported student against its teacher on photos it never saw (evaluation/photo_eval.py).
 
     python -m linvit_jax.compare --student WORKDIR --teacher INIT --photos DIR \
-        [--val_photos DIR | --holdout 0.2] [--res 224] [--factors 1,2,4] [--out results.json]
+        [--val_photos DIR | --holdout 0.2 [--seen]] [--res 224] [--factors 1,2,4] [--out results.json]
 
 The teacher is the student's own architecture with softmax attention, read from INIT at the
 student's training size. Without --val_photos, the folder is split by image_folder's val / test
 hash rule; with --holdout F, --photos is the run's own training folder and only its held-out
 photos are used (test@F and val@F, as the run split them): the in-source figures beside a run's
-cross-source ones (eval_folder=). Prints photo_eval's table (fidelity, the dense measure, crop
+cross-source ones (eval_folder=). --seen with --holdout F tests on the photos the run trained on
+(train@F): the fit, beside the in-source and cross-source figures. Prints photo_eval's table (fidelity, the dense measure, crop
 retrieval); --out writes its JSON.
 """
 
@@ -75,6 +76,11 @@ def _run_cli(args: argparse.Namespace) -> dict[str, Any]:
     raise photo_eval.PhotoEvalError(f"--holdout {args.holdout}: expected a fraction in (0, 1]")
   if not os.path.isdir(args.photos):
     raise photo_eval.PhotoEvalError(f"--photos {args.photos!r} is not a folder")
+  if args.seen and (args.val_photos or args.holdout == 1):
+    raise photo_eval.PhotoEvalError(
+        "--seen tests on the photos a run trained on: it needs --holdout F < 1 (the run's "
+        "training folder and its holdout=), without --val_photos"
+    )
   if args.val_photos:
     if not os.path.isdir(args.val_photos):
       raise photo_eval.PhotoEvalError(f"--val_photos {args.val_photos!r} is not a folder")
@@ -82,7 +88,8 @@ def _run_cli(args: argparse.Namespace) -> dict[str, Any]:
     test = [index.path(i) for i in range(len(index.files))]
     names, val = list(index.files), [val_index.path(i) for i in range(len(val_index.files))]
   else:  # holdout < 1: a training folder, of which only the held-out photos were never seen
-    test, val, names = photo_eval.split_folder(args.photos, args.holdout)
+    test_split = "train" if args.seen else "test"
+    test, val, names = photo_eval.split_folder(args.photos, args.holdout, test_split)
   if not test:
     raise photo_eval.PhotoEvalError(
         f"--photos {args.photos!r}: no test photo ({len(val)} photo(s), all for validation); "
@@ -125,6 +132,12 @@ def main(argv: list[str] | None = None) -> int:
       default=1.0,
       help="--photos is the run's training folder: its test@F / val@F halves (the run's holdout="
       "; 1: the whole folder is held out)",
+  )
+  parser.add_argument(
+      "--seen",
+      action="store_true",
+      help="with --holdout F < 1: test on the photos the run trained on (train@F), to tell how "
+      "well it fits what it saw from how well it carries to photos it did not",
   )
   parser.add_argument("--res", type=int, default=0, help="base size (default: the training size)")
   parser.add_argument("--factors", default="1,2,4", help="sizes as multiples of --res")

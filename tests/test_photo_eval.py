@@ -288,6 +288,15 @@ def test_cli_writes_json_and_bad_photos_is_one_line(tmp_path, capsys):
   assert [held["n_test"], held["n_val"]] == expect and sum(expect) < len(files)
   assert compare.main([*args, "--holdout", "1.5"]) == 2
   assert "--holdout" in capsys.readouterr().err
+  # --seen: the run's training share (train@F) is the test set; refused without a training folder.
+  seen, seen_val, _ = photo_eval.split_folder(folder, 0.3, "train")
+  trained = [files[i] for i in image_folder.split_files(files, "train@0.3")]
+  assert sorted(os.path.basename(p) for p in seen) == sorted(trained) and not set(seen) & set(
+      seen_val
+  )
+  for extra in (["--seen"], ["--seen", "--holdout", "0.3", "--val_photos", folder]):
+    assert compare.main([*args, *extra]) == 2
+    assert "error: --seen" in capsys.readouterr().err
 
 
 def test_the_teachers_tokens_come_from_the_cache_the_second_time(teacher, photos, tmp_path):

@@ -429,14 +429,17 @@ def retrieval_line(block: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------- a folder of photos
 
 
-def split_folder(folder: str, holdout: float = 1.0) -> tuple[list[str], list[str], list[str]]:
+def split_folder(
+    folder: str, holdout: float = 1.0, test_split: str = "test"
+) -> tuple[list[str], list[str], list[str]]:
   """(test paths, validation paths, test names) of a folder by image_folder's splits test@F and
   val@F: with F = 1 the whole folder is held out and halved by the val / test rule; with F < 1 it
-  is a run's training folder and only the photos the run held out are used."""
+  is a run's training folder and only the photos the run held out are used. test_split="train"
+  tests on the photos such a run trained on instead (train@F: how well it fits what it saw)."""
   from linvit_jax.data import image_folder
 
   index = scan(folder)
-  test, val = (image_folder.split_files(index.files, f"{s}@{holdout}") for s in ("test", "val"))
+  test, val = (image_folder.split_files(index.files, f"{s}@{holdout}") for s in (test_split, "val"))
   return [index.path(i) for i in test], [index.path(i) for i in val], [index.files[i] for i in test]
 
 
