@@ -256,6 +256,7 @@ def plot_window_share(results: Mapping[str, Any], path: str) -> None:
   axes[0].set_title("exact set: teacher's mass (solid), student's share (dashed)", fontsize=9)
   axes[1].set_title("teacher's mass: window patches (solid), prefix tokens (dotted)", fontsize=9)
   for ax in axes:
+    ax.set_xticks([r["layer"] for r in results["resolutions"][0]["layers"]])
     ax.set_xlabel("layer")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)

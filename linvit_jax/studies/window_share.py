@@ -112,7 +112,7 @@ def layer_masses(
   """One softmax layer's attention mass per image [B] (mean over patch query rows and heads) on
   each part of the exact set (MASSES; module doc). q, k [B,N,H,Dh] as the layer sows them;
   `near` [M,M]: `neighbourhood` (None: no window)."""
-  probs = attention_ops.softmax_weights(q, k)[:, :, prefix:]  # patch query rows [B,H,M,N]
+  probs = attention_ops.softmax_weights(q[:, prefix:], k)  # the patch query rows [B,H,M,N]
   patch = probs[..., prefix:]  # [B,H,M,M]
   zero = jnp.zeros(patch.shape[:3], patch.dtype)
   out = {"prefix": jnp.sum(probs[..., :prefix], -1)}
