@@ -152,7 +152,7 @@ def resolve_from_init(
       source = vit_checkpoint.infer_vit_config(teacher).get("preprocessing")
       for block, field in pp_fields:
         resolved[block][field] = _INIT_NORM.sub(
-            lambda m: _norm_op(source, bool(m.group(1)), config.teacher.init),
+            lambda m: norm_op(source, bool(m.group(1)), config.teacher.init),
             config[block][field],
         )
     if config.teacher.architecture == "init":
@@ -225,7 +225,7 @@ def _model_from_init(config: mlc.ConfigDict, teacher: Any) -> dict[str, Any]:
   return model
 
 
-def _norm_op(preprocessing: dict[str, Any] | None, required: bool, init: str) -> str:
+def norm_op(preprocessing: dict[str, Any] | None, required: bool, init: str) -> str:
   """The pp op normalising 0..255 pixels as the source declares (its mean/std on 0..1 pixels)."""
   if preprocessing is None:
     if required:

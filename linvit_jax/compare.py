@@ -58,7 +58,8 @@ class _Parser(argparse.ArgumentParser):
     self.exit(2, f"error: {message} (--help lists the arguments)\n")
 
 
-def _factors(text: str) -> tuple[float, ...]:
+def parse_factors(text: str) -> tuple[float, ...]:
+  """--factors: sizes as positive multiples of a base size, e.g. "1,2,4" (whole numbers as int)."""
   try:
     out = tuple(float(f) for f in text.split(",") if f.strip())
   except ValueError:
@@ -95,7 +96,7 @@ def _run_cli(args: argparse.Namespace) -> dict[str, Any]:
         f"--photos {args.photos!r}: no test photo ({len(val)} photo(s), all for validation); "
         "add photos or pass --val_photos"
     )
-  factors = _factors(args.factors)
+  factors = parse_factors(args.factors)
   student = linvit_jax.load_student(args.student)
   res = args.res or (student.training_size[0] if student.training_size else 0)
   if not res:

@@ -292,14 +292,19 @@ def _cls_attention_maps(model, params, images):
   return jnp.stack(maps)
 
 
+@functools.partial(jax.jit, static_argnums=(0,))
+def _intermediates(model: nn.Module, params: Any, images: jax.Array) -> Any:
+  """What an eval-mode forward sows; jitted once per model and shape (studies call it per
+  batch)."""
+  _, state = model.apply({"params": params}, images, train=False, mutable=["intermediates"])
+  return state["intermediates"]
+
+
 def exact_shares(model: nn.Module, params: Any, images: jax.Array) -> list[float | None]:
   """Per layer, the exact key set's (window, sinks) share of its hybrid rows' attention mass
   (mean over images, rows and heads); None for a layer without one. Near 1: the layer bypasses
   its linear branch (then it is a local softmax, not a linear operator, in effect)."""
-  _, state = jax.jit(
-      lambda p, x: model.apply({"params": p}, x, train=False, mutable=["intermediates"])
-  )(params, jnp.asarray(images))
-  enc = state["intermediates"]["Transformer"]
+  enc = _intermediates(model, params, jnp.asarray(images))["Transformer"]
   if layout.is_scanned(params):  # one spec in every layer, sown values stacked on the depth axis
     sown = enc[layout.SCANNED_BLOCK].get(layout.ATTN, {}).get("exact_share")
     depth = len(layout.block_names(params))

@@ -1,6 +1,7 @@
 """Every plot of the project: a run's fidelity bars, attention maps and fidelity curves (the
-driver's write_plots), the ablation's and the token study's curves, and the benchmarks' line
-grids. Pure drawing: each takes plain values or a results record and writes one PNG."""
+driver's write_plots), the ablation's and the token study's curves, the compounding and
+window-share studies' per-layer plots, and the benchmarks' line grids. Pure drawing: each takes plain values or a results record and writes one PNG.
+"""
 
 from __future__ import annotations
 
@@ -231,5 +232,40 @@ def plot_compounding(results: Mapping[str, Any], path: str) -> None:
   fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8)
   fig.suptitle(f"error that compounds, {results['n_photos']} photo(s)", fontsize=10)
   fig.tight_layout(rect=(0, 0.07, 1, 1))
+  with gfile.open(path, "wb") as f:
+    fig.savefig(f, format="png", dpi=110)
+
+
+def plot_window_share(results: Mapping[str, Any], path: str) -> None:
+  """The window-share study's per-layer lines (studies/window_share.py's results), one colour
+  per resolution: left, the teacher's softmax mass on the exact set (solid) and the student's
+  share of it (dashed); right, the teacher's mass on the window's patches (solid) and on the
+  prefix tokens (dotted)."""
+  fig = new_figure(figsize=(11, 3.8))
+  axes = fig.subplots(1, 2)
+  for j, block in enumerate(results["resolutions"]):
+    color, rows = f"C{j}", block["layers"]
+    x = [r["layer"] for r in rows]
+    label = f"{block['res']} px"
+    axes[0].plot(x, [r["teacher_exact_mass"] for r in rows], "-o", color=color, label=label)
+    share = [np.nan if r["student_share"] is None else r["student_share"] for r in rows]
+    if not np.all(np.isnan(share)):
+      axes[0].plot(x, share, "--s", color=color, label=f"{label}: student's share")
+    axes[1].plot(x, [r["teacher_window_mass"] for r in rows], "-o", color=color, label=label)
+    axes[1].plot(x, [r["teacher_prefix_mass"] for r in rows], ":^", color=color)
+  axes[0].set_title("exact set: teacher's mass (solid), student's share (dashed)", fontsize=9)
+  axes[1].set_title("teacher's mass: window patches (solid), prefix tokens (dotted)", fontsize=9)
+  for ax in axes:
+    ax.set_xticks([r["layer"] for r in results["resolutions"][0]["layers"]])
+    ax.set_xlabel("layer")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  axes[0].set_ylabel("attention mass (mean over patch queries)")
+  fig.suptitle(
+      f"window {results['window']}, sinks {results['sinks']}, {results['n_photos']} photo(s)",
+      fontsize=10,
+  )
+  fig.tight_layout()
   with gfile.open(path, "wb") as f:
     fig.savefig(f, format="png", dpi=110)

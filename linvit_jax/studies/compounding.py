@@ -48,11 +48,9 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
-import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -68,16 +66,16 @@ from linvit_jax.evaluation import plots
 from linvit_jax.models import layout
 from linvit_jax.models import probe
 from linvit_jax.models import vit
-from linvit_jax.models import vit_checkpoint
 from linvit_jax.runtime import errors
 from linvit_jax.runtime.errors import UserError
+from linvit_jax.studies import study_cli
 
 INTERVENTIONS = ("fix", "break")
 MEASURES = ("cls", "patch")
 _NO_GAP = 1e-6  # a student closer than this to its teacher has no gap to share out
 
 
-class CompoundingError(UserError, ValueError):
+class CompoundingError(study_cli.StudyError):
   """Inputs this study cannot use (a scanned model, models of different depth, a bad folder)."""
 
 
@@ -256,26 +254,10 @@ def format_table(results: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------- the CLI
 
 
-def _params_at(params: Any, patch: Sequence[int], trained: Sequence[int], size: int) -> Any:
-  """`params` with the position table resampled from the training grid (`trained` px; the
-  table's square grid when it is not that grid's) to `size` px's, as load_student does."""
-  grid = (size // patch[0], size // patch[1])
-  old = (trained[0] // patch[0], trained[1] // patch[1])
-  table = np.shape(params.get("pos_embedding", np.zeros((1, 0, 1))))[1]
-  return vit_checkpoint.with_posemb_grid(params, grid, old if old[0] * old[1] == table else None)
-
-
-def _photos(folder: str) -> list[str]:
-  if not os.path.isdir(folder):
-    raise CompoundingError(f"--photos {folder!r} is not a folder")
-  index = photo_eval.scan(folder)
-  return [index.path(i) for i in range(len(index.files))]
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
   """The study of one export on one folder of photos: `measure`'s results with what they rest
   on (the paths, the size, the view, how many photos were enlarged to make it)."""
-  paths = _photos(args.photos)
+  paths = study_cli.photo_paths(args.photos)
   student = linvit_jax.load_student(args.student)
   res = args.res or (student.training_size[0] if student.training_size else 0)
   if not res:
@@ -288,9 +270,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
   images, upsampled = photo_tokens.decode_views(paths, {"view": inference_pp.Preprocess(pp)}, res)
   results = measure(
       teacher,
-      _params_at(teacher_params, student.patch, trained, res),
+      study_cli.params_at(teacher_params, student.patch, trained, res),
       student.model,
-      _params_at(student.params, student.patch, trained, res),
+      study_cli.params_at(student.params, student.patch, trained, res),
       images["view"],
       photo_tokens.batch_size(teacher, res),
   )
@@ -298,26 +280,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
   return {**where, "res": res, "view": args.views, "upsampled": upsampled["view"], **results}
 
 
-class _Parser(argparse.ArgumentParser):
-
-  def error(self, message: str) -> NoReturn:
-    self.exit(2, f"error: {message} (--help lists the arguments)\n")
-
-
-def _write(path: str, what: str, write: Any) -> None:
-  try:
-    write(path)
-  except OSError as e:
-    raise CompoundingError(f"{what} {path!r}: cannot write it ({e.strerror or e})") from None
-
-
-def _write_json(results: Mapping[str, Any], path: str) -> None:
-  with open(path, "w") as f:
-    json.dump(results, f, indent=1)
-
-
 def main(argv: list[str] | None = None) -> int:
-  parser = _Parser(
+  parser = study_cli.Parser(
       prog="python -m linvit_jax.studies.compounding",
       description="Per layer, how much of the student's final gap to its teacher its attention "
       "causes.",
@@ -335,9 +299,9 @@ def main(argv: list[str] | None = None) -> int:
   try:
     results = run(args)
     if args.out:
-      _write(args.out, "--out", functools.partial(_write_json, results))
+      study_cli.write(args.out, "--out", functools.partial(study_cli.write_json, results))
     if args.plot:
-      _write(args.plot, "--plot", functools.partial(plots.plot_compounding, results))
+      study_cli.write(args.plot, "--plot", functools.partial(plots.plot_compounding, results))
   except UserError as e:
     return errors.say(e)
   print(format_table(results))

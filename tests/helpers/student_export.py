@@ -21,12 +21,16 @@ ATTENTION = {"kind": "linear", "feature_map": "hedgehog", "center_keys": True, "
 PP = 'decode|resize_small(18)|central_crop(16)|vgg_value_range|keep("image")'
 
 
-def make_export(folder, *, fields=None, attention=ATTENTION, results=None, **config_fields):
+def make_export(
+    folder, *, fields=None, attention=ATTENTION, results=None, params=None, **config_fields
+):
   """A 16-px export folder (random params, a real student_config and card); returns its path.
-  config_fields: dotted config overrides, e.g. **{"teacher.init": path, "stages": ()}."""
+  config_fields: dotted config overrides, e.g. **{"teacher.init": path, "stages": ()}. params:
+  the model's (default: its init here, op by op, which compiles every op of a window hybrid)."""
   fields = {**FIELDS, **(fields or {})}
-  model = vit.Model(**fields, attention=attention)
-  params = model.init(jax.random.PRNGKey(0), np.zeros((1, 16, 16, 3), np.float32))["params"]
+  if params is None:
+    model = vit.Model(**fields, attention=attention)
+    params = model.init(jax.random.PRNGKey(0), np.zeros((1, 16, 16, 3), np.float32))["params"]
   # Non-zero cls/registers/posemb so that resampling and prefix tokens are visible in the outputs.
   params = jax.tree.map(np.asarray, params)
   params["cls"] = np.full_like(params["cls"], 0.5)
