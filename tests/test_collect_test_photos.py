@@ -53,3 +53,17 @@ def test_update_keeps_runs_not_named_and_records_the_eval_folder(tmp_path, capsy
   assert sorted(json.loads(pathlib.Path(out).read_text())) == ["b"]
   assert tool.main([out, "--update"]) == 2  # no run named
   assert "NAME=WORKDIR" in capsys.readouterr().err
+
+
+def test_compare_jsons_beside_a_run_and_on_their_own(tmp_path):
+  tool = _tool()
+  out = str(tmp_path / "study.json")
+  workdir = pathlib.Path(_workdir(tmp_path, "a", 0, "image_folder:/cross"))
+  (workdir / "seen.json").write_text(json.dumps({"n_test": 68, "rows": []}))
+  (workdir / "in_source.json").write_text(json.dumps({"n_test": 7, "rows": []}))
+  table = tmp_path / "again.json"
+  table.write_text(json.dumps({"n_test": 15, "rows": [{"size": 224}]}))
+  assert tool.main([out, f"a={workdir}", f"b={table}"]) == 0
+  study = json.loads(pathlib.Path(out).read_text())
+  assert study["a"]["seen"]["n_test"] == 68 and study["a"]["in_source"]["n_test"] == 7
+  assert study["b"] == {"compare": "again.json", "test": {"n_test": 15, "rows": [{"size": 224}]}}

@@ -115,3 +115,47 @@ def test_goals_table_turns_a_goal_met_when_the_run_meets_it(copy):
   assert len(changed) == 2, changed
   assert all(b.endswith("| met |") and a.endswith("| not met |") for a, b in changed), changed
   assert "896 px | cls cosine" in changed[0][1] and "k-NN retention" in changed[1][1]
+
+
+def _stat(per_photo):
+  values = list(per_photo.values())
+  worst = min(per_photo, key=per_photo.get)
+  mean = sum(values) / len(values)
+  return dict(mean=mean, lo=mean - 0.01, hi=mean + 0.01, worst=per_photo[worst],
+              worst_photo=worst, n=len(values), per_photo=per_photo)  # fmt: skip
+
+
+def _table(shift, n_test=3):
+  rows = []
+  for size in (224, 448):
+    photos = {f"p{i}.jpg": 0.9 + 0.01 * (i % 3) + shift for i in range(n_test)}
+    rows.append(dict(
+        size=size, view="whole", cls_cosine=_stat(photos), patch_cosine=_stat(photos),
+        dense=dict(drop_in=_stat(photos), probe_ratio=0.9 + shift),
+        student_images_per_s=4.0 + 100 * shift, teacher_images_per_s=1.0,
+    ))  # fmt: skip
+  return dict(n_test=n_test, res=224, rows=rows)
+
+
+def test_cross_goals_fit_gap_and_paired_read_the_study():
+  study = {
+      "ref": {"test": _table(0.0), "knn": {}, "timing_s": {"total": 100 * 60.0}},
+      "arm": {"test": _table(0.05), "knn": {}, "timing_s": {"total": 110 * 60.0},
+              "seen": _table(0.08, n_test=68), "in_source": _table(0.02, n_test=7)},
+  }  # fmt: skip
+  load = lambda path: study  # noqa: E731
+  ref = docs_tables_photos.cross_goals("s", "ref")(load)
+  arm = docs_tables_photos.cross_goals("s", "arm")(load)
+  # ref: cls 0.91 (< 0.97), worst 0.90 (met); arm: cls 0.96, patch 0.96 (met), run 110 min (not).
+  assert "| 224 px | cls cosine | ≥ 0.97 | 0.910 [0.900, 0.920] | not met |" in ref
+  assert "| 224 px | patch cosine | ≥ 0.96 | 0.960 [0.950, 0.970] | met |" in arm
+  assert (
+      "worst photo, cls / patch | ≥ 0.9 | 0.900 (p0.jpg)" in ref
+      and "| ≤ 105 min | 100 min | met |" in ref
+  )
+  assert "| ≤ 105 min | 110 min | not met |" in arm and "FLOPs" in arm
+  gap = docs_tables_photos.fit_gap("s", "arm")(load).splitlines()
+  assert [line.split(" | ")[1] for line in gap[2:]] == ["68", "7", "3"]
+  assert "0.990 / 0.990" in gap[2]  # the seen photos' 224-px mean, 0.91 + 0.08
+  pairs = docs_tables_photos.paired("s", [("ref", "arm", "+0.05")])(load).splitlines()
+  assert pairs[2].startswith("| +0.05 | 3 | +0.050 [+0.050, +0.050]"), pairs[2]

@@ -1,8 +1,10 @@
 """Collects the test-photo tables of finished runs into one committed JSON, for a docs table.
 
-  python tools/collect_test_photos.py OUT.json NAME=WORKDIR [NAME=WORKDIR ...] [--update]
+  python tools/collect_test_photos.py OUT.json NAME=WORKDIR|NAME=COMPARE.json [...] [--update]
 
 --update keeps the runs already in OUT.json that are not named (their workdirs may be gone).
+NAME=COMPARE.json takes `python -m linvit_jax.compare --out`'s table as that entry's test table
+(a run measured again with today's measures, e.g. photo by photo for a paired comparison).
 
 Per run: the options that differ from convert_folder's defaults, the test table
 (results["test"]: sizes, views, intervals, dense measure), where the time went (timing_s) and
@@ -10,7 +12,8 @@ each stage's steps, batch and seconds a step, k-NN retention and speed, the run'
 figures after its last stage; and, when the run validated and tested on another folder
 (eval_folder=) and the workdir holds in_source.json (`python -m linvit_jax.compare --holdout F
 --out WORKDIR/in_source.json` on its training folder), that table of its own held-out photos as
-"in_source". Nothing is recomputed: every figure is a file the run or compare wrote.
+"in_source", and seen.json (the same with --seen: the photos it trained on) as "seen". Nothing
+is recomputed: every figure is a file the run or compare wrote.
 """
 
 from __future__ import annotations
@@ -42,19 +45,22 @@ def _step_seconds(r: dict[str, Any]) -> dict[str, float]:
   return out
 
 
-IN_SOURCE = "in_source.json"
+# compare's JSONs a workdir may hold beside results.json, by the key they get in the study:
+# the training folder's own held-out photos (compare --holdout F --out WORKDIR/in_source.json)
+# and the photos the run trained on (compare --holdout F --seen --out WORKDIR/seen.json).
+EXTRAS = {"in_source": "in_source.json", "seen": "seen.json"}
 
 
 def collect(workdir: str) -> dict[str, Any]:
   with open(os.path.join(workdir, "results.json")) as f:
     r = json.load(f)
   config = r["config"]
-  in_source = os.path.join(workdir, IN_SOURCE)
-  if os.path.exists(in_source):  # the training folder's own held-out photos (compare --holdout)
-    with open(in_source) as f:
-      extra = {"in_source": json.load(f)}
-  else:
-    extra = {}
+  extra = {}
+  for key, name in EXTRAS.items():
+    path = os.path.join(workdir, name)
+    if os.path.exists(path):
+      with open(path) as f:
+        extra[key] = json.load(f)
   return {
       "workdir": os.path.basename(os.path.normpath(workdir)),
       "seed": config["seed"],
@@ -87,8 +93,12 @@ def main(argv: list[str]) -> int:
     with open(argv[0]) as f:
       out = json.load(f)
   for arg in argv[1:]:
-    name, workdir = arg.split("=", 1)
-    out[name] = collect(workdir)
+    name, path = arg.split("=", 1)
+    if path.endswith(".json"):  # compare's JSON of an exported student: its test table alone
+      with open(path) as f:
+        out[name] = {"compare": os.path.basename(path), "test": json.load(f)}
+    else:
+      out[name] = collect(path)
   with open(argv[0], "w") as f:
     json.dump(out, f, indent=1, default=float)
     f.write("\n")

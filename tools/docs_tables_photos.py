@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tools.docs_tables_runs import Load
+from tools.docs_tables_runs import flop_ratio
 
 TEST_PHOTOS = "docs/vits14_big3k_test_photos.json"
 
@@ -509,3 +510,163 @@ def compounding(load: Load) -> str:
       f"{alone['cls']:.2f} / {alone['patch']:.2f} |"
   )
   return "\n".join(lines)
+
+
+# Issue 49's goals on cross-source test photos: (size or None for every size, what, threshold,
+# how to read it from a whole-view row).
+CROSS_GOALS = (
+    (None, "cls cosine", 0.97, lambda r: r["cls_cosine"]["mean"]),
+    (None, "patch cosine", 0.96, lambda r: r["patch_cosine"]["mean"]),
+    (None, "worst photo, cls / patch", 0.90,
+     lambda r: min(r["cls_cosine"]["worst"], r["patch_cosine"]["worst"])),
+    (224, "dense drop-in (share of patches)", 0.85, lambda r: r["dense"]["drop_in"]["mean"]),
+    (224, "dense probe, student ÷ teacher", 0.95, lambda r: r["dense"]["probe_ratio"]),
+    (896, "student ÷ teacher images/s", 4.0,
+     lambda r: r["student_images_per_s"] / r["teacher_images_per_s"]),
+)  # fmt: skip
+
+
+def cross_goals(study_path: str, name: str) -> Callable[[Load], str]:
+  """Issue 49's goals against run `name` of a study, on its cross-source test photos: whole views
+  at every size, the worst photo, the dense measure and crop retrieval at the base size, speed at
+  the largest size, k-NN retention and the whole run's minutes."""
+
+  def render(load: Load) -> str:
+    run = load(study_path)[name]
+    test = run["test"]
+    rows = {(r["size"], r["view"]): r for r in test["rows"]}
+    sizes = _sizes(run)
+    lines = [
+        f"| size | measure ({test['n_test']} cross-source test photos, whole views) | goal "
+        "| measured | |",
+        "|---|---|---|---|---|",
+    ]
+
+    def add(at: Any, what: str, goal: float, value: float, shown: str) -> None:
+      lines.append(
+          f"| {at} | {what} | ≥ {goal:g} | {shown} | {'met' if value >= goal else 'not met'} |"
+      )
+
+    for size, what, goal, get in CROSS_GOALS:
+      for at in [size] if size else sizes:
+        row = rows.get((at, "whole"))
+        if row is None:
+          continue
+        value = get(row)
+        stat = {"cls cosine": "cls_cosine", "patch cosine": "patch_cosine"}.get(what)
+        if stat:
+          shown = _ci(row[stat])
+        elif what.startswith("dense drop-in"):
+          shown = _ci(row["dense"]["drop_in"])
+        elif what.startswith("worst"):
+          shown = (
+              f"{row['cls_cosine']['worst']:.3f} ({row['cls_cosine']['worst_photo']}) / "
+              f"{row['patch_cosine']['worst']:.3f} ({row['patch_cosine']['worst_photo']})"
+          )
+        else:
+          shown = f"{value:.2f}"
+        add(f"{at} px", what, goal, value, shown)
+    ratio = flop_ratio(sizes[-1])  # a GPU or TPU gains what the FLOPs say, not what CPU time says
+    add(f"{sizes[-1]} px", "teacher ÷ student FLOPs (a ViT-S/14 block, analytic)", 2.0, ratio,
+        f"{ratio:.2f}")  # fmt: skip
+    found = test.get("crop_retrieval") or {}
+    if "retention" in found:
+      add(
+          f"{found['size']} px",
+          f"crop retrieval, student ÷ teacher top-1 ({found['n_queries']} crops)",
+          0.97,
+          found["retention"],
+          f"{found['retention']:.2f} ({100 * found['teacher_top1']['mean']:.1f} → "
+          f"{100 * found['student_top1']['mean']:.1f} %)",
+      )
+    knn = run["knn"]
+    if knn.get("retention") is not None:
+      add(
+          f"{test['res']} px",
+          f"k-NN retention ({knn['dataset']}, {knn['eval_examples']} queries)",
+          0.99,
+          knn["retention"],
+          f"{100 * knn['retention']:.1f} % ({100 * knn['teacher_top1']:.1f} → "
+          f"{100 * knn['student_top1']:.1f} %)",
+      )
+    total = run["timing_s"]["total"] / 60
+    lines.append(
+        f"| | the whole run on 2 CPU cores | ≤ 105 min | {total:.0f} min "
+        f"| {'met' if total <= 105 else 'not met'} |"
+    )
+    return "\n".join(lines)
+
+  return render
+
+
+def fit_gap(study_path: str, name: str) -> Callable[[Load], str]:
+  """Run `name` on three photo sets: those it trained on (seen, compare --seen), its training
+  folder's held-out photos (in_source) and the cross-source test photos: cls / patch cosine of
+  whole views and the dense drop-in at each size the set was measured at. Fit far above the
+  held-out figures: what the student sees limits it, not what its operator can express."""
+
+  def render(load: Load) -> str:
+    run = load(study_path)[name]
+    sizes = _sizes(run)
+    head = " | ".join(f"{s} px: cls / patch" for s in sizes)
+    lines = [
+        f"| photos | n | {head} | {sizes[0]} px: drop-in |",
+        "|---|---|" + "---|" * len(sizes) + "---|",
+    ]
+    sets = (
+        ("seen", "trained on (compare --seen)"),
+        ("in_source", "held out of the training folder (compare --holdout)"),
+        ("test", "other sources (eval_folder, the run's own test)"),
+    )
+    for key, label in sets:
+      table = run.get(key)
+      if not table:
+        continue
+      cells = []
+      for s in sizes:
+        found = [r for r in table["rows"] if r["size"] == s and r["view"] == "whole"]
+        cells.append(
+            f"{found[0]['cls_cosine']['mean']:.3f} / {found[0]['patch_cosine']['mean']:.3f}"
+            if found
+            else "—"
+        )
+      base = _whole_row(table, sizes[0])
+      lines.append(
+          f"| {label} | {table['n_test']} | {' | '.join(cells)} "
+          f"| {base['dense']['drop_in']['mean']:.3f} |"
+      )
+    return "\n".join(lines)
+
+  return render
+
+
+def paired(study_path: str, pairs: Sequence[tuple[str, str, str]]) -> Callable[[Load], str]:
+  """Photo by photo (per_photo), what run `arm` gains over run `ref` of a study on the same test
+  photos: the mean difference in cls / patch cosine of whole views at each size with its paired
+  bootstrap 95 % interval, which is far narrower than the two runs' own intervals side by side
+  (both runs see the same hard and easy photos). `pairs`: (ref, arm, label)."""
+  from linvit_jax.evaluation import photo_eval
+
+  def render(load: Load) -> str:
+    study = load(study_path)
+    sizes = _sizes(study[pairs[0][0]])
+    head = " | ".join(f"{s} px: Δ cls | {s} px: Δ patch" for s in sizes)
+    lines = [f"| change | photos | {head} |", "|---|---|" + "---|---|" * len(sizes)]
+
+    def diff(ref: dict[str, Any], arm: dict[str, Any]) -> tuple[str, int]:
+      names = sorted(set(ref["per_photo"]) & set(arm["per_photo"]))
+      d = [arm["per_photo"][n] - ref["per_photo"][n] for n in names]
+      lo, hi = photo_eval.bootstrap_interval(d)
+      return f"{statistics.fmean(d):+.3f} [{lo:+.3f}, {hi:+.3f}]", len(names)
+
+    for ref_name, arm_name, label in pairs:
+      cells, count = [], 0
+      for s in sizes:
+        ref, arm = (_whole_row(study[n]["test"], s) for n in (ref_name, arm_name))
+        for key in ("cls_cosine", "patch_cosine"):
+          shown, count = diff(ref[key], arm[key])
+          cells.append(shown)
+      lines.append(f"| {label} | {count} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+  return render
