@@ -92,6 +92,7 @@ TABLES: dict[str, Table] = {
     "default_full_rerun_cost": Table((photos.FULL_STUDY,), photos.rerun_cost),
     "data_study": Table((photos.DATA_STUDY,), photos.data_study(photos.DATA_ARMS)),
     "data_study_compounding": Table((photos.COMPOUNDING,), photos.compounding),
+    "window_share": Table((photos.WINDOW_SHARE, photos.WINDOW_STUDENT), photos.window_share),
 }
 
 

@@ -670,3 +670,38 @@ def paired(study_path: str, pairs: Sequence[tuple[str, str, str]]) -> Callable[[
     return "\n".join(lines)
 
   return render
+
+
+WINDOW_SHARE = "docs/window_share.json"
+# A window=3 student's own exact share per layer at its training size (224 px), from its run.
+WINDOW_STUDENT = "docs/vits14_window3_3k_results.json"
+
+
+def window_share(load: Load) -> str:
+  """studies/window_share.py's JSON: per layer, the teacher's softmax mass on a window student's
+  exact set (the w×w window and the prefix tokens) at each size, and the same split into the
+  window patches and the prefix; last, the window=3 student's own share at 224 px (its run)."""
+  ws, student = load(WINDOW_SHARE), load(WINDOW_STUDENT)["window_share"]
+  sizes = [block["res"] for block in ws["resolutions"]]
+  cols = " | ".join(f"{what} {s} px" for what in ("exact set", "window", "prefix") for s in sizes)
+  lines = [
+      f"| layer | {cols} | window=3 student's share, 224 px |",
+      "|---|" + "---|" * (3 * len(sizes) + 1),
+  ]
+  for layer in range(len(student)):
+    cells = [
+        f"{block['layers'][layer][f'teacher_{mass}_mass']:.3f}"
+        for mass in ("exact", "window", "prefix")
+        for block in ws["resolutions"]
+    ]
+    lines.append(f"| {layer} | {' | '.join(cells)} | {student[layer]:.3f} |")
+  means = [
+      statistics.fmean(r[f"teacher_{mass}_mass"] for r in block["layers"])
+      for mass in ("exact", "window", "prefix")
+      for block in ws["resolutions"]
+  ]
+  lines.append(
+      f"| mean ({ws['n_photos']} photos) | {' | '.join(f'{m:.3f}' for m in means)} "
+      f"| {statistics.fmean(student):.3f} |"
+  )
+  return "\n".join(lines)
