@@ -59,7 +59,7 @@ class Table:
 
 TABLES: dict[str, Table] = {
     "default_seeds": Table(tuple(p for _, p, _ in runs.DEFAULT_RUNS), runs.default_seeds),
-    "default_cost": Table((runs.DEFAULT_RUNS[0][1],), runs.default_cost),
+    "default_cost": Table((runs.README_RUN,), runs.default_cost),
     "speed": Table((runs.LEVERS_SPEED, "bench/common.py"), runs.speed),
     "default_history": Table(tuple(runs.history_path(k) for _, k in runs.HISTORY), runs.history),
     "first_runs": Table(tuple(p for _, p in runs.FIRST_RUNS), runs.first_runs),
@@ -92,6 +92,21 @@ TABLES: dict[str, Table] = {
     "default_full_rerun_cost": Table((photos.FULL_STUDY,), photos.rerun_cost),
     "data_study": Table((photos.DATA_STUDY,), photos.data_study(photos.DATA_ARMS)),
     "data_study_compounding": Table((photos.COMPOUNDING,), photos.compounding),
+    "readme_default_goals": Table(
+        (photos.DATA_STUDY,), photos.cross_goals(photos.DATA_STUDY, photos.README_ARM)
+    ),
+    "readme_default_fit": Table(
+        (photos.DATA_STUDY,), photos.fit_gap(photos.DATA_STUDY, photos.README_ARM)
+    ),
+    "readme_default_test": Table(
+        (photos.DATA_STUDY,), photos.study_test(photos.DATA_STUDY, photos.README_ARM)
+    ),
+    "readme_default_cost": Table(
+        (photos.DATA_STUDY,), photos.study_cost(photos.DATA_STUDY, photos.README_ARM)
+    ),
+    "data_study_paired": Table(
+        (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.PAIRS)
+    ),
     "window_share": Table((photos.WINDOW_SHARE, photos.WINDOW_STUDENT), photos.window_share),
 }
 

@@ -433,8 +433,17 @@ DATA_ARMS = (
     ("D", "46 Debian photos (plasma, opencv, mate)"),
     ("SDL", "82: the sample, Debian and lomiri photos"),
     ("M21", "21 mixed: 7 sample, 7 Debian, 7 lomiri (tools/mix_photos.py)"),
+    ("SDL_10k", "82, full budget: the README's command"),
 )
 COMPOUNDING = "docs/data_study_compounding.json"
+# The README's command as written, at the full budget (SDL's 82 photos, eval_folder= the cross set).
+README_ARM = "SDL_10k"
+# Paired comparisons on the same cross-source test photos: (reference, arm, what changed).
+PAIRS = (
+    # ("SDL_1600", "SDL_10k", "SDL: 1,600 → 10,000 images"),
+    # ("SDL_1600", "M21_1600", "1,600 images: SDL (68 photos, 4 sources) → M21 (17, 3)"),
+    # ("SDL_1600", "SDL_w3_1600", "1,600 images, SDL: linear → window=3 hybrid"),
+)
 
 
 def data_study(arms: Sequence[tuple[str, str]]) -> Callable[[Load], str]:
