@@ -51,10 +51,10 @@ def _edit_number(path: pathlib.Path, table: str) -> None:
 
 def test_a_hand_edited_number_fails_the_check_naming_the_table(copy, capsys):
   assert docs_tables.main(["--check", "--root", str(copy)]) == 0
-  _edit_number(copy / "README.md", "default_seeds")
+  _edit_number(copy / "docs" / "recipe.md", "default_seeds")
   assert docs_tables.main(["--check", "--root", str(copy)]) == 1
   err = capsys.readouterr().err
-  assert "README.md: table 'default_seeds' differs" in err, err
+  assert "docs/recipe.md: table 'default_seeds' differs" in err, err
   assert "docs/vits14_lora8_w0_results.json" in err, err
 
 
