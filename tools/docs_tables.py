@@ -104,7 +104,7 @@ TABLES: dict[str, Table] = {
     "readme_default_cost": Table(
         (photos.DATA_STUDY,), photos.study_cost(photos.DATA_STUDY, photos.README_ARM)
     ),
-    "window_share": Table((photos.WINDOW_SHARE, photos.WINDOW_STUDENT), photos.window_share),
+    "window_share": Table((photos.WINDOW_SHARE,), photos.window_share),
 }
 
 

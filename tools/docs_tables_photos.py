@@ -682,35 +682,36 @@ def paired(study_path: str, pairs: Sequence[tuple[str, str, str]]) -> Callable[[
 
 
 WINDOW_SHARE = "docs/window_share.json"
-# A window=3 student's own exact share per layer at its training size (224 px), from its run.
-WINDOW_STUDENT = "docs/vits14_window3_3k_results.json"
 
 
 def window_share(load: Load) -> str:
   """studies/window_share.py's JSON: per layer, the teacher's softmax mass on a window student's
-  exact set (the w×w window and the prefix tokens) at each size, and the same split into the
-  window patches and the prefix; last, the window=3 student's own share at 224 px (its run)."""
-  ws, student = load(WINDOW_SHARE), load(WINDOW_STUDENT)["window_share"]
-  sizes = [block["res"] for block in ws["resolutions"]]
-  cols = " | ".join(f"{what} {s} px" for what in ("exact set", "window", "prefix") for s in sizes)
-  lines = [
-      f"| layer | {cols} | window=3 student's share, 224 px |",
-      "|---|" + "---|" * (3 * len(sizes) + 1),
-  ]
-  for layer in range(len(student)):
-    cells = [
-        f"{block['layers'][layer][f'teacher_{mass}_mass']:.3f}"
-        for mass in ("exact", "window", "prefix")
-        for block in ws["resolutions"]
-    ]
-    lines.append(f"| {layer} | {' | '.join(cells)} | {student[layer]:.3f} |")
-  means = [
-      statistics.fmean(r[f"teacher_{mass}_mass"] for r in block["layers"])
-      for mass in ("exact", "window", "prefix")
-      for block in ws["resolutions"]
+  exact set (the w×w window and the prefix tokens) and the student's own share of its mixed
+  attention there, at each size; then the teacher's mass split into the window patches and the
+  prefix; last, the means over layers and the student's share as a ratio of the teacher's mass."""
+  ws = load(WINDOW_SHARE)
+  blocks = ws["resolutions"]
+  sizes = [block["res"] for block in blocks]
+  columns = (
+      ("teacher", "teacher_exact_mass"),
+      ("student", "student_share"),
+      ("teacher: window", "teacher_window_mass"),
+      ("teacher: prefix", "teacher_prefix_mass"),
+  )
+  head = " | ".join(f"{what} {s} px" for what, _ in columns for s in sizes)
+  lines = [f"| layer | {head} |", "|---|" + "---|" * (len(columns) * len(sizes))]
+  for layer in range(len(blocks[0]["layers"])):
+    cells = [f"{b['layers'][layer][key]:.3f}" for _, key in columns for b in blocks]
+    lines.append(f"| {layer} | {' | '.join(cells)} |")
+  means = [statistics.fmean(r[key] for r in b["layers"]) for _, key in columns for b in blocks]
+  lines.append(f"| mean ({ws['n_photos']} photos) | {' | '.join(f'{m:.3f}' for m in means)} |")
+  ratios = [
+      statistics.fmean(r["student_share"] / r["teacher_exact_mass"] for r in b["layers"])
+      for b in blocks
   ]
   lines.append(
-      f"| mean ({ws['n_photos']} photos) | {' | '.join(f'{m:.3f}' for m in means)} "
-      f"| {statistics.fmean(student):.3f} |"
+      "| student ÷ teacher (mean of layers) | "
+      + " | ".join([""] * len(sizes) + [f"{x:.2f}" for x in ratios] + [""] * (2 * len(sizes)))
+      + " |"
   )
   return "\n".join(lines)
