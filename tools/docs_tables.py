@@ -104,6 +104,9 @@ TABLES: dict[str, Table] = {
     "readme_default_cost": Table(
         (photos.DATA_STUDY,), photos.study_cost(photos.DATA_STUDY, photos.README_ARM)
     ),
+    "data_study_paired": Table(
+        (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.PAIRS)
+    ),
     "window_share": Table((photos.WINDOW_SHARE,), photos.window_share),
 }
 

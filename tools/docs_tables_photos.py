@@ -440,9 +440,9 @@ COMPOUNDING = "docs/data_study_compounding.json"
 README_ARM = "SDL_10k"
 # Paired comparisons on the same cross-source test photos: (reference, arm, what changed).
 PAIRS = (
-    # ("SDL_1600", "SDL_10k", "SDL: 1,600 → 10,000 images"),
-    # ("SDL_1600", "M21_1600", "1,600 images: SDL (68 photos, 4 sources) → M21 (17, 3)"),
-    # ("SDL_1600", "SDL_w3_1600", "1,600 images, SDL: linear → window=3 hybrid"),
+    ("SDL_1600", "SDL_10k", "SDL: 1,600 → 10,000 images"),
+    ("SDL_1600", "M21_1600", "1,600 images: SDL (68 photos, 4 sources) → M21 (17, 3)"),
+    ("SDL_1600", "SDL_w3_1600", "1,600 images, SDL: linear → window=3 hybrid"),
 )
 
 
