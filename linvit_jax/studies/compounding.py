@@ -66,8 +66,6 @@ from linvit_jax.evaluation import plots
 from linvit_jax.models import layout
 from linvit_jax.models import probe
 from linvit_jax.models import vit
-from linvit_jax.runtime import errors
-from linvit_jax.runtime.errors import UserError
 from linvit_jax.studies import study_cli
 
 INTERVENTIONS = ("fix", "break")
@@ -295,20 +293,9 @@ def main(argv: list[str] | None = None) -> int:
   )
   parser.add_argument("--out", default="", help="write the results as JSON here")
   parser.add_argument("--plot", default="", help="draw the per-layer shares as a PNG here")
-  args = parser.parse_args(argv)
-  try:
-    results = run(args)
-    if args.out:
-      study_cli.write(args.out, "--out", functools.partial(study_cli.write_json, results))
-    if args.plot:
-      study_cli.write(args.plot, "--plot", functools.partial(plots.plot_compounding, results))
-  except UserError as e:
-    return errors.say(e)
-  print(format_table(results))
-  for path in (args.out, args.plot):
-    if path:
-      print(f"wrote {path}")
-  return 0
+  return study_cli.run_and_report(
+      parser.parse_args(argv), run, plots.plot_compounding, format_table
+  )
 
 
 if __name__ == "__main__":

@@ -6,15 +6,17 @@ at another input size. studies/compounding.py and studies/window_share.py use th
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
 
 from linvit_jax.evaluation import photo_eval
 from linvit_jax.models import vit_checkpoint
+from linvit_jax.runtime import errors
 from linvit_jax.runtime.errors import UserError
 
 
@@ -57,3 +59,26 @@ def params_at(params: Any, patch: Sequence[int], trained: Sequence[int], size: i
   old = (trained[0] // patch[0], trained[1] // patch[1])
   table = np.shape(params.get("pos_embedding", np.zeros((1, 0, 1))))[1]
   return vit_checkpoint.with_posemb_grid(params, grid, old if old[0] * old[1] == table else None)
+
+
+def run_and_report(
+    args: argparse.Namespace,
+    run: Callable[[argparse.Namespace], Mapping[str, Any]],
+    plot: Callable[[Mapping[str, Any], str], Any],
+    format_table: Callable[[Mapping[str, Any]], str],
+) -> int:
+  """A study's CLI after parsing: run it, write --out (JSON) and --plot, print its table and what
+  it wrote; a UserError is one line and exit status 2 (errors.say)."""
+  try:
+    results = run(args)
+    if args.out:
+      write(args.out, "--out", functools.partial(write_json, results))
+    if args.plot:
+      write(args.plot, "--plot", functools.partial(plot, results))
+  except UserError as e:
+    return errors.say(e)
+  print(format_table(results))
+  for path in (args.out, args.plot):
+    if path:
+      print(f"wrote {path}")
+  return 0
