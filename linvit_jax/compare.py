@@ -8,8 +8,8 @@ student's training size. Without --val_photos, the folder is split by image_fold
 hash rule; with --holdout F, --photos is the run's own training folder and only its held-out
 photos are used (test@F and val@F, as the run split them): the in-source figures beside a run's
 cross-source ones (eval_folder=). --seen with --holdout F tests on the photos the run trained on
-(train@F): the fit, beside the in-source and cross-source figures. Prints photo_eval's table (fidelity, the dense measure, crop
-retrieval); --out writes its JSON.
+(train@F): the fit, beside the in-source and cross-source figures. Prints photo_eval's table
+(fidelity, the dense measure, crop retrieval); --out writes its JSON.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def _run_cli(args: argparse.Namespace) -> dict[str, Any]:
     index, val_index = photo_eval.scan(args.photos), photo_eval.scan(args.val_photos)
     test = [index.path(i) for i in range(len(index.files))]
     names, val = list(index.files), [val_index.path(i) for i in range(len(val_index.files))]
-  else:  # holdout < 1: a training folder, of which only the held-out photos were never seen
+  else:  # F = 1: the whole folder halved; F < 1: a run's training folder, its held-out share
     test_split = "train" if args.seen else "test"
     test, val, names = photo_eval.split_folder(args.photos, args.holdout, test_split)
   if not test:
