@@ -11,7 +11,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -28,6 +28,7 @@ from linvit_jax.evaluation import plots
 from linvit_jax.evaluation import results as results_lib
 from linvit_jax.models import vit
 from linvit_jax.runtime import gfile
+from linvit_jax.runtime import progress
 from linvit_jax.runtime import tree
 from linvit_jax.runtime.errors import ConfigError
 
@@ -133,7 +134,7 @@ def _student_knn_features(config, splits, model, params, cache) -> tuple[dict, d
   (BatchDigest, only with a cache: it keys the teacher's features)."""
   features, digests = {}, {}
   for part, (split, limit) in splits.items():
-    batches = build.knn_batches(config, split, limit)
+    batches = _knn_batches(config, split, limit, f"k-NN, student, {part}")
     if cache is not None:
       batches = digests[part] = feature_cache.BatchDigest(batches)
     features[part] = evaluate.pooled_features(model, params, batches, config.eval.knn.label_key)
@@ -156,7 +157,7 @@ def _teacher_knn_features(config, splits, model, params, cache, digests) -> tupl
         hits, saved_s = hits + 1, saved_s + float(entry["seconds"])
         continue
     t_part = time.perf_counter()
-    batches = build.knn_batches(config, split, limit)
+    batches = _knn_batches(config, split, limit, f"k-NN, teacher, {part}")
     if parts is not None:
       batches = feature_cache.BatchDigest(batches)
     teacher[part] = evaluate.pooled_features(model, params, batches, config.eval.knn.label_key)
@@ -171,6 +172,13 @@ def _teacher_knn_features(config, splits, model, params, cache, digests) -> tupl
     cache.put(parts, {"features": features, "labels": labels,
                       "seconds": np.float64(time.perf_counter() - t_part)})  # fmt: skip
   return teacher, hits, saved_s
+
+
+def _knn_batches(config, split: str, limit: int, desc: str) -> Iterator[dict]:
+  """build.knn_batches with a progress bar `desc` (its total from `limit`; 0, all: a counter)."""
+  batches = build.knn_batches(config, split, limit)
+  total = -(-limit // config.eval.knn.batch_size) if limit else None
+  return progress.iterate(batches, total, desc, "batch")
 
 
 def _knn_key_parts(config, params_digest: str, split: str, limit: int, inputs: str) -> dict:

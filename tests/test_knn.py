@@ -76,12 +76,16 @@ def _cache_entries(directory, what: str) -> int:
   return count
 
 
-def test_knn_on_a_labelled_folder_in_the_report(tmp_path, monkeypatch):
+def test_knn_on_a_labelled_folder_in_the_report(tmp_path, monkeypatch, capsys):
   monkeypatch.setenv(feature_cache.ENV_VAR, str(tmp_path / "cache"))
   _labelled_folder(str(tmp_path / "labelled"))
   config = _config(tmp_path, tmp_path / "labelled")
   results = run_lib.run(config, str(tmp_path / "work"))
   knn = results["knn"]
+  # Each model's features on each split show a bar (the report is silent for minutes otherwise).
+  err = capsys.readouterr().err
+  for bar in ("k-NN, student, train", "k-NN, student, eval", "k-NN, teacher, train"):
+    assert bar in err, bar
   assert knn["teacher_features_cached"] is False
   # The teacher's k-NN features, one entry per split (photo evaluation keeps its own entries).
   assert _cache_entries(tmp_path / "cache", "pooled_features(head_input)") == 2

@@ -19,6 +19,7 @@ from linvit_jax.evaluation import dense
 from linvit_jax.evaluation import photo_eval
 from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
+from linvit_jax.runtime import progress
 from tests.helpers.student_export import FIELDS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -207,6 +208,17 @@ def test_the_probe_reproduces_well_separated_parts_and_reads_the_students_own_to
   rs = np.random.RandomState(4)
   noise = _dense(val, rs.randn(*val.shape).astype(np.float32), test, rs.randn(*test.shape))
   assert noise["probe_ratio"] < 0.5
+
+
+def test_each_size_shows_a_bar_of_its_photos_unless_switched_off(teacher, photos, capsys):
+  _evaluate(teacher, teacher[1], photos, factors=(1,))
+  err = capsys.readouterr().err
+  # 4 validation photos (the dense fits) and 6 test photos.
+  assert "photos at 16 px: 100%" in err and "10/10" in err
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setenv(progress.ENV, "0")
+    _evaluate(teacher, teacher[1], photos, factors=(1,))
+  assert "photos at" not in capsys.readouterr().err
 
 
 def test_too_few_photos_are_said_not_hidden(teacher, photos, caplog):

@@ -101,6 +101,7 @@ from linvit_jax.data import pp_spec
 from linvit_jax.evaluation import crop_retrieval
 from linvit_jax.evaluation import dense
 from linvit_jax.evaluation import photo_tokens
+from linvit_jax.runtime import progress
 from linvit_jax.runtime.errors import UserError
 
 DEFAULT_FACTORS = (1, 2, 4)
@@ -312,13 +313,16 @@ def _size_rows(
   pps = {v: inference_pp.Preprocess(view_pp(v, size, values)) for v in spec.views}
   t0 = time.time()
   fits = {}
-  if photos.val and spec.dense_k:
-    val, _ = photo_tokens.forward_all(t_tok, s_tok, photos.val, pps, size)
-    fits = {
-        v: dense.fit(t[:, prefix:], s[:, prefix:], spec.dense_k, spec.seed, spec.fit_patches)
-        for v, (t, s) in val.items()
-    }
-  test, up = photo_tokens.forward_all(t_tok, s_tok, photos.test, pps, size)
+  fit_val = bool(photos.val and spec.dense_k)
+  total = len(photos.test) + (len(photos.val) if fit_val else 0)
+  with progress.bar(total, f"photos at {size} px", "photo") as bar:
+    if fit_val:
+      val, _ = photo_tokens.forward_all(t_tok, s_tok, photos.val, pps, size, bar.update)
+      fits = {
+          v: dense.fit(t[:, prefix:], s[:, prefix:], spec.dense_k, spec.seed, spec.fit_patches)
+          for v, (t, s) in val.items()
+      }
+    test, up = photo_tokens.forward_all(t_tok, s_tok, photos.test, pps, size, bar.update)
   seconds = time.time() - t0
   bootstrap = functools.partial(stat, names=photos.names, resamples=spec.bootstrap, seed=spec.seed)
   rows = []

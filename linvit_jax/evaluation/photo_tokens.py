@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -216,9 +216,11 @@ def forward_all(
     paths: Sequence[str],
     pps: dict[str, inference_pp.Preprocess],
     size: int,
+    on_batch: Callable[[int], Any] | None = None,
 ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, int]]:
   """Per view: (teacher tokens, student tokens) of every photo at `size` px (`pps`: each view's
-  pp at that size), and how many photos each view enlarged."""
+  pp at that size), and how many photos each view enlarged; `on_batch(n)` after each batch of n
+  photos (a progress bar's update)."""
   batch = batch_size(teacher.model, size)
   tokens = {v: ([], []) for v in pps}
   up = dict.fromkeys(pps, 0)
@@ -228,4 +230,6 @@ def forward_all(
       tokens[view][0].append(teacher(images, batch))
       tokens[view][1].append(student(images, batch))
       up[view] += enlarged[view]
+    if on_batch is not None:
+      on_batch(len(paths[start : start + batch]))
   return {v: (np.concatenate(t), np.concatenate(s)) for v, (t, s) in tokens.items()}, up
