@@ -98,6 +98,41 @@ def test_flop_ratio_is_the_textbook_count():
     assert docs_tables_runs.flop_ratio(size) == pytest.approx(softmax / linear, rel=1e-12)
 
 
+def test_flop_ratio_of_a_wider_map_a_hybrid_and_a_window():
+  d, h, size = 384, 6, 896
+  dh, n = d // h, (size // 14) ** 2 + 1
+  dense = 24.0 * n * d * d
+  softmax = dense + 4.0 * n * n * d
+  f = 2 * 128  # num_features=128: a Dh × 128 projection, 256 features
+  wide = dense + 4.0 * n * h * f * dh + 4.0 * n * h * f + 4.0 * n * h * dh * f / 2
+  assert docs_tables_runs.flop_ratio(size, num_features=128) == pytest.approx(softmax / wide)
+  linear = 12 * softmax / docs_tables_runs.flop_ratio(size)  # the default student's 12 blocks
+  one = docs_tables_runs.flop_ratio(size, softmax_layers=1)
+  assert one == pytest.approx(12 * softmax / (softmax + linear * 11 / 12))
+  assert docs_tables_runs.flop_ratio(size, softmax_layers=12) == pytest.approx(1.0)
+  # window=3: every patch scores and mixes 9 + 1 exact keys, the cls query all n, in each head.
+  exact = 4.0 * ((n - 1) * 10 + n) * d
+  window = docs_tables_runs.flop_ratio(size, window=3)
+  assert window == pytest.approx(12 * softmax / (linear + 12 * exact))
+
+
+def test_pareto_marks_the_runs_no_other_of_their_budget_beats():
+  study = {
+      "slow_good": {"test": _table(0.05), "images_seen": 1600},  # 896: cls 0.96, 9×
+      "fast_bad": {"test": _table(0.0), "images_seen": 1600},  # 0.91, 4×: beaten
+      "other_budget": {"test": _table(0.0), "images_seen": 10000},  # alone in its budget
+  }
+  for run in study.values():
+    for row in run["test"]["rows"]:
+      row["size"] = {224: 224, 448: 896}[row["size"]]
+  arms = [(name, name, {}) for name in study]
+  lines = docs_tables_photos.pareto("s", arms)(lambda path: study).splitlines()
+  rows = {line.split(" | ")[0][2:]: line for line in lines[2:]}
+  assert rows["slow_good"].endswith("| 9.00× | 2.56× | yes | yes |")
+  assert rows["fast_bad"].endswith("| 4.00× | 2.56× | yes |  |")
+  assert rows["other_budget"].endswith("| yes | yes |") and "| 10,000 |" in rows["other_budget"]
+
+
 def test_goals_table_turns_a_goal_met_when_the_run_meets_it(copy):
   """The goals verdicts read the study's numbers: raising the 896-px cls cosine past 0.92 and
   the k-NN retention past 99 % flips exactly those rows to "met"."""

@@ -681,6 +681,62 @@ def paired(study_path: str, pairs: Sequence[tuple[str, str, str]]) -> Callable[[
   return render
 
 
+# The operators measured on the cross-source photos, fidelity against 896-px speed: (name in
+# DATA_STUDY, what the student is, flop_ratio's keywords for its operator).
+PARETO = (
+    ("SDL", "linear (the default operator)", {}),
+    ("SDL_w3_1600", "linear + exact 3×3 window (`window=3`)", {"window": 3}),
+    ("SDL_10k", "linear (the default operator): the README's command", {}),
+)
+
+
+def pareto(
+    study_path: str, arms: Sequence[tuple[str, str, dict[str, Any]]]
+) -> Callable[[Load], str]:
+  """Each operator's cross-source fidelity (cls / patch cosine of whole views at the smallest and
+  the largest size) against its speed at the largest size: student ÷ teacher images/s as its run
+  measured them, and the analytic FLOP ratio (flop_ratio). "front": no other run of the same
+  image budget is at least as fast and as faithful at the largest size (cls), and better in one."""
+
+  def render(load: Load) -> str:
+    study = load(study_path)
+    sizes = _sizes(study[arms[0][0]])
+    low, high = sizes[0], sizes[-1]
+    points = {}
+    for name, _, _ in arms:
+      row = _whole(study[name], high)
+      points[name] = (
+          study[name]["images_seen"],
+          row["cls_cosine"]["mean"],
+          row["student_images_per_s"] / row["teacher_images_per_s"],
+      )
+    lines = [
+        f"| student ({study[arms[0][0]]['test']['n_test']} cross-source test photos) | images "
+        f"| {low} px: cls / patch | {high} px: cls / patch | {high} px: images/s ÷ teacher's "
+        f"| {high} px: FLOPs, teacher ÷ student | ≥ 4× at {high} px | front |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, label, operator in arms:
+      run = study[name]
+      images, cls, speed = points[name]
+      cells = [
+          f"{_whole(run, s)['cls_cosine']['mean']:.3f} / {_whole(run, s)['patch_cosine']['mean']:.3f}"
+          for s in (low, high)
+      ]
+      beaten = any(
+          o != name and b == images and c >= cls and v >= speed and (c > cls or v > speed)
+          for o, (b, c, v) in points.items()
+      )
+      lines.append(
+          f"| {label} | {images:,} | {' | '.join(cells)} | {speed:.2f}× "
+          f"| {flop_ratio(high, **operator):.2f}× | {'yes' if speed >= 4 else 'no'} "
+          f"| {'' if beaten else 'yes'} |"
+      )
+    return "\n".join(lines)
+
+  return render
+
+
 WINDOW_SHARE = "docs/window_share.json"
 
 

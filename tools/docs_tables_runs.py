@@ -128,12 +128,31 @@ def _block_flops(spec: attention_lib.AttentionSpec, tokens: int) -> float:
   return bench_common.attention_layer_flops(spec, tokens, d["width"], d["heads"]) + mlp
 
 
-def flop_ratio(image_size: int) -> float:
-  """softmax ÷ linear (hedgehog_exp: the same shapes as hedgehog) FLOPs of a ViT-S/14 block."""
+def flop_ratio(
+    image_size: int,
+    num_features: int | None = None,
+    softmax_layers: int = 0,
+    window: int = 0,
+    depth: int = 12,
+) -> float:
+  """Teacher ÷ student FLOPs of a ViT-S/14's `depth` blocks (the default student: the ratio of
+  one block's). The student: hedgehog_exp layers (hedgehog's shapes) `num_features` wide (None:
+  the head dim), `softmax_layers` of them softmax, and with `window` w > 0 each linear layer's
+  exact w×w neighbourhood and cls row besides (scored, then mixed: q·k and weights·v on w² + 1
+  keys a patch, and the cls query over every key)."""
   tokens = bench_common.tokens_for(image_size, VITS14["patch"])
   softmax = attention_lib.AttentionSpec(kind="softmax")
-  linear = attention_lib.AttentionSpec(kind="linear", feature_map="hedgehog")
-  return _block_flops(softmax, tokens) / _block_flops(linear, tokens)
+  linear = attention_lib.AttentionSpec(
+      kind="linear", feature_map="hedgehog", num_features=num_features
+  )
+  linear_block = _block_flops(linear, tokens)
+  if window:
+    exact_keys = (tokens - 1) * (window * window + 1) + tokens  # patches' window + cls; cls row
+    linear_block += 2 * 2.0 * exact_keys * VITS14["width"]  # every head: width = heads · head dim
+  teacher = depth * _block_flops(softmax, tokens)
+  return teacher / (
+      softmax_layers * _block_flops(softmax, tokens) + (depth - softmax_layers) * linear_block
+  )
 
 
 LEVERS_SPEED = "docs/levers_speed.json"
