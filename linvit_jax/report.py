@@ -368,6 +368,12 @@ def _student_speed(s: Scorer, model, params, record) -> float:
   return evaluate.images_per_second(model, params, s.throughput_batch())
 
 
+def _matmul_rate(s: Scorer, model, params, record) -> float | None:
+  if not any(record.histories or {}):  # no training step to read against it
+    return None
+  return evaluate.matmul_gflops()
+
+
 def _teacher_speed(s: Scorer, model, params, record) -> float | None:
   if s.teacher_params is None:
     return None
@@ -394,6 +400,7 @@ MEASURES = (
     Measure("student_images_per_s", _student_speed, timing="speed_resolution_plots"),
     Measure("teacher_images_per_s", _teacher_speed, timing="speed_resolution_plots"),
     Measure("resolution", _resolution, timing="speed_resolution_plots"),
+    Measure("matmul_gflops", _matmul_rate, timing="speed_resolution_plots"),
 )
 PLOTS_TIMING = "speed_resolution_plots"  # the plots' seconds go with the speed measures'
 

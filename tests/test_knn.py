@@ -82,6 +82,7 @@ def test_knn_on_a_labelled_folder_in_the_report(tmp_path, monkeypatch, capsys):
   config = _config(tmp_path, tmp_path / "labelled")
   results = run_lib.run(config, str(tmp_path / "work"))
   knn = results["knn"]
+  assert results["matmul_gflops"] > 0  # what the summary reads the steps' GFLOP/s against
   # Each model's features on each split show a bar (the report is silent for minutes otherwise).
   err = capsys.readouterr().err
   for bar in ("k-NN, student, train", "k-NN, student, eval", "k-NN, teacher, train"):

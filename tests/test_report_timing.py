@@ -74,6 +74,24 @@ def test_step_cost_beside_the_teachers_forward():
   assert align.split() == ["align", "50", "8", "24.00", "2.00", "5.0×"]
 
 
+def test_step_cost_as_a_share_of_the_matmul_rate():
+  results = _results(matmul_gflops=100.0)
+  for name, gflops in (("distill", [1.0, 40.0, 50.0, 60.0]), ("align", [1.0, 25.0, 25.0])):
+    for row, g in zip(results["histories"][name], gflops):
+      row["gflops_per_sec"] = g
+  lines = summary.format_summary(results).splitlines()
+  # The first row (the compile) left out: medians 50 and 25 GFLOP/s of a 100 GFLOP/s matmul.
+  distill = next(line for line in lines if line.startswith("  distill "))
+  assert distill.split() == ["distill", "100", "4", "6.00", "4.00", "2.5×", "50.0", "50", "%"]
+  align = next(line for line in lines if line.startswith("  align "))
+  assert align.split()[-3:] == ["25.0", "25", "%"]
+  assert "  machine's float32 matmul rate (100 GFLOP/s, timed after training)" in lines
+  # Without the machine's rate the GFLOP/s stay, the share is a dash.
+  del results["matmul_gflops"]
+  lines = summary.format_summary(results).splitlines()
+  assert next(line for line in lines if line.startswith("  align ")).split()[-2:] == ["25.0", "-"]
+
+
 def test_missing_keys_leave_rows_out():
   """An older results.json, a run without teacher, histories or stages: no error."""
   no_hist = _results()

@@ -121,6 +121,13 @@ def test_reference_run_trains_logs_and_checkpoints(reference):
   assert [r["step"] for r in history] == [1, 2, 3, 4, 5]
   assert history[-1]["nonfinite_total"] == 0
   assert "target_rms" in history[0] and "lr" in history[0] and "grad_norm" in history[0]
+  # XLA's count of one step, the same in every row: at least the forward and backward matmuls of
+  # the MLP (3 × 2·B·(IN·HIDDEN + HIDDEN·OUT)); each row's GFLOP/s is that count × its rate.
+  matmuls = 3 * 2.0 * tt.GLOBAL_BATCH * (tt.IN * tt.HIDDEN + tt.HIDDEN * tt.OUT)
+  assert len({r["step_gflops"] for r in history}) == 1
+  assert matmuls / 1e9 <= history[0]["step_gflops"] < 20 * matmuls / 1e9
+  for r in history:
+    assert r["gflops_per_sec"] == pytest.approx(r["step_gflops"] * r["steps_per_sec"])
   stage_dir = os.path.join(workdir, "tiny")
   assert metrics_lib.read_jsonl(os.path.join(stage_dir, "metrics.jsonl")) == history
   assert any(f.startswith("events.out.tfevents") for f in os.listdir(stage_dir))

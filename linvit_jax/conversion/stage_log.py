@@ -58,6 +58,7 @@ class MetricsDrain:
     )
     self._since = (time.perf_counter(), start)  # (time, step) of the last row: its rate
     self._pending = None  # (step, device metrics) not read yet
+    self.step_flops: float | None = None  # the step's FLOPs (train._step_flops), once known
 
   def push(self, step: int, device_metrics: Mapping[str, jax.Array]) -> None:
     """Queues `step`'s metrics after reading the previous step's."""
@@ -85,7 +86,10 @@ class MetricsDrain:
       now, (then, then_step) = time.perf_counter(), self._since
       rate = (step - then_step) / max(now - then, 1e-9)
       self._since = (now, step)
-      self.write(step, {**m, "steps_per_sec": rate, "examples_per_sec": rate * self._batch_size})
+      row = {**m, "steps_per_sec": rate, "examples_per_sec": rate * self._batch_size}
+      if self.step_flops:  # XLA's count of the step: what the rate achieves in FLOP/s
+        row.update(step_gflops=self.step_flops / 1e9, gflops_per_sec=rate * self.step_flops / 1e9)
+      self.write(step, row)
       self.bar.set_postfix(loss=f"{float(m['loss']):.4g}", refresh=False)
     if bad:
       self._skipped(step, m)

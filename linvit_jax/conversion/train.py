@@ -333,9 +333,10 @@ def _loop(
         raise RuntimeError(
             f"stage {name!r}: batch_iter_fn({start}) ran out of batches at step {step} of {total}"
         ) from None
-      state, device_metrics = step_fn(
-          state, frozen, sharding_lib.make_global_batch(local, plan.mesh)
-      )
+      batch = sharding_lib.make_global_batch(local, plan.mesh)
+      if step == start:  # before the call: the state is donated to it
+        drain.step_flops = _step_flops(step_fn, state, frozen, batch)
+      state, device_metrics = step_fn(state, frozen, batch)
       done = step + 1
       drain.push(done, device_metrics)
       if eval_fn is not None and ((eval_every and done % eval_every == 0) or done == total):
@@ -355,6 +356,20 @@ def _loop(
     drain.close()
     ctrl_c.restore()
   return state
+
+
+def _step_flops(step_fn: Callable, state: Any, frozen: Any, batch: Any) -> float | None:
+  """XLA's FLOP count of one step on the whole global batch (the lowered program's cost
+  analysis: no compile, the trace is jit's cached one); None where the backend gives none."""
+  try:
+    cost = step_fn.lower(state, frozen, batch).cost_analysis()
+  except Exception as e:  # noqa: BLE001 (a backend without cost analysis: the rate alone is logged)
+    logging.debug("no FLOP count for the step: %s", e)
+    return None
+  if isinstance(cost, (list, tuple)):  # older JAX: one dict per computation
+    cost = cost[0] if cost else None
+  flops = (cost or {}).get("flops")
+  return float(flops) if flops and flops > 0 else None
 
 
 # ------------------------------------------------------------------------------------------------

@@ -331,6 +331,22 @@ def images_per_second(model: nn.Module, params: Any, images: np.ndarray, repeats
   return len(images) / float(np.median(times))
 
 
+def matmul_gflops(n: int = 1024, repeats: int = 5) -> float:
+  """The machine's float32 matmul rate (GFLOP/s): the median of `repeats` timed n×n by n×n
+  products on the default device, compile excluded. What a training step's GFLOP/s is read
+  against (summary's step cost): the share of what this machine does best."""
+  mm = jax.jit(jnp.matmul)
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+  b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
+  jax.block_until_ready(mm(a, b))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(mm(a, b))
+    times.append(time.perf_counter() - t0)
+  return 2.0 * n**3 / float(np.median(times)) / 1e9
+
+
 def forward_peak_bytes(model: nn.Module, params: Any, images: np.ndarray) -> float:
   """XLA's peak-memory estimate of the compiled forward (arguments + outputs + temporaries)."""
   fn = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False)[0])

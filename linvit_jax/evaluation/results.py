@@ -103,6 +103,7 @@ class Results(collections.abc.Mapping):
   student_images_per_s: float | None = measure("student images/s")
   teacher_images_per_s: float | None = measure("teacher images/s")
   resolution: list[dict[str, Any]] | None = measure("other resolutions", card="resolutions")
+  matmul_gflops: float | None = measure("matmul GFLOP/s")  # the steps' GFLOP/s are read against it
   student_logits_sample: list[Any] | None = None  # the exported student's output on 4 images
   version: int = VERSION
   extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # keys this code does not know

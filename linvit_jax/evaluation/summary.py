@@ -45,7 +45,7 @@ def format_summary(results: results_lib.Results | Mapping[str, Any]) -> str:
 # The measures format_summary writes a section of its own for.
 _SUMMARY_SECTIONS = frozenset(
     {"knn", "eval_view_fidelity", "test", "exact_share", "student_images_per_s"}
-    | {"teacher_images_per_s", "resolution"}
+    | {"teacher_images_per_s", "resolution", "matmul_gflops"}
 )
 
 
@@ -191,12 +191,15 @@ _TIMING_LABELS = {
 def _logged_steps_per_s(history: Sequence[Mapping[str, Any]]) -> float | None:
   """The median of a stage's logged training rates, the first row left out: it holds the
   compilation (and, after a resume, the restart), which the teacher's timed forward excludes."""
-  rates = [
-      float(r["steps_per_sec"])
-      for r in history[1:]
-      if isinstance(r.get("steps_per_sec"), (int, float)) and r["steps_per_sec"] > 0
+  return _logged_median(history, "steps_per_sec")
+
+
+def _logged_median(history: Sequence[Mapping[str, Any]], key: str) -> float | None:
+  """The median of a stage's logged positive `key` values, the first row (the compile) left out."""
+  values = [
+      float(r[key]) for r in history[1:] if isinstance(r.get(key), (int, float)) and r[key] > 0
   ]
-  return float(np.median(rates)) if rates else None
+  return float(np.median(values)) if values else None
 
 
 def format_timing(results: results_lib.Results | Mapping[str, Any]) -> list[str]:
@@ -238,12 +241,14 @@ def _step_cost(
 ) -> list[str]:
   """Each training stage's step cost beside the teacher's forward, per image: how many of the
   teacher's forward passes one image of training costs (the `align` step runs the teacher, the
-  student and the student's backward)."""
+  student and the student's backward); and, where the run counted its steps' FLOPs (XLA's cost
+  analysis, in the logged rows) and timed the machine's matmul, the GFLOP/s a step achieves and
+  its share of that rate."""
   config = r.config or {}
   histories = r.histories or {}
   teacher = r.teacher_images_per_s
   width = max([5] + [len(n) for n in stage_names]) + 4
-  rows = []
+  rows, any_flops = [], False
   for name in stage_names:
     stage = config.get(name) or {}
     steps, batch = stage.get("steps"), stage.get("batch_size")
@@ -251,29 +256,44 @@ def _step_cost(
       continue
     logged = _logged_steps_per_s(histories.get(name) or [])
     images_per_s = batch * (logged or steps / max(timing[name], 1e-9))
-    ratio = f"{teacher / images_per_s:.1f}×" if teacher else "-"
-    rows.append(
-        f"  {name:<{width - 2}s}{steps:>7d}{batch:>7d}{timing[name] / steps:>9.2f}"
-        f"{images_per_s:>10.2f}{ratio:>11s}"
-    )
+    gflops = _logged_median(histories.get(name) or [], "gflops_per_sec")
+    any_flops |= gflops is not None
+    rows.append((name, steps, batch, timing[name] / steps, images_per_s, gflops))
   if not rows:
     return []
+  matmul = r.matmul_gflops
+  lines = []
+  for name, steps, batch, s_step, images_per_s, gflops in rows:
+    ratio = f"{teacher / images_per_s:.1f}×" if teacher else "-"
+    line = f"  {name:<{width - 2}s}{steps:>7d}{batch:>7d}{s_step:>9.2f}{images_per_s:>10.2f}{ratio:>11s}"
+    if any_flops:
+      share = f"{100 * gflops / matmul:.0f} %" if gflops and matmul else "-"
+      line += f"{gflops:>9.1f}" if gflops else f"{'-':>9s}"
+      line += f"{share:>10s}"
+    lines.append(line)
   title = "training step cost"
   if teacher:
     at = (config.get("eval") or {}).get("throughput_batch")
     title += (
         f" beside the teacher's forward ({teacher:.2f} images/s{f' at batch {at}' if at else ''})"
     )
-  return [
-      "",
-      title,
+  head = (
       f"{'stage':<{width}s}{'steps':>7s}{'batch':>7s}{'s/step':>9s}{'images/s':>10s}"
-      f"{'÷ teacher':>11s}",
-      *rows,
+      f"{'÷ teacher':>11s}"
+  )
+  notes = [
       "  s/step: the stage's wall time / steps (compiling, curves and checkpoints included);",
       "  images/s: the median logged rate (compiling excluded); ÷ teacher: the teacher's forward",
       "  passes one training image costs",
   ]
+  if any_flops:
+    head += f"{'GFLOP/s':>9s}{'÷ matmul':>10s}"
+    rate = f"{matmul:.0f} GFLOP/s" if matmul else "not timed"
+    notes += [
+        "  GFLOP/s: XLA's count of a step × the logged rate; ÷ matmul: its share of this",
+        f"  machine's float32 matmul rate ({rate}, timed after training)",
+    ]
+  return ["", title, head, *lines, *notes]
 
 
 def format_where_exported(workdir: str) -> str:
