@@ -108,6 +108,17 @@ TABLES: dict[str, Table] = {
         (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.PAIRS)
     ),
     "window_share": Table((photos.WINDOW_SHARE,), photos.window_share),
+    "operators_pareto": Table(
+        (photos.DATA_STUDY, "tools/docs_tables_runs.py", "bench/common.py"),
+        photos.pareto(photos.DATA_STUDY, photos.PARETO),
+    ),
+    "nf128_fit": Table((photos.DATA_STUDY,), photos.fit_gap(photos.DATA_STUDY, photos.NF128_ARM)),
+    "nf128_cost": Table(
+        (photos.DATA_STUDY,), photos.study_cost(photos.DATA_STUDY, photos.NF128_ARM)
+    ),
+    "operators_paired": Table(
+        (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.OPERATOR_PAIRS)
+    ),
 }
 
 

@@ -687,6 +687,13 @@ PARETO = (
     ("SDL", "linear (the default operator)", {}),
     ("SDL_w3_1600", "linear + exact 3×3 window (`window=3`)", {"window": 3}),
     ("SDL_10k", "linear (the default operator): the README's command", {}),
+    ("SDL_nf128_10k", "linear, 256 features a head (`num_features=128`)", {"num_features": 128}),
+)
+# The wider feature map at the full budget.
+NF128_ARM = "SDL_nf128_10k"
+# Paired comparisons of the operators (as PAIRS).
+OPERATOR_PAIRS = (
+    ("SDL_10k", "SDL_nf128_10k", "10,000 images: 128 → 256 features a head"),
 )
 
 
