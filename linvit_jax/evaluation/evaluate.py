@@ -319,16 +319,22 @@ def exact_shares(model: nn.Module, params: Any, images: jax.Array) -> list[float
 # ----------------------------------------------------------------------------- speed & resolution
 
 
-def images_per_second(model: nn.Module, params: Any, images: np.ndarray, repeats: int = 5) -> float:
-  """Median forward throughput of a jitted apply (compile excluded)."""
-  predict = make_predict_fn(model)
-  jax.block_until_ready(predict(params, images))
+def median_seconds(fn: Callable[[], Any], repeats: int = 5) -> float:
+  """The median wall time of `repeats` calls of `fn` (its result waited for), after one untimed
+  call (the compile)."""
+  jax.block_until_ready(fn())
   times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
-    jax.block_until_ready(predict(params, images))
+    jax.block_until_ready(fn())
     times.append(time.perf_counter() - t0)
-  return len(images) / float(np.median(times))
+  return float(np.median(times))
+
+
+def images_per_second(model: nn.Module, params: Any, images: np.ndarray, repeats: int = 5) -> float:
+  """Median forward throughput of a jitted apply (compile excluded)."""
+  predict = make_predict_fn(model)
+  return len(images) / median_seconds(lambda: predict(params, images), repeats)
 
 
 def matmul_gflops(n: int = 1024, repeats: int = 5) -> float:
@@ -338,13 +344,7 @@ def matmul_gflops(n: int = 1024, repeats: int = 5) -> float:
   mm = jax.jit(jnp.matmul)
   a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
   b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
-  jax.block_until_ready(mm(a, b))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(mm(a, b))
-    times.append(time.perf_counter() - t0)
-  return 2.0 * n**3 / float(np.median(times)) / 1e9
+  return 2.0 * n**3 / median_seconds(lambda: mm(a, b), repeats) / 1e9
 
 
 def forward_peak_bytes(model: nn.Module, params: Any, images: np.ndarray) -> float:
