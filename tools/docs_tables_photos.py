@@ -686,6 +686,11 @@ def paired(study_path: str, pairs: Sequence[tuple[str, str, str]]) -> Callable[[
 PARETO = (
     ("SDL", "linear (the default operator)", {}),
     ("SDL_w3_1600", "linear + exact 3×3 window (`window=3`)", {"window": 3}),
+    (
+        "SDL_hyb1_1600",
+        "linear, one softmax layer (`softmax_layers=1`: layer 4)",
+        {"softmax_layers": 1},
+    ),
     ("SDL_10k", "linear (the default operator): the README's command", {}),
     ("SDL_nf128_10k", "linear, 256 features a head (`num_features=128`)", {"num_features": 128}),
 )
@@ -694,6 +699,8 @@ NF128_ARM = "SDL_nf128_10k"
 # Paired comparisons of the operators (as PAIRS).
 OPERATOR_PAIRS = (
     ("SDL_10k", "SDL_nf128_10k", "10,000 images: 128 → 256 features a head"),
+    ("SDL_1600", "SDL_hyb1_1600", "1,600 images: linear → one softmax layer"),
+    ("SDL_1600", "SDL_w3_1600", "1,600 images: linear → window=3"),
 )
 
 
