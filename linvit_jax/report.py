@@ -177,7 +177,8 @@ def _teacher_knn_features(config, splits, model, params, cache, digests) -> tupl
 def _knn_batches(config, split: str, limit: int, desc: str) -> Iterator[dict]:
   """build.knn_batches with a progress bar `desc` (its total from `limit`; 0, all: a counter)."""
   batches = build.knn_batches(config, split, limit)
-  total = -(-limit // config.eval.knn.batch_size) if limit else None
+  batch = getattr(config.eval.knn, "batch_size", None)
+  total = -(-limit // batch) if limit and batch else None  # no batch size known: a counter
   return progress.iterate(batches, total, desc, "batch")
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from linvit_jax import report
+from linvit_jax.evaluation import results as results_lib
 from linvit_jax.evaluation import summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,6 +91,12 @@ def test_step_cost_as_a_share_of_the_matmul_rate():
   del results["matmul_gflops"]
   lines = summary.format_summary(results).splitlines()
   assert next(line for line in lines if line.startswith("  align ")).split()[-2:] == ["25.0", "-"]
+
+
+def test_the_matmul_rate_is_timed_only_after_training():
+  trained = results_lib.Results(histories={"align": [{"step": 1}]})
+  assert report._matmul_rate(None, None, None, trained) > 0
+  assert report._matmul_rate(None, None, None, results_lib.Results()) is None
 
 
 def test_missing_keys_leave_rows_out():
