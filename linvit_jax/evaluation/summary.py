@@ -188,14 +188,10 @@ _TIMING_LABELS = {
 }
 
 
-def _logged_steps_per_s(history: Sequence[Mapping[str, Any]]) -> float | None:
-  """The median of a stage's logged training rates, the first row left out: it holds the
-  compilation (and, after a resume, the restart), which the teacher's timed forward excludes."""
-  return _logged_median(history, "steps_per_sec")
-
-
 def _logged_median(history: Sequence[Mapping[str, Any]], key: str) -> float | None:
-  """The median of a stage's logged positive `key` values, the first row (the compile) left out."""
+  """The median of a stage's logged positive `key` values (a rate), the first row left out: it
+  holds the compilation (and, after a resume, the restart), which the teacher's timed forward
+  excludes."""
   values = [
       float(r[key]) for r in history[1:] if isinstance(r.get(key), (int, float)) and r[key] > 0
   ]
@@ -254,7 +250,7 @@ def _step_cost(
     steps, batch = stage.get("steps"), stage.get("batch_size")
     if not steps or not batch:
       continue
-    logged = _logged_steps_per_s(histories.get(name) or [])
+    logged = _logged_median(histories.get(name) or [], "steps_per_sec")
     images_per_s = batch * (logged or steps / max(timing[name], 1e-9))
     gflops = _logged_median(histories.get(name) or [], "gflops_per_sec")
     any_flops |= gflops is not None
