@@ -733,10 +733,8 @@ def pareto(
     for name, label, operator in arms:
       run = study[name]
       images, cls, speed = points[name]
-      cells = [
-          f"{_whole(run, s)['cls_cosine']['mean']:.3f} / {_whole(run, s)['patch_cosine']['mean']:.3f}"
-          for s in (low, high)
-      ]
+      rows = [_whole(run, s) for s in (low, high)]
+      cells = [f"{r['cls_cosine']['mean']:.3f} / {r['patch_cosine']['mean']:.3f}" for r in rows]
       beaten = any(
           o != name and b == images and c >= cls and v >= speed and (c > cls or v > speed)
           for o, (b, c, v) in points.items()
