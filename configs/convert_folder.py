@@ -39,6 +39,7 @@ The student's linear attention:
   sinks: m > 0: the m patch keys of largest norm are exact for every query (0: off)
   policy: the surgery policy (copy_all: the teacher's q/k/v/out start the student)
   softmax_layers: how many worst-linearizing layers go back to softmax after distillation
+  softmax_pick: tf_cosine (lowest teacher-forced cosine) | sensitivity (largest end-to-end gain)
 
 Training budget and the distillation stage:
   max_images: the training images of both stages together, at least `batch`
@@ -101,6 +102,7 @@ OPTIONS = dict(
     distill_fraction=0.6,
     policy="copy_all",
     softmax_layers=0,
+    softmax_pick="tf_cosine",
     pool="",
     batch=8,
     lr_distill=1e-3,
@@ -186,7 +188,12 @@ def get_config(arg=None):
       architecture="init", init=arg.init, config_fields=tuple(n for n, v in given if v)
   )
   attention = recipes.attention_of(arg)
-  c.student = dict(c.student.to_dict(), attention=attention, softmax_layers=arg.softmax_layers)
+  c.student = dict(
+      c.student.to_dict(),
+      attention=attention,
+      softmax_layers=arg.softmax_layers,
+      softmax_pick=arg.softmax_pick,
+  )
   c.surgery.policy = arg.policy
 
   steps_a, steps_b, steps_d = _steps(arg)

@@ -224,6 +224,11 @@ def check_softmax_layers(config: mlc.ConfigDict, depth: int | None) -> None:
   """student.softmax_layers: a count in [0, depth - 1] (all layers softmax is the teacher; a
   negative count would be read as a slice), swapped in after a distill_attention stage."""
   k = config.student.get("softmax_layers", 0)
+  pick = config.student.get("softmax_pick", "tf_cosine")
+  if pick not in config_lib.SOFTMAX_PICKS:
+    raise ConfigError(
+        f"config.student.softmax_pick={pick!r}: expected one of {list(config_lib.SOFTMAX_PICKS)}"
+    )
   if isinstance(k, bool) or not isinstance(k, int):
     raise ConfigError(f"config.student.softmax_layers={k!r}: expected a whole number of layers")
   if k < 0 or (depth and k >= depth):

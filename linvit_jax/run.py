@@ -26,6 +26,7 @@ from linvit_jax.conversion import stages
 from linvit_jax.conversion import surgery
 from linvit_jax.conversion import train
 from linvit_jax.evaluation import evaluate
+from linvit_jax.evaluation import layer_swap
 from linvit_jax.evaluation import photo_eval
 from linvit_jax.evaluation import results as results_lib
 from linvit_jax.models import vit
@@ -265,11 +266,23 @@ def _train_stage(config, workdir, mesh, scorer, i, student_model, student_params
 
 
 def _hybrid_swap(config, scorer, stage, student_model, student_params) -> tuple[Any, Any]:
-  """(model, params) with the k layers that linearize worst (teacher-forced cosine on held-out
-  images, `stage.fidelity`) back to softmax with the teacher's weights; later stages train
-  around them. The layers and the hybrid's fidelity go to `stage`."""
+  """(model, params) with k layers back to softmax with the teacher's weights; later stages
+  train around them. Which k (student.softmax_pick): those that linearize worst (teacher-forced
+  cosine on the held-out images, `stage.fidelity`), or those whose teacher attention alone brings
+  the student's final tokens closest to the teacher's on the same images (layer_swap.fix_gains).
+  The layers, the gains when measured and the hybrid's fidelity go to `stage`."""
   rows = stage.fidelity.layers
-  layers = surgery.worst_layers(rows, config.student.softmax_layers)
+  k = config.student.softmax_layers
+  if config.student.get("softmax_pick", "tf_cosine") == "sensitivity":
+    images = scorer.sample[: config.eval.fidelity_images]
+    gains = layer_swap.fix_gains(
+        scorer.teacher_model, scorer.teacher_params, student_model, student_params, images
+    )
+    layers = layer_swap.most_sensitive(gains, k)
+    stage.softmax_gains = [round(g, 6) for g in gains]
+    logging.info("hybrid: end-to-end cosine gain of each layer's softmax %s", stage.softmax_gains)
+  else:
+    layers = surgery.worst_layers(rows, k)
   student_model, student_params = surgery.to_softmax_layers(
       scorer.teacher_params, student_model, student_params, layers
   )

@@ -9,8 +9,10 @@ import jax
 import numpy as np
 import pytest
 
+from linvit_jax.evaluation import layer_swap
 from linvit_jax.models import layout
 from linvit_jax.models import vit
+from linvit_jax.runtime import errors
 from linvit_jax.studies import compounding
 from tests.helpers import student_export
 from tests.helpers import tiny_teacher
@@ -75,15 +77,31 @@ def test_a_student_that_differs_in_layer_0_owes_it_its_whole_gap(teacher):
 def test_swap_attention_moves_one_subtree_and_needs_a_per_block_model(teacher):
   model, params = teacher
   student, student_params = _student_differing_in_layer_0(teacher)
-  broken, broken_params = compounding.swap_attention(model, params, student, student_params, 0)
+  broken, broken_params = layer_swap.swap_attention(model, params, student, student_params, 0)
   assert vit.layer_specs(broken) == vit.layer_specs(student)
   block = broken_params["Transformer"][layout.block_name(0)]
   assert block[layout.ATTN] is student_params["Transformer"][layout.block_name(0)][layout.ATTN]
   assert block["MlpBlock_0"] is params["Transformer"][layout.block_name(0)]["MlpBlock_0"]
   assert "feature_map_q" not in params["Transformer"][layout.block_name(0)][layout.ATTN]
   scanned = model.clone(scan=True)
-  with pytest.raises(compounding.CompoundingError, match="scan=False"):
-    compounding.swap_attention(scanned, params, model, params, 0)
+  with pytest.raises(errors.ConfigError, match="scan=False"):
+    layer_swap.swap_attention(scanned, params, model, params, 0)
+
+
+def test_fix_gains_rank_the_layer_that_differs_first(teacher):
+  """Softmax back in layer 0 (the only linear one) makes the student its teacher: all the gap;
+  layer 1 is the teacher's already: no gain. The pick is layer 0, and both, in layer order."""
+  model, params = teacher
+  student, student_params = _student_differing_in_layer_0(teacher)
+  gains = layer_swap.fix_gains(model, params, student, student_params, IMAGES)
+  baseline = layer_swap.cosines_to(
+      student, student_params, IMAGES, layer_swap.final_tokens(model, params, IMAGES)
+  )
+  gap = 1 - float(np.mean([np.mean(v) for v in baseline.values()]))
+  assert gap > 1e-3 and gains[0] == pytest.approx(gap, abs=1e-5)
+  assert gains[1] == pytest.approx(0, abs=1e-6)
+  assert layer_swap.most_sensitive(gains, 1) == [0]
+  assert layer_swap.most_sensitive(gains, 2) == [0, 1]
 
 
 def test_cli_writes_json_and_plot_and_a_bad_folder_is_one_line(tmp_path, capsys):

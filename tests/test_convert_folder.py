@@ -89,7 +89,11 @@ def folder_run(tmp_path_factory):
   ckpt = str(tmp / "teacher.npz")
   teacher_params = _headless_checkpoint(ckpt)
   _photos(str(tmp / "photos"))
-  config = _config(ckpt, str(tmp / "photos"), ",softmax_layers=1,align_augment=color,align_mixup=1")
+  config = _config(
+      ckpt,
+      str(tmp / "photos"),
+      ",softmax_layers=1,softmax_pick=sensitivity,align_augment=color,align_mixup=1",
+  )
   workdir = str(tmp / "work")
   real_iter_fn = build.train_iter_fn
 
@@ -219,6 +223,9 @@ def test_convert_folder_headless_end_to_end(folder_run):
 def test_convert_folder_hybrid_export_round_trips(folder_run):
   config, workdir, results, teacher_params = folder_run
   assert len(results["softmax_layers"]) == 1
+  # picked by sensitivity: the layer whose softmax alone brought the student closest
+  gains = results["softmax_layers_fix_gains"]
+  assert len(gains) == 2 and results["softmax_layers"] == [int(np.argmax(gains))]
   from linvit_jax.artifacts import export_format
 
   with open(os.path.join(workdir, "student_config.json")) as f:

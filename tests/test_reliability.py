@@ -225,6 +225,11 @@ def test_softmax_layers_out_of_range(tmp_path):
   assert not os.path.exists(tmp_path / "w")
 
 
+def test_softmax_pick_typo_is_one_line(tmp_path):
+  text = _option_error(tmp_path, softmax_pick="sensitive")
+  assert "softmax_pick='sensitive'" in text and "'sensitivity'" in text
+
+
 def test_deploy_res_that_no_step_trains_is_refused(tmp_path):
   text = _option_error(tmp_path, deploy_res=56, max_images=16, tiny=False)
   assert "deploy_res=56" in text and "set deploy_res=0" in text

@@ -39,6 +39,7 @@ def _hybrid_run() -> dict:
   d |= {"student_top1_after_distill_attention": 0.6}
   d |= {"fidelity_after_distill_attention": _fid(0.8)["layers"]}
   d |= {"end_to_end_after_distill_attention": _fid(0.8)["end_to_end"], "softmax_layers": [1]}
+  d |= {"softmax_layers_fix_gains": [0.01, 0.02]}  # picked by sensitivity
   d |= {"fidelity_hybrid_after_distill_attention": _fid(0.85)["layers"]}
   d |= {"end_to_end_hybrid_after_distill_attention": _fid(0.85)["end_to_end"]}
   d |= {"student_top1_before_finetune": 0.7, "student_top1_after_align": 0.7}
@@ -74,6 +75,7 @@ def test_a_hybrid_run_reads_by_stage_and_writes_back_its_key_order():
   assert r.dumps() == _text(data)
   assert [s.name for s in r.stages] == ["distill_attention", "align", "finetune"]
   assert r.after("distill_attention").softmax_layers == r.softmax_layers == [1]
+  assert r.after("distill_attention").softmax_gains == [0.01, 0.02]
   assert r.fidelity("distill_attention").layers[0]["cosine"] == 0.8  # before the swap
   assert r.after("distill_attention").hybrid.layers[0]["cosine"] == 0.85
   assert r.fidelity(results_lib.CONVERTED).end_to_end["cls_cosine"] == 0.5
@@ -102,6 +104,7 @@ def test_the_record_the_driver_fills_writes_the_same_layout():
   r.converted = results_lib.Stage(results_lib.CONVERTED, top1=0.1, fidelity=fid(0.5))
   distill = results_lib.Stage("distill_attention", top1=0.6, fidelity=fid(0.8))
   distill.softmax_layers, distill.hybrid = [1], fid(0.85)
+  distill.softmax_gains = [0.01, 0.02]
   align = results_lib.Stage("align", top1=0.7, fidelity=fid(0.9), top1_before=0.6)
   finetune = results_lib.Stage("finetune", top1=0.8, fidelity=fid(0.95), top1_before=0.7)
   r.stages, r.top1_before_finetune = [distill, align, finetune], 0.7

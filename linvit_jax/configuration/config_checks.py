@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from linvit_jax.configuration import config_lib
 from linvit_jax.configuration import recipes
 
 # convert_folder's numeric options: (test, the range in words). A value outside one is an error
@@ -108,6 +109,7 @@ def convert_folder(arg: Any) -> None:
   choices = dict(gelu=("", "exact", "tanh"), norm=("", "source", *recipes.NORMS))
   augments = tuple(recipes.AUGMENTS)
   choices.update(distill_augment=augments, align_augment=augments)
+  choices.update(softmax_pick=config_lib.SOFTMAX_PICKS)
   for field, allowed in choices.items():
     if arg[field] not in allowed:
       raise ValueError(f"{field}={arg[field]!r}: expected one of {list(allowed)} (empty: default)")

@@ -18,6 +18,8 @@ from typing import Any
 import ml_collections as mlc
 
 STAGE_KINDS = ("train", "distill_attention", "finetune", "align")
+# How student.softmax_layers picks its layers (run._hybrid_swap).
+SOFTMAX_PICKS = ("tf_cosine", "sensitivity")
 
 
 # Every optimizer field and its default (big_vision's semantics: optim.make_optimizer). A config's
@@ -347,9 +349,14 @@ def base_config() -> mlc.ConfigDict:
   # evaluate-only, with stages it continues training. dont_load: student params that keep their
   # fresh init instead of being copied (from student.init, or from the teacher by surgery).
   # softmax_layers: k layers that linearize worst (after the first distill_attention stage) keep
-  # softmax attention with the teacher's weights: a hybrid student. attention: the student's
+  # softmax attention with the teacher's weights: a hybrid student; softmax_pick says which:
+  # "tf_cosine" the k of lowest teacher-forced attention cosine, "sensitivity" the k whose
+  # teacher attention, swapped into the student alone, brings its final tokens closest to the
+  # teacher's (evaluation/layer_swap.fix_gains: error that compounds counts). attention: the student's
   # operator: a feature map (elu1, relu, hedgehog, hedgehog_exp, favor), a spec, or one per layer.
-  c.student = dict(attention="elu1", init="", dont_load=(), softmax_layers=0)
+  c.student = dict(
+      attention="elu1", init="", dont_load=(), softmax_layers=0, softmax_pick="tf_cosine"
+  )
   # policy: what surgery copies from the teacher: copy_same (all but attention), copy_all,
   # copy_attention_only, copy_none. calibrate: data-dependent out-projection init of fresh
   # attention.

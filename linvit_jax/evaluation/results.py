@@ -36,6 +36,7 @@ _TOP1_BEFORE_FINETUNE = "student_top1_before_finetune"
 _LAYERS = "fidelity_"  # + tag: teacher-forced, per layer
 _END_TO_END = "end_to_end_"  # + tag: the student's own forward
 _SOFTMAX_LAYERS = "softmax_layers"
+_SOFTMAX_GAINS = "softmax_layers_fix_gains"  # per layer, when picked by sensitivity
 
 
 @dataclasses.dataclass
@@ -63,6 +64,7 @@ class Stage:
   # first such stage has it (its key's place), holding the last value (Results.top1_before_finetune).
   top1_before: float | None = None
   softmax_layers: list[int] | None = None  # the hybrid swap after this stage
+  softmax_gains: list[float] | None = None  # layer_swap.fix_gains, when they picked the layers
   hybrid: Fidelity | None = None  # scored again after that swap
 
   @property
@@ -226,6 +228,9 @@ class Results(collections.abc.Mapping):
       if key == _SOFTMAX_LAYERS and current is not None:
         current.softmax_layers = value
         continue
+      if key == _SOFTMAX_GAINS and current is not None:
+        current.softmax_gains = value
+        continue
       parsed = _parse_stage_key(key)
       if parsed is None:
         fields["extra"][key] = value
@@ -304,6 +309,8 @@ def _put_stages(out: dict[str, Any], stages: list[Stage], before: float | None) 
     _put_fidelity(out, s.tag, s.fidelity)
     if s.softmax_layers is not None:
       out[_SOFTMAX_LAYERS] = s.softmax_layers
+    if s.softmax_gains is not None:
+      out[_SOFTMAX_GAINS] = s.softmax_gains
     _put_fidelity(out, f"hybrid_{s.tag}", s.hybrid)
 
 

@@ -7,7 +7,7 @@ causes, measured by swapping one layer's attention at a time.
 Teacher-forced, every student attention layer is close to the teacher's (evaluate.attention_
 fidelity); end to end the student is further off, because each layer's error changes every later
 layer's input. Two interventions per layer l, each one forward of an ordinary hybrid model
-(`swap_attention`: the model's own per-layer attention specs, no patching):
+(`layer_swap.swap_attention`: the model's own per-layer attention specs, no patching):
 
   fix l    the student end to end, its layer l attention replaced by the teacher's (the teacher's
            operator and q/k/v/out params), acting on the student's own stream at that layer;
@@ -47,7 +47,6 @@ Results (`summarize`; plain JSON types; m in "cls", "patch", "cls" only when the
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -60,12 +59,10 @@ import linvit_jax
 from linvit_jax import compare
 from linvit_jax.data import inference_pp
 from linvit_jax.evaluation import evaluate
+from linvit_jax.evaluation import layer_swap
 from linvit_jax.evaluation import photo_eval
 from linvit_jax.evaluation import photo_tokens
 from linvit_jax.evaluation import plots
-from linvit_jax.models import layout
-from linvit_jax.models import probe
-from linvit_jax.models import vit
 from linvit_jax.studies import study_cli
 
 INTERVENTIONS = ("fix", "break")
@@ -80,65 +77,22 @@ class CompoundingError(study_cli.StudyError):
 # ------------------------------------------------------------------------------- the interventions
 
 
-def swap_attention(
-    model: Any, params: Mapping[str, Any], donor: Any, donor_params: Mapping[str, Any], layer: int
-) -> tuple[Any, dict]:
-  """(`model` whose layer `layer` attention is `donor`'s operator, params whose layer `layer`
-  attention subtree is `donor_params`'): a hybrid through the model's per-layer attention specs;
-  every other leaf is `params`' own (shared, not copied)."""
-  for m, p in ((model, params), (donor, donor_params)):
-    if m.scan or layout.is_scanned(p):
-      raise CompoundingError(
-          "one layer's attention can only be swapped in a per-block (scan=False) model"
-      )
-  specs = list(vit.layer_specs(model))
-  specs[layer] = vit.layer_specs(donor)[layer]
-  name = layout.block_name(layer)
-  out = dict(params)
-  out["Transformer"] = dict(out["Transformer"])
-  out["Transformer"][name] = {
-      **out["Transformer"][name],
-      layout.ATTN: donor_params["Transformer"][name][layout.ATTN],
-  }
-  return model.clone(attention=tuple(specs)), out
-
-
-@functools.partial(jax.jit, static_argnums=(0,))
-def _finals(model: Any, params: Any, images: jax.Array) -> dict[str, jax.Array]:
-  """The final pooled feature (when the model pools) and patch tokens."""
-  _, out = model.apply({"params": params}, images, train=False)
-  finals = {"patch": out["encoded"][:, model.num_prefix_tokens :]}
-  if model.pool_type != "none":
-    finals["cls"] = out["head_input"]
-  return finals
-
-
-@functools.partial(jax.jit, static_argnums=(0,))
-def _cosines(model: Any, params: Any, images: jax.Array, teacher: dict) -> dict[str, jax.Array]:
-  """Per photo: the pooled feature's cosine and the patch tokens' mean cosine to `teacher`."""
-  finals = _finals(model, params, images)
-  out = {"patch": jnp.mean(probe.cosine(finals["patch"], teacher["patch"]), axis=1)}
-  if "cls" in teacher:
-    out["cls"] = probe.cosine(finals["cls"], teacher["cls"])
-  return out
-
-
 def intervention_cosines(
     teacher: Any, teacher_params: Any, student: Any, student_params: Any, images: np.ndarray
 ) -> dict[str, dict[str, np.ndarray]]:
   """Per photo, cosines to the teacher's final tokens: {"baseline": {m: [B]} (the student),
   "fix": {m: [L, B]}, "break": {m: [L, B]}} for m in MEASURES ("cls" only when the models pool).
   The params must hold position tables at the images' grid; both models per-block, of the same
-  depth. Each intervention is one jitted forward of a hybrid (`swap_attention`)."""
+  depth. Each intervention is one jitted forward of a hybrid (`layer_swap.swap_attention`)."""
   if student.depth != teacher.depth:
     raise CompoundingError(f"student depth {student.depth} != teacher depth {teacher.depth}")
   images = jnp.asarray(images)
-  reference = _finals(teacher, teacher_params, images)
-  fetch = lambda m, p: jax.device_get(_cosines(m, p, images, reference))  # noqa: E731
+  reference = layer_swap.final_tokens(teacher, teacher_params, images)
+  fetch = lambda m, p: jax.device_get(layer_swap.cosines_to(m, p, images, reference))  # noqa: E731
   per_layer: dict[str, list[dict[str, np.ndarray]]] = {"fix": [], "break": []}
   for layer in range(teacher.depth):
-    fixed = swap_attention(student, student_params, teacher, teacher_params, layer)
-    broken = swap_attention(teacher, teacher_params, student, student_params, layer)
+    fixed = layer_swap.swap_attention(student, student_params, teacher, teacher_params, layer)
+    broken = layer_swap.swap_attention(teacher, teacher_params, student, student_params, layer)
     per_layer["fix"].append(fetch(*fixed))
     per_layer["break"].append(fetch(*broken))
   out = {"baseline": fetch(student, student_params)}

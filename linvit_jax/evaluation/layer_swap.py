@@ -1,0 +1,94 @@
+"""One layer's attention swapped between two models of the same depth, and what the swap does to
+the final tokens: the intervention behind studies/compounding.py and behind a hybrid that puts
+its softmax layers where they recover the most (student.softmax_pick="sensitivity").
+
+A hybrid is a model whose per-layer attention specs differ (vit.layer_specs); swapping is a new
+spec tuple and one attention subtree, no patching, so every swap is an ordinary jitted forward."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linvit_jax.models import layout
+from linvit_jax.models import probe
+from linvit_jax.models import vit
+from linvit_jax.runtime.errors import ConfigError
+
+
+def swap_attention(
+    model: Any, params: Mapping[str, Any], donor: Any, donor_params: Mapping[str, Any], layer: int
+) -> tuple[Any, dict]:
+  """(`model` whose layer `layer` attention is `donor`'s operator, params whose layer `layer`
+  attention subtree is `donor_params`'): a hybrid through the model's per-layer attention specs;
+  every other leaf is `params`' own (shared, not copied)."""
+  for m, p in ((model, params), (donor, donor_params)):
+    if m.scan or layout.is_scanned(p):
+      raise ConfigError(
+          "one layer's attention can only be swapped in a per-block (scan=False) model"
+      )
+  specs = list(vit.layer_specs(model))
+  specs[layer] = vit.layer_specs(donor)[layer]
+  name = layout.block_name(layer)
+  out = dict(params)
+  out["Transformer"] = dict(out["Transformer"])
+  out["Transformer"][name] = {
+      **out["Transformer"][name],
+      layout.ATTN: donor_params["Transformer"][name][layout.ATTN],
+  }
+  return model.clone(attention=tuple(specs)), out
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def final_tokens(model: Any, params: Any, images: jax.Array) -> dict[str, jax.Array]:
+  """The final pooled feature ("cls", when the model pools) and patch tokens ("patch")."""
+  _, out = model.apply({"params": params}, images, train=False)
+  finals = {"patch": out["encoded"][:, model.num_prefix_tokens :]}
+  if model.pool_type != "none":
+    finals["cls"] = out["head_input"]
+  return finals
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def cosines_to(model: Any, params: Any, images: jax.Array, reference: dict) -> dict[str, jax.Array]:
+  """Per image: the pooled feature's cosine and the patch tokens' mean cosine to `reference`
+  (`final_tokens` of another model on the same images)."""
+  finals = final_tokens(model, params, images)
+  out = {"patch": jnp.mean(probe.cosine(finals["patch"], reference["patch"]), axis=1)}
+  if "cls" in reference:
+    out["cls"] = probe.cosine(finals["cls"], reference["cls"])
+  return out
+
+
+def fix_gains(
+    teacher: Any, teacher_params: Any, student: Any, student_params: Any, images: np.ndarray
+) -> list[float]:
+  """Per layer l: how much closer to the teacher's final tokens the student gets with its layer
+  l attention replaced by the teacher's (operator and params), acting on the student's own
+  stream: the cosine gain, averaged over the images and over cls / patch. End to end, so a
+  layer whose error grows through the stack scores high even when its teacher-forced cosine is
+  good: what a hybrid should spend its softmax layers on."""
+  if student.depth != teacher.depth:
+    raise ConfigError(f"student depth {student.depth} != teacher depth {teacher.depth}")
+  images = jnp.asarray(images, jnp.float32)
+  reference = final_tokens(teacher, teacher_params, images)
+
+  def mean_cosine(model, params):
+    per_image = jax.device_get(cosines_to(model, params, images, reference))
+    return float(np.mean([np.mean(v) for v in per_image.values()]))
+
+  baseline = mean_cosine(student, student_params)
+  return [
+      mean_cosine(*swap_attention(student, student_params, teacher, teacher_params, l)) - baseline
+      for l in range(teacher.depth)
+  ]
+
+
+def most_sensitive(gains: list[float], k: int) -> list[int]:
+  """The k layers of largest `fix_gains`, in layer order."""
+  return sorted(int(l) for l in np.argsort(-np.asarray(gains), kind="stable")[:k])
