@@ -116,6 +116,10 @@ TABLES: dict[str, Table] = {
     "nf128_cost": Table(
         (photos.DATA_STUDY,), photos.study_cost(photos.DATA_STUDY, photos.NF128_ARM)
     ),
+    "hybrid_fit": Table((photos.DATA_STUDY,), photos.fit_gap(photos.DATA_STUDY, photos.HYBRID_ARM)),
+    "hybrid_cost": Table(
+        (photos.DATA_STUDY,), photos.study_cost(photos.DATA_STUDY, photos.HYBRID_ARM)
+    ),
     "operators_paired": Table(
         (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.OPERATOR_PAIRS)
     ),

@@ -693,12 +693,20 @@ PARETO = (
     ),
     ("SDL_10k", "linear (the default operator): the README's command", {}),
     ("SDL_nf128_10k", "linear, 256 features a head (`num_features=128`)", {"num_features": 128}),
+    (
+        "SDL_hyb1s_10k",
+        "linear, one softmax layer (`softmax_layers=1,softmax_pick=sensitivity`: layer 4)",
+        {"softmax_layers": 1},
+    ),
 )
 # The wider feature map at the full budget.
 NF128_ARM = "SDL_nf128_10k"
+# One softmax layer at the full budget, picked by sensitivity (layer_swap.fix_gains).
+HYBRID_ARM = "SDL_hyb1s_10k"
 # Paired comparisons of the operators (as PAIRS).
 OPERATOR_PAIRS = (
     ("SDL_10k", "SDL_nf128_10k", "10,000 images: 128 → 256 features a head"),
+    ("SDL_10k", "SDL_hyb1s_10k", "10,000 images: linear → one softmax layer"),
     ("SDL_1600", "SDL_hyb1_1600", "1,600 images: linear → one softmax layer"),
     ("SDL_1600", "SDL_w3_1600", "1,600 images: linear → window=3"),
 )
