@@ -92,6 +92,13 @@ TABLES: dict[str, Table] = {
     "default_full_rerun_cost": Table((photos.FULL_STUDY,), photos.rerun_cost),
     "data_study": Table((photos.DATA_STUDY,), photos.data_study(photos.DATA_ARMS)),
     "data_study_compounding": Table((photos.COMPOUNDING,), photos.compounding),
+    "data_study_count": Table((photos.DATA_STUDY,), photos.data_study(photos.COUNT_ARMS)),
+    "data_study_count_paired": Table(
+        (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.COUNT_PAIRS)
+    ),
+    "data_study_count_fit": Table(
+        (photos.DATA_STUDY,), photos.fit_by_count(photos.COUNT_ARMS, photos.COUNT_PHOTOS)
+    ),
     "readme_default_goals": Table(
         (photos.DATA_STUDY,), photos.cross_goals(photos.DATA_STUDY, photos.README_ARM)
     ),

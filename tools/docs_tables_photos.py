@@ -435,6 +435,20 @@ DATA_ARMS = (
     ("M21", "21 mixed: 7 sample, 7 Debian, 7 lomiri (tools/mix_photos.py)"),
     ("SDL_10k", "82, full budget: the README's command"),
 )
+# The photo-count arms (1,600 images): nested mixes of the three sources (tools/mix_photos.py:
+# M10 ⊂ M21 ⊂ M40), and SDL, by the photos each trains on after its holdout.
+COUNT_ARMS = (
+    ("M10_1600", "8 of 10 mixed: 4 sample, 3 Debian, 3 lomiri"),
+    ("M21", "17 of 21 mixed: 7 sample, 7 Debian, 7 lomiri"),
+    ("M40_1600", "32 of 40 mixed: 13 sample, 14 Debian, 13 lomiri"),
+    ("SDL", "68 of 82: all of SDL (21 sample, 46 Debian, 15 lomiri)"),
+)
+COUNT_PHOTOS = {"M10_1600": 8, "M21": 17, "M40_1600": 32, "SDL": 68}
+COUNT_PAIRS = (
+    ("M21_1600", "M10_1600", "17 → 8 photos"),
+    ("M21_1600", "M40_1600", "17 → 32 photos"),
+    ("M21_1600", "SDL_1600", "17 → 68 photos (SDL: more Debian)"),
+)
 COMPOUNDING = "docs/data_study_compounding.json"
 # The README's command as written, at the full budget (SDL's 82 photos, eval_folder= the cross set).
 README_ARM = "SDL_10k"
@@ -487,6 +501,34 @@ def data_study(arms: Sequence[tuple[str, str]]) -> Callable[[Load], str]:
       lines.append(
           f"| {label} | {run['images_seen']} | {' | '.join(cells)} | {drop:.3f} | {mine} "
           f"| {retrieval} |"
+      )
+    return "\n".join(lines)
+
+  return render
+
+
+def fit_by_count(arms: Sequence[tuple[str, str]], photos: dict[str, int]) -> Callable[[Load], str]:
+  """Per photo-count arm (runs `arms` of DATA_STUDY): cls / patch cosine of whole views at the
+  base size on the photos it trained on (seen, compare --seen) and on the cross-source test
+  photos, and the difference: how far fit and generalisation part as the photos get fewer."""
+
+  def render(load: Load) -> str:
+    study = load(DATA_STUDY)
+    size = _sizes(study[arms[0][0]])[0]
+    n_test = study[arms[0][0]]["test"]["n_test"]
+    lines = [
+        f"| training photos | trained on, {size} px: cls / patch | {n_test} cross-source test "
+        f"photos, {size} px: cls / patch | seen − cross: cls / patch |",
+        "|---|---|---|---|",
+    ]
+    for name, _ in arms:
+      run = study[name]
+      seen, cross = _whole_row(run["seen"], size), _whole(run, size)
+      pair = lambda r: (r["cls_cosine"]["mean"], r["patch_cosine"]["mean"])  # noqa: E731
+      (sc, sp), (cc, cp) = pair(seen), pair(cross)
+      lines.append(
+          f"| {photos[name]} | {sc:.3f} / {sp:.3f} | {cc:.3f} / {cp:.3f} "
+          f"| {sc - cc:+.3f} / {sp - cp:+.3f} |"
       )
     return "\n".join(lines)
 
