@@ -351,6 +351,7 @@ def json_schema() -> dict[str, Any]:
       _END_TO_END + CONVERTED: obj,
       _TOP1_BEFORE_FINETUNE: number,
       _SOFTMAX_LAYERS: {"type": "array", "items": {"type": "integer"}},
+      _SOFTMAX_GAINS: {"type": "array", "items": {"type": "number"}},
       "student_top1": number,
       "histories": obj,
       "images_seen": {"type": "integer"},
