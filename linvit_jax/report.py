@@ -51,9 +51,13 @@ class Scorer:
       return None
     return evaluate.top1(model, params, batches or build.eval_batches(self.config), self.mesh)
 
+  def fidelity_images(self) -> np.ndarray:
+    """The first eval.fidelity_images images of the sample: what fidelity is measured on."""
+    return self.sample[: self.config.eval.fidelity_images]
+
   def fidelity(self, model: Any, params: Any) -> results_lib.Fidelity:
-    """Per layer (teacher-forced) and end to end, on the first eval.fidelity_images images."""
-    images = self.sample[: self.config.eval.fidelity_images]
+    """Per layer (teacher-forced) and end to end, on `fidelity_images`."""
+    images = self.fidelity_images()
     t, tp = self.teacher_model, self.teacher_params
     return results_lib.Fidelity(
         layers=evaluate.attention_fidelity(t, tp, model, params, images),

@@ -274,9 +274,12 @@ def _hybrid_swap(config, scorer, stage, student_model, student_params) -> tuple[
   rows = stage.fidelity.layers
   k = config.student.softmax_layers
   if config.student.get("softmax_pick", "tf_cosine") == "sensitivity":
-    images = scorer.sample[: config.eval.fidelity_images]
     gains = layer_swap.fix_gains(
-        scorer.teacher_model, scorer.teacher_params, student_model, student_params, images
+        scorer.teacher_model,
+        scorer.teacher_params,
+        student_model,
+        student_params,
+        scorer.fidelity_images(),
     )
     layers = layer_swap.most_sensitive(gains, k)
     stage.softmax_gains = [round(g, 6) for g in gains]

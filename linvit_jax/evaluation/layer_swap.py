@@ -65,6 +65,25 @@ def cosines_to(model: Any, params: Any, images: jax.Array, reference: dict) -> d
   return out
 
 
+def swapped_cosines(
+    model: Any,
+    params: Any,
+    donor: Any,
+    donor_params: Any,
+    images: jax.Array,
+    reference: dict,
+) -> list[dict[str, np.ndarray]]:
+  """Per layer l, `cosines_to` `reference` of `model` with its layer l attention `donor`'s
+  (`swap_attention`), acting on `model`'s own stream: with the student as model and the teacher
+  as donor, the compounding study's "fix l"; the other way round, its "break l"."""
+  return [
+      jax.device_get(
+          cosines_to(*swap_attention(model, params, donor, donor_params, l), images, reference)
+      )
+      for l in range(model.depth)
+  ]
+
+
 def fix_gains(
     teacher: Any, teacher_params: Any, student: Any, student_params: Any, images: np.ndarray
 ) -> list[float]:
@@ -78,15 +97,10 @@ def fix_gains(
   images = jnp.asarray(images, jnp.float32)
   reference = final_tokens(teacher, teacher_params, images)
 
-  def mean_cosine(model, params):
-    per_image = jax.device_get(cosines_to(model, params, images, reference))
-    return float(np.mean([np.mean(v) for v in per_image.values()]))
-
-  baseline = mean_cosine(student, student_params)
-  return [
-      mean_cosine(*swap_attention(student, student_params, teacher, teacher_params, l)) - baseline
-      for l in range(teacher.depth)
-  ]
+  mean = lambda per_image: float(np.mean([np.mean(v) for v in per_image.values()]))  # noqa: E731
+  baseline = mean(jax.device_get(cosines_to(student, student_params, images, reference)))
+  fixed = swapped_cosines(student, student_params, teacher, teacher_params, images, reference)
+  return [mean(per_image) - baseline for per_image in fixed]
 
 
 def most_sensitive(gains: list[float], k: int) -> list[int]:

@@ -89,12 +89,14 @@ def intervention_cosines(
   images = jnp.asarray(images)
   reference = layer_swap.final_tokens(teacher, teacher_params, images)
   fetch = lambda m, p: jax.device_get(layer_swap.cosines_to(m, p, images, reference))  # noqa: E731
-  per_layer: dict[str, list[dict[str, np.ndarray]]] = {"fix": [], "break": []}
-  for layer in range(teacher.depth):
-    fixed = layer_swap.swap_attention(student, student_params, teacher, teacher_params, layer)
-    broken = layer_swap.swap_attention(teacher, teacher_params, student, student_params, layer)
-    per_layer["fix"].append(fetch(*fixed))
-    per_layer["break"].append(fetch(*broken))
+  per_layer = {
+      "fix": layer_swap.swapped_cosines(
+          student, student_params, teacher, teacher_params, images, reference
+      ),
+      "break": layer_swap.swapped_cosines(
+          teacher, teacher_params, student, student_params, images, reference
+      ),
+  }
   out = {"baseline": fetch(student, student_params)}
   for what, rows in per_layer.items():
     out[what] = {m: np.stack([r[m] for r in rows]) for m in rows[0]}
