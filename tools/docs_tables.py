@@ -130,6 +130,16 @@ TABLES: dict[str, Table] = {
     "operators_paired": Table(
         (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.OPERATOR_PAIRS)
     ),
+    "align_full_budget": Table(
+        (photos.DATA_STUDY,), photos.data_study(photos.ALIGN_ARMS, "`align`")
+    ),
+    "align_full_budget_fit": Table(
+        (photos.DATA_STUDY,),
+        photos.fit_by_count(photos.ALIGN_ARMS, photos.ALIGN_LABELS, "`align`"),
+    ),
+    "align_full_budget_paired": Table(
+        (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.ALIGN_PAIRS)
+    ),
 }
 
 

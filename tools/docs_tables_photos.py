@@ -460,7 +460,9 @@ PAIRS = (
 )
 
 
-def data_study(arms: Sequence[tuple[str, str]]) -> Callable[[Load], str]:
+def data_study(
+    arms: Sequence[tuple[str, str]], first_column: str = "trained on"
+) -> Callable[[Load], str]:
   """The data study: per training folder (runs `arms` of DATA_STUDY, one budget), cls / patch
   cosine of whole views on the cross-source test photos at each size and the dense drop-in at
   the base size, then the same on the training folder's own held-out test photos ("in_source",
@@ -472,7 +474,7 @@ def data_study(arms: Sequence[tuple[str, str]]) -> Callable[[Load], str]:
     sizes = _sizes(first)
     head = " | ".join(f"cross {s} px: cls / patch" for s in sizes)
     lines = [
-        f"| trained on (test: {first['test']['n_test']} cross-source photos) | images | {head} | cross {sizes[0]} px: drop-in | in-source "
+        f"| {first_column} (test: {first['test']['n_test']} cross-source photos) | images | {head} | cross {sizes[0]} px: drop-in | in-source "
         f"{sizes[0]} px: cls / patch (photos) | crop retrieval, student / teacher top-1 |",
         "|---|---|" + "---|" * len(sizes) + "---|---|---|",
     ]
@@ -507,17 +509,22 @@ def data_study(arms: Sequence[tuple[str, str]]) -> Callable[[Load], str]:
   return render
 
 
-def fit_by_count(arms: Sequence[tuple[str, str]], photos: dict[str, int]) -> Callable[[Load], str]:
-  """Per photo-count arm (runs `arms` of DATA_STUDY): cls / patch cosine of whole views at the
-  base size on the photos it trained on (seen, compare --seen) and on the cross-source test
-  photos, and the difference: how far fit and generalisation part as the photos get fewer."""
+def fit_by_count(
+    arms: Sequence[tuple[str, str]],
+    photos: dict[str, int | str],
+    first_column: str = "training photos",
+) -> Callable[[Load], str]:
+  """Per arm (runs `arms` of DATA_STUDY, labelled by `photos`, e.g. how many photos each trained
+  on): cls / patch cosine of whole views at the base size on the photos it trained on (seen,
+  compare --seen) and on the cross-source test photos, and the difference: how far fit and
+  generalisation part as the photos get fewer, or as a recipe fits its photos more closely."""
 
   def render(load: Load) -> str:
     study = load(DATA_STUDY)
     size = _sizes(study[arms[0][0]])[0]
     n_test = study[arms[0][0]]["test"]["n_test"]
     lines = [
-        f"| training photos | trained on, {size} px: cls / patch | {n_test} cross-source test "
+        f"| {first_column} | trained on, {size} px: cls / patch | {n_test} cross-source test "
         f"photos, {size} px: cls / patch | seen − cross: cls / patch |",
         "|---|---|---|---|",
     ]
@@ -752,6 +759,17 @@ OPERATOR_PAIRS = (
     ("SDL_1600", "SDL_hyb1_1600", "1,600 images: linear → one softmax layer"),
     ("SDL_1600", "SDL_w3_1600", "1,600 images: linear → window=3"),
 )
+
+# `align` refitted for the 68-photo folder, at the full budget: each arm resumes the README run's
+# own finished distillation (the same seed and views) and changes only its `align` options, so a
+# pair differs in `align` alone. (name in DATA_STUDY, its `align`.)
+ALIGN_ARMS = (
+    ("SDL_10k", "rank-8 LoRA, mixup views (the default)"),
+    ("SDL_lora0_10k", "full rank (`align_lora=0`)"),
+    ("SDL_lora0_mix0_10k", "full rank, plain views (`align_lora=0,align_mixup=0`)"),
+)
+ALIGN_LABELS = {name: label for name, label in ALIGN_ARMS}
+ALIGN_PAIRS = tuple(("SDL_10k", name, label) for name, label in ALIGN_ARMS[1:])
 
 
 def pareto(
