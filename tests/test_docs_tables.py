@@ -194,3 +194,7 @@ def test_cross_goals_fit_gap_and_paired_read_the_study():
   assert "0.990 / 0.990" in gap[2]  # the seen photos' 224-px mean, 0.91 + 0.08
   pairs = docs_tables_photos.paired("s", [("ref", "arm", "+0.05")])(load).splitlines()
   assert pairs[2].startswith("| +0.05 | 3 | +0.050 [+0.050, +0.050]"), pairs[2]
+  # Any labelled arms: the first column says what they vary, the rows fit minus cross-source.
+  fit = docs_tables_photos.fit_by_count([("arm", "")], {"arm": "full rank"}, "`align`")(load)
+  assert fit.startswith("| `align` | trained on, 224 px: cls / patch | 3 cross-source test")
+  assert fit.splitlines()[2] == "| full rank | 0.990 / 0.990 | 0.960 / 0.960 | +0.030 / +0.030 |"
