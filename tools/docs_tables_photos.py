@@ -767,6 +767,7 @@ ALIGN_ARMS = (
     ("SDL_10k", "rank-8 LoRA, mixup views (the default)"),
     ("SDL_lora0_10k", "full rank (`align_lora=0`)"),
     ("SDL_lora0_mix0_10k", "full rank, plain views (`align_lora=0,align_mixup=0`)"),
+    ("SDL_lora0_lr4_10k", "full rank, twice the lr (`align_lora=0,lr_align=4e-4`)"),
 )
 ALIGN_LABELS = {name: label for name, label in ALIGN_ARMS}
 ALIGN_PAIRS = tuple(("SDL_10k", name, label) for name, label in ALIGN_ARMS[1:])
