@@ -195,6 +195,9 @@ def test_cross_goals_fit_gap_and_paired_read_the_study():
   pairs = docs_tables_photos.paired("s", [("ref", "arm", "+0.05")])(load).splitlines()
   assert pairs[2].startswith("| +0.05 | 3 | +0.050 [+0.050, +0.050]"), pairs[2]
   # Any labelled arms: the first column says what they vary, the rows fit minus cross-source.
-  fit = docs_tables_photos.fit_by_count([("arm", "")], {"arm": "full rank"}, "`align`")(load)
+  fit = docs_tables_photos.fit_by_count([("arm", "full rank")], first_column="`align`")(load)
   assert fit.startswith("| `align` | trained on, 224 px: cls / patch | 3 cross-source test")
   assert fit.splitlines()[2] == "| full rank | 0.990 / 0.990 | 0.960 / 0.960 | +0.030 / +0.030 |"
+  # A label dict (e.g. photo counts) wins over the arms' own labels.
+  counted = docs_tables_photos.fit_by_count([("arm", "full rank")], {"arm": 68})(load)
+  assert counted.splitlines()[2].startswith("| 68 | 0.990 / 0.990 |")

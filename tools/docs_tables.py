@@ -135,7 +135,7 @@ TABLES: dict[str, Table] = {
     ),
     "align_full_budget_fit": Table(
         (photos.DATA_STUDY,),
-        photos.fit_by_count(photos.ALIGN_ARMS, photos.ALIGN_LABELS, "`align`"),
+        photos.fit_by_count(photos.ALIGN_ARMS, first_column="`align`"),
     ),
     "align_full_budget_paired": Table(
         (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.ALIGN_PAIRS)

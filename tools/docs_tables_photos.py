@@ -511,11 +511,11 @@ def data_study(
 
 def fit_by_count(
     arms: Sequence[tuple[str, str]],
-    photos: dict[str, int | str],
+    photos: dict[str, int | str] | None = None,
     first_column: str = "training photos",
 ) -> Callable[[Load], str]:
   """Per arm (runs `arms` of DATA_STUDY, labelled by `photos`, e.g. how many photos each trained
-  on): cls / patch cosine of whole views at the base size on the photos it trained on (seen,
+  on, or by the arms' own labels without it): cls / patch cosine of whole views at the base size on the photos it trained on (seen,
   compare --seen) and on the cross-source test photos, and the difference: how far fit and
   generalisation part as the photos get fewer, or as a recipe fits its photos more closely."""
 
@@ -528,13 +528,13 @@ def fit_by_count(
         f"photos, {size} px: cls / patch | seen − cross: cls / patch |",
         "|---|---|---|---|",
     ]
-    for name, _ in arms:
+    for name, label in arms:
       run = study[name]
       seen, cross = _whole_row(run["seen"], size), _whole(run, size)
       pair = lambda r: (r["cls_cosine"]["mean"], r["patch_cosine"]["mean"])  # noqa: E731
       (sc, sp), (cc, cp) = pair(seen), pair(cross)
       lines.append(
-          f"| {photos[name]} | {sc:.3f} / {sp:.3f} | {cc:.3f} / {cp:.3f} "
+          f"| {photos[name] if photos else label} | {sc:.3f} / {sp:.3f} | {cc:.3f} / {cp:.3f} "
           f"| {sc - cc:+.3f} / {sp - cp:+.3f} |"
       )
     return "\n".join(lines)
@@ -769,7 +769,6 @@ ALIGN_ARMS = (
     ("SDL_lora0_mix0_10k", "full rank, plain views (`align_lora=0,align_mixup=0`)"),
     ("SDL_lora0_lr4_10k", "full rank, twice the lr (`align_lora=0,lr_align=4e-4`)"),
 )
-ALIGN_LABELS = {name: label for name, label in ALIGN_ARMS}
 ALIGN_PAIRS = tuple(("SDL_10k", name, label) for name, label in ALIGN_ARMS[1:])
 
 
