@@ -56,7 +56,8 @@ The align stage (ignored when distill_fraction=1):
   align_trainable: attention | all | a path regex
   align_update_scale: absolute | param_rms (steps relative to each output column's RMS)
   align_warmup: the align stage's warm-up, a fraction of its steps
-  align_lora: r > 0: every trained kernel moves within a rank-r update (0: full rank)
+  align_lora: r > 0: every trained kernel moves within a rank-r update (0: full rank, the default;
+    8 was until 2026-12-07)
   align_start_weight: w in [0, 1): hand on (1 - w) * trained + w * distilled params
   align_ema: a decay in [0, 1): hand on the moving average of its params (0: off)
   align_average: f in [0, 1]: hand on the average over its last f of steps (0: off)
@@ -114,7 +115,7 @@ OPTIONS = dict(
     align_ema=0.0,
     align_average=0.0,
     align_start_weight=0.0,
-    align_lora=8,
+    align_lora=0,
     align_w_feature=1.0,
     align_w_blocks=1.0,
     align_top_weight=1.0,

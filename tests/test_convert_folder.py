@@ -342,11 +342,10 @@ def test_convert_folder_align_options_reach_the_stage(tmp_path):
     _config(path, str(tmp_path), ",align_average=1.5")
   with pytest.raises(ValueError, match="choose one"):
     _config(path, str(tmp_path), ",align_average=0.5,align_ema=0.9")
-  lora = _config(path, str(tmp_path), ",distill_fraction=0.5").align.optimizer  # the default
-  assert lora.lora_rank == 8 and optim.optimizer_settings(lora)["update_scale"] == "param_rms"
+  full = _config(path, str(tmp_path), ",distill_fraction=0.5").align.optimizer  # the default
+  assert full.lora_rank == 0 and optim.optimizer_settings(full)["update_scale"] == "param_rms"
   assert _config(path, str(tmp_path), ",align_lora=16").align.optimizer.lora_rank == 16
-  # off: the field at its off value, 0
-  assert _config(path, str(tmp_path), ",align_lora=0").align.optimizer.lora_rank == 0
+  assert _config(path, str(tmp_path), ",align_lora=8").align.optimizer.lora_rank == 8
   # no align stage (the whole budget distils): the align_* fields, the rank too, have no stage
   no_align = _config(path, str(tmp_path), ",tiny=False,max_images=400,distill_fraction=1")
   assert (
@@ -367,20 +366,27 @@ def test_convert_folder_num_features_reaches_the_spec(tmp_path):
 
 
 def test_a_workdir_of_the_previous_default_is_refused_then_finished_with_its_settings(tmp_path):
-  """The LoRA default changed the align stage: resuming a run begun under the previous default
-  names both fields, and the README's two options make it the same run again."""
+  """The defaults of the align stage changed twice (full rank handing on the midpoint, then rank-8
+  LoRA, then full rank): resuming a run begun under either earlier default names the fields that
+  differ, and docs/recipe.md's options make it the same run again."""
   from linvit_jax import preflight
 
   path = str(tmp_path / "t.npz")
   _headless_checkpoint(path)
-  previous = ",distill_fraction=0.5,align_lora=0,align_start_weight=0.5"
-  workdir = tmp_path / "w"
-  workdir.mkdir()
-  (workdir / "config.json").write_text(_config(path, str(tmp_path), previous).to_json_best_effort())
-  with pytest.raises(ConfigError, match="holds a run of another config") as e:
-    preflight.check_same_run(str(workdir), _config(path, str(tmp_path), ",distill_fraction=0.5"))
-  assert "align.optimizer.lora_rank" in str(e.value) and "align.start_weight" in str(e.value)
-  preflight.check_same_run(str(workdir), _config(path, str(tmp_path), previous))
+  now = _config(path, str(tmp_path), ",distill_fraction=0.5")
+  for name, previous, fields in (
+      ("lora8", ",distill_fraction=0.5,align_lora=8", ["align.optimizer.lora_rank"]),
+      ("midpoint", ",distill_fraction=0.5,align_start_weight=0.5", ["align.start_weight"]),
+  ):
+    workdir = tmp_path / name
+    workdir.mkdir()
+    before = _config(path, str(tmp_path), previous)
+    (workdir / "config.json").write_text(before.to_json_best_effort())
+    with pytest.raises(ConfigError, match="holds a run of another config") as e:
+      preflight.check_same_run(str(workdir), now)
+    named = [f for f in ("align.optimizer.lora_rank", "align.start_weight") if f in str(e.value)]
+    assert named == fields, (name, str(e.value))
+    preflight.check_same_run(str(workdir), before)
 
 
 def test_eval_folder_validates_and_tests_on_the_other_photos(tmp_path):

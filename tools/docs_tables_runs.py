@@ -181,7 +181,7 @@ HISTORY = (
     ("2, handing on the midpoint of the distilled and the aligned weights", "default_mix"),
     ("3, `align` on mixup views", "align_mixup"),
     (
-        "**4, `align` within rank-8 updates, handing on its trained weights: the default**",
+        "**4, `align` within rank-8 updates, handing on its trained weights: the default until 2026-12-07**",
         "lora8_w0",
     ),
     ("**5 with `--config.seed=1`** (stopped once and resumed)", "default_seed1"),
