@@ -273,7 +273,7 @@ CASES = {
         _PHOTOS + ",deploy_res=448",
         _PHOTOS + ",deploy_res=448,deploy_fraction=0.5,tiny=True",
         _CF + ",softmax_layers=1",
-        _CF + ",align_lora=0",
+        _CF + ",align_lora=8",
         _CF + ",distill_fraction=1.0",
         _CF + ",distill_fraction=1.0,tiny=True",
         _CF + ",tiny=True",
@@ -335,6 +335,29 @@ def test_every_config_builds_its_snapshot():
   assert list(got) == list(expected)
   for case, value in expected.items():
     assert got[case] == value, case
+
+
+# The base convert_folder case as the rank-8 default (2026-12-02 to 2026-12-07) built it, frozen
+# from that era's snapshot: what a workdir begun then holds in its config.json.
+RANK8_DEFAULT = ROOT / "tests" / "data" / "convert_folder_rank8_default.json"
+
+
+def test_a_workdir_of_the_rank8_default_is_refused_then_resumes_with_align_lora_8(tmp_path):
+  """docs/recipe.md's advice, against the config that default really wrote: today's default is
+  refused naming the LoRA rank alone, and with `align_lora=8` it is the same run again."""
+  from linvit_jax import preflight
+  from linvit_jax.configuration import recipes
+  from linvit_jax.runtime.errors import ConfigError
+
+  text = RANK8_DEFAULT.read_text().replace("<assets>", json.dumps(recipes.ASSETS)[1:-1])
+  (tmp_path / "config.json").write_text(text)
+  today = config_files.load(str(CONFIGS / "convert_folder.py"), _CF)
+  with pytest.raises(ConfigError, match="holds a run of another config") as e:
+    preflight.check_same_run(str(tmp_path), today)
+  assert "align.optimizer.lora_rank: 8 there, 0 now" in str(e.value)
+  assert str(e.value).count(" there, ") == 1, str(e.value)
+  rank8 = config_files.load(str(CONFIGS / "convert_folder.py"), _CF + ",align_lora=8")
+  preflight.check_same_run(str(tmp_path), rank8)
 
 
 def test_the_ablation_config_lists_the_drivers_arms():
