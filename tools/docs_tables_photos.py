@@ -772,8 +772,20 @@ ALIGN_ARMS = (
     ("SDL_lora0_10k", "full rank (`align_lora=0`)"),
     ("SDL_lora0_mix0_10k", "full rank, plain views (`align_lora=0,align_mixup=0`)"),
     ("SDL_lora0_lr4_10k", "full rank, twice the lr (`align_lora=0,lr_align=4e-4`)"),
+    (
+        "SDL_lora0_tf0_10k",
+        "full rank, no teacher-forced term (`align_lora=0,align_w_attn_tf=0`)",
+    ),
 )
-ALIGN_PAIRS = tuple(("SDL_10k", name, label) for name, label in ALIGN_ARMS[1:])
+# The first three against the rank-8 README run they resumed; the last against today's default
+# (the README's command, full rank), whose distillation it resumed.
+ALIGN_PAIRS = tuple(("SDL_10k", name, label) for name, label in ALIGN_ARMS[1:4]) + (
+    (
+        "SDL_lora0_10k_readme",
+        "SDL_lora0_tf0_10k",
+        "full rank → no teacher-forced term (against today's default)",
+    ),
+)
 
 
 def pareto(
