@@ -518,9 +518,10 @@ def fit_by_count(
     first_column: str = "training photos",
 ) -> Callable[[Load], str]:
   """Per arm (runs `arms` of DATA_STUDY, labelled by `photos`, e.g. how many photos each trained
-  on, or by the arms' own labels without it): cls / patch cosine of whole views at the base size on the photos it trained on (seen,
-  compare --seen) and on the cross-source test photos, and the difference: how far fit and
-  generalisation part as the photos get fewer, or as a recipe fits its photos more closely."""
+  on, or by the arms' own labels without it): cls / patch cosine of whole views at the base size
+  on the photos it trained on (seen, compare --seen) and on the cross-source test photos, and the
+  difference: how far fit and generalisation part as the photos get fewer, or as a recipe fits
+  its photos more closely."""
 
   def render(load: Load) -> str:
     study = load(DATA_STUDY)
