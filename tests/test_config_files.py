@@ -337,27 +337,46 @@ def test_every_config_builds_its_snapshot():
     assert got[case] == value, case
 
 
-# The base convert_folder case as the rank-8 default (2026-12-02 to 2026-12-07) built it, frozen
-# from that era's snapshot: what a workdir begun then holds in its config.json.
-RANK8_DEFAULT = ROOT / "tests" / "data" / "convert_folder_rank8_default.json"
+# The base convert_folder case as earlier defaults built it, frozen from their era's snapshot: what
+# a workdir begun then holds in its config.json; with the fields today's default refuses it by (as
+# check_same_run names them) and the options docs/recipe.md says to add to resume it.
+EARLIER_DEFAULTS = {
+    # rank-8 LoRA align, 2026-12-02 to 2026-12-07
+    "rank8": (
+        "convert_folder_rank8_default.json",
+        ("align.optimizer.lora_rank: 8 there, 0 now", "align.w_attn_tf: 1.0 there, 0.0 now"),
+        ",align_lora=8,align_w_attn_tf=1",
+    ),
+    # full-rank align with its teacher-forced term, 2026-12-07
+    "lora0_tf1": (
+        "convert_folder_lora0_tf1_default.json",
+        ("align.w_attn_tf: 1.0 there, 0.0 now",),
+        ",align_w_attn_tf=1",
+    ),
+}
 
 
-def test_a_workdir_of_the_rank8_default_is_refused_then_resumes_with_align_lora_8(tmp_path):
+@pytest.mark.parametrize("era", sorted(EARLIER_DEFAULTS))
+def test_a_workdir_of_an_earlier_default_is_refused_then_resumes_as_recipe_md_says(tmp_path, era):
   """docs/recipe.md's advice, against the config that default really wrote: today's default is
-  refused naming the LoRA rank alone, and with `align_lora=8` it is the same run again."""
+  refused naming exactly the fields that changed, and with the options the docs give it is the
+  same run again."""
   from linvit_jax import preflight
   from linvit_jax.configuration import recipes
   from linvit_jax.runtime.errors import ConfigError
 
-  text = RANK8_DEFAULT.read_text().replace("<assets>", json.dumps(recipes.ASSETS)[1:-1])
+  name, named_fields, resume_options = EARLIER_DEFAULTS[era]
+  frozen = (ROOT / "tests" / "data" / name).read_text()
+  text = frozen.replace("<assets>", json.dumps(recipes.ASSETS)[1:-1])
   (tmp_path / "config.json").write_text(text)
   today = config_files.load(str(CONFIGS / "convert_folder.py"), _CF)
   with pytest.raises(ConfigError, match="holds a run of another config") as e:
     preflight.check_same_run(str(tmp_path), today)
-  assert "align.optimizer.lora_rank: 8 there, 0 now" in str(e.value)
-  assert str(e.value).count(" there, ") == 1, str(e.value)
-  rank8 = config_files.load(str(CONFIGS / "convert_folder.py"), _CF + ",align_lora=8")
-  preflight.check_same_run(str(tmp_path), rank8)
+  for field in named_fields:
+    assert field in str(e.value)
+  assert str(e.value).count(" there, ") == len(named_fields), str(e.value)
+  resumed = config_files.load(str(CONFIGS / "convert_folder.py"), _CF + resume_options)
+  preflight.check_same_run(str(tmp_path), resumed)
 
 
 def test_the_ablation_config_lists_the_drivers_arms():

@@ -307,14 +307,14 @@ def test_convert_folder_align_options_reach_the_stage(tmp_path):
   extra = (
       ",tiny=False,max_images=400,distill_fraction=0.5,align_trainable=all,lr_align=3e-4"
       ",align_update_scale=param_rms,align_warmup=0.25,align_w_feature=4,align_top_weight=3"
-      ",align_w_blocks=0.5,align_w_attn_tf=0,align_ema=0.99"
+      ",align_w_blocks=0.5,align_w_attn_tf=2,align_ema=0.99"
   )
   config = _config(path, str(tmp_path), extra)
   assert config.stages == ("distill_attention", "align")
   a = config.align
   assert (a.steps, a.optimizer.warmup_steps, a.optimizer.lr) == (50, 12, 3e-4)
   assert a.optimizer.update_scale == "param_rms" and a.trainable == "all"
-  assert (a.w_feature, a.blocks_top_weight, a.w_blocks, a.w_attn_tf) == (4.0, 3.0, 0.5, 0.0)
+  assert (a.w_feature, a.blocks_top_weight, a.w_blocks, a.w_attn_tf) == (4.0, 3.0, 0.5, 2.0)
   assert a.w_structure == 0.0  # off unless asked: the field at its off value
   structured = _config(path, str(tmp_path), extra + ",align_w_structure=2")
   assert structured.align.w_structure == 2.0

@@ -434,7 +434,15 @@ DATA_ARMS = (
     ("SDL", "82: the sample, Debian and lomiri photos"),
     ("M21", "21 mixed: 7 sample, 7 Debian, 7 lomiri (tools/mix_photos.py)"),
     ("SDL_10k", "82, full budget, rank-8 LoRA `align`: the README's command until 2026-12-07"),
-    ("SDL_lora0_10k_readme", "82, full budget: the README's command (full-rank `align`)"),
+    (
+        "SDL_lora0_10k_readme",
+        "82, full budget, full-rank `align` with its teacher-forced term: the README's command"
+        " on 2026-12-07",
+    ),
+    (
+        "SDL_tf0_10k_readme",
+        "82, full budget: the README's command (full-rank `align`, no teacher-forced term)",
+    ),
 )
 # The photo-count arms (1,600 images): nested mixes of the three sources (tools/mix_photos.py:
 # M10 ⊂ M21 ⊂ M40), and SDL, by the photos each trains on after its holdout.
@@ -452,9 +460,9 @@ COUNT_PAIRS = (
 )
 COMPOUNDING = "docs/data_study_compounding.json"
 # The README's command as written, at the full budget (SDL's 82 photos, eval_folder= the cross set),
-# run whole from a fresh machine. SDL_10k is the same command under the earlier default (rank-8
-# LoRA in `align`, until 2026-12-07).
-README_ARM = "SDL_lora0_10k_readme"
+# run whole from nothing. SDL_10k and SDL_lora0_10k_readme are the same command under the earlier
+# defaults (rank-8 LoRA in `align` until 2026-12-07; then full rank with the teacher-forced term).
+README_ARM = "SDL_tf0_10k_readme"
 # Paired comparisons on the same cross-source test photos: (reference, arm, what changed).
 PAIRS = (
     ("SDL_1600", "SDL_10k", "SDL: 1,600 → 10,000 images"),
@@ -745,7 +753,7 @@ PARETO = (
         {"softmax_layers": 1},
     ),
     ("SDL_10k", "linear, rank-8 LoRA `align`: the README's command until 2026-12-07", {}),
-    ("SDL_lora0_10k_readme", "linear (the default operator): the README's command", {}),
+    ("SDL_tf0_10k_readme", "linear (the default operator): the README's command", {}),
     ("SDL_nf128_10k", "linear, 256 features a head (`num_features=128`)", {"num_features": 128}),
     (
         "SDL_hyb1s_10k",
@@ -778,13 +786,19 @@ ALIGN_ARMS = (
         "full rank, no teacher-forced term (`align_lora=0,align_w_attn_tf=0`)",
     ),
 )
-# The first three against the rank-8 README run they resumed; the last against today's default
-# (the README's command, full rank), whose distillation it resumed.
+# The first three against the rank-8 README run they resumed; the fourth against the full-rank
+# README run whose distillation it resumed; the last, the README's command run whole with each of
+# the two (its default since 2026-12-07 against the one it replaced).
 ALIGN_PAIRS = tuple(("SDL_10k", name, label) for name, label in ALIGN_ARMS[1:4]) + (
     (
         "SDL_lora0_10k_readme",
         "SDL_lora0_tf0_10k",
-        "full rank → no teacher-forced term (against today's default)",
+        "full rank → no teacher-forced term (resuming its distillation)",
+    ),
+    (
+        "SDL_lora0_10k_readme",
+        "SDL_tf0_10k_readme",
+        "the README's command, whole: → no teacher-forced term (today's default)",
     ),
 )
 

@@ -96,21 +96,23 @@ def default_seeds(load: Load) -> str:
   return "\n".join(lines)
 
 
-# The README's conversion command as written (setup_photos.sh's folders, eval_folder=), run whole
-# from a fresh clone's state: no compiled programs and no teacher features cached.
+# The README's conversion command as written (setup_photos.sh's folders, eval_folder=), run whole.
 README_RUN = "docs/vits14_readme_default_results.json"
 
 
 def default_cost(load: Load) -> str:
-  """The cost of the README's conversion command, from its run (a whole fresh run)."""
+  """The cost of the README's conversion command, from its run, and whether the teacher's k-NN
+  features came from an earlier run's feature cache, as the run recorded it."""
   r = _run(load, README_RUN)
   t = r.timing_s
   rest = t["total"] - t["distill_attention"] - t["align"]
+  cached = bool((r.knn or {}).get("teacher_features_cached"))
+  features = "found in an earlier run's cache" if cached else "computed afresh"
   return (
       f"**What it costs.** The default budget is {r.images_seen:,} training images (random "
       f"crops of your photos, drawn again and again). On this project's 2-core CPU machine the "
-      f"command below took **{_minutes(t['total'])} minutes** on a ViT-S/14 at 224 px, with "
-      f"nothing cached ({_minutes(t['distill_attention'])} of distillation, "
+      f"command below took **{_minutes(t['total'])} minutes** on a ViT-S/14 at 224 px, the "
+      f"teacher's k-NN features {features} ({_minutes(t['distill_attention'])} of distillation, "
       f"{_minutes(t['align'])} of `align`, {_minutes(rest)} of evaluation (the k-NN check, "
       f"the 25 cross-source photos at three sizes) and export; [results.json]({README_RUN}))."
   )
