@@ -64,8 +64,8 @@ The align stage (ignored when distill_fraction=1):
   align_w_feature: the weight of the final tokens' loss
   align_w_blocks: the weight of every block output's loss
   align_top_weight: the last block's weight over the first
-  align_w_attn_tf: the weight of the teacher-forced attention outputs (0: off, the default, the
-    same student a quarter cheaper an align step; 1 was until 2026-12-07)
+  align_w_attn_tf: the weight of the teacher-forced attention outputs (0: off, the default: the
+    same student, an align step about a fifth cheaper; 1 was until 2026-12-07)
   align_w_structure: the weight of the final patch tokens' deviations from their photo's mean
     token (what tells parts apart; distill.token_structure_loss; 0: off)
   align_augment: "" | color (DINO's colour jitter and grayscale on the align views)

@@ -366,20 +366,23 @@ def test_convert_folder_num_features_reaches_the_spec(tmp_path):
 
 
 def test_a_workdir_of_the_previous_default_is_refused_then_finished_with_its_settings(tmp_path):
-  """A run begun under the default before rank-8 LoRA (full rank handing on the midpoint) is
-  refused naming the field that differs, and docs/recipe.md's option makes it the same run again.
-  The rank-8 default's own workdirs: test_config_files, against the config that default wrote."""
+  """A run begun under the default before rank-8 LoRA (full rank handing on the midpoint, with the
+  teacher-forced term) is refused naming the two fields that differ, and docs/recipe.md's options
+  make it the same run again. The later defaults' own workdirs: test_config_files, against the
+  configs those defaults wrote."""
   from linvit_jax import preflight
 
   path = str(tmp_path / "t.npz")
   _headless_checkpoint(path)
-  previous = ",distill_fraction=0.5,align_start_weight=0.5"
+  previous = ",distill_fraction=0.5,align_start_weight=0.5,align_w_attn_tf=1"
   workdir = tmp_path / "w"
   workdir.mkdir()
   (workdir / "config.json").write_text(_config(path, str(tmp_path), previous).to_json_best_effort())
   with pytest.raises(ConfigError, match="holds a run of another config") as e:
     preflight.check_same_run(str(workdir), _config(path, str(tmp_path), ",distill_fraction=0.5"))
-  assert "align.start_weight" in str(e.value) and "align.optimizer.lora_rank" not in str(e.value)
+  message = str(e.value)
+  assert "align.start_weight" in message and "align.w_attn_tf" in message, message
+  assert "align.optimizer.lora_rank" not in message and message.count(" there, ") == 2, message
   preflight.check_same_run(str(workdir), _config(path, str(tmp_path), previous))
 
 
