@@ -785,10 +785,15 @@ ALIGN_ARMS = (
         "SDL_lora0_tf0_10k",
         "full rank, no teacher-forced term (`align_lora=0,align_w_attn_tf=0`)",
     ),
+    (
+        "SDL_color_10k",
+        "today's default on colour-jittered views (`align_augment=color`)",
+    ),
 )
 # The first three against the rank-8 README run they resumed; the fourth against the full-rank
-# README run whose distillation it resumed; the last, the README's command run whole with each of
-# the two (its default since 2026-12-07 against the one it replaced).
+# README run whose distillation it resumed; the fifth, the README's command run whole with each of
+# the two (its default since 2026-12-07 against the one it replaced); the last against today's
+# README run, whose distillation it resumed.
 ALIGN_PAIRS = tuple(("SDL_10k", name, label) for name, label in ALIGN_ARMS[1:4]) + (
     (
         "SDL_lora0_10k_readme",
@@ -799,6 +804,11 @@ ALIGN_PAIRS = tuple(("SDL_10k", name, label) for name, label in ALIGN_ARMS[1:4])
         "SDL_lora0_10k_readme",
         "SDL_tf0_10k_readme",
         "the README's command, whole: → no teacher-forced term (today's default)",
+    ),
+    (
+        "SDL_tf0_10k_readme",
+        "SDL_color_10k",
+        "today's default → colour-jittered `align` views (resuming its distillation)",
     ),
 )
 
