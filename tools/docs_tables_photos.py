@@ -460,8 +460,9 @@ COUNT_PAIRS = (
 )
 COMPOUNDING = "docs/data_study_compounding.json"
 # The README's command as written, at the full budget (SDL's 82 photos, eval_folder= the cross set),
-# run whole, the teacher's features computed afresh. SDL_10k and SDL_lora0_10k_readme are the same command under the earlier
-# defaults (rank-8 LoRA in `align` until 2026-12-07; then full rank with the teacher-forced term).
+# run whole, the teacher's features computed afresh. SDL_10k and SDL_lora0_10k_readme are the same
+# command under the earlier defaults (rank-8 LoRA in `align` until 2026-12-07; then full rank with
+# the teacher-forced term).
 README_ARM = "SDL_tf0_10k_readme"
 # Paired comparisons on the same cross-source test photos: (reference, arm, what changed).
 PAIRS = (
