@@ -5,7 +5,7 @@
 # desktop is pulled in, and no root is needed once the package lists exist. Safe to run again:
 # a package already downloaded is not fetched again.
 #
-#   bash launch/setup_photos.sh [TRAIN_DIR] [CROSS_DIR] [TRAIN_SET]
+#   bash launch/setup_photos.sh [TRAIN_DIR] [CROSS_DIR] [TRAIN_SET] [PEOPLE_DIR]
 #
 # TRAIN_SET (default all): samples = the 21 sample photos of scikit-image and matplotlib (pip);
 # debian = those and the 46 photographs of plasma-workspace-wallpapers, opencv-doc and
@@ -13,21 +13,28 @@
 # packages ~350 MB downloaded, ~600 MB unpacked).
 # The cross-source packages: lxqt-themes gnome-taquin libjxl-testdata puzzle-jigsaw
 # libsixel-examples. docs/data_study.md compares training folders like these three.
+# PEOPLE_DIR (optional): also the 15 photos of people of kphotoalbum and ruby-rmagick-doc
+# (debian_photos --set people, ~14 MB more), a test-only folder: docs/test_photos.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TRAIN_DIR=${1:-workdirs/photos}
 CROSS_DIR=${2:-workdirs/cross}
 TRAIN_SET=${3:-all}
+PEOPLE_DIR=${4:-}
 DEBS=${LINVIT_DEB_DIR:-$HOME/.cache/linvit_jax/debs}
 CROSS="lxqt-themes gnome-taquin libjxl-testdata puzzle-jigsaw libsixel-examples"
 DEBIAN="plasma-workspace-wallpapers opencv-doc mate-backgrounds"
 LOMIRI="lomiri-wallpapers-16.04 lomiri-wallpapers-20.04"
+PEOPLE="kphotoalbum ruby-rmagick-doc"
 case "$TRAIN_SET" in
   samples) PACKAGES="$CROSS" ;;
   debian) PACKAGES="$CROSS $DEBIAN" ;;
   all) PACKAGES="$CROSS $DEBIAN $LOMIRI" ;;
   *) echo "error: TRAIN_SET must be samples, debian or all, got '$TRAIN_SET'" >&2; exit 2 ;;
 esac
+if [ -n "$PEOPLE_DIR" ]; then
+  PACKAGES="$PACKAGES $PEOPLE"
+fi
 
 if [ ! -x .venv/bin/python ]; then
   bash launch/setup_local.sh
@@ -57,4 +64,7 @@ else
 fi
 if [ "$TRAIN_SET" = all ]; then
   .venv/bin/python -m linvit_jax.data.debian_photos "$TRAIN_DIR" --set lomiri --share_dir "$SHARE"
+fi
+if [ -n "$PEOPLE_DIR" ]; then
+  .venv/bin/python -m linvit_jax.data.debian_photos "$PEOPLE_DIR" --set people --share_dir "$SHARE"
 fi

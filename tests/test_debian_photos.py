@@ -69,7 +69,7 @@ def test_nothing_installed_is_a_clear_error(tmp_path, capsys, monkeypatch):
 
 
 def test_promised_counts_are_the_readmes():
-  assert debian_photos.PROMISED == {"photos": 46, "lomiri": 15, "cross": 25}
+  assert debian_photos.PROMISED == {"photos": 46, "lomiri": 15, "cross": 25, "people": 15}
 
 
 def test_cli_writes_the_folder(packages, tmp_path, monkeypatch, capsys):
@@ -136,3 +136,37 @@ def test_cross_set_is_other_packages_with_unique_names(tmp_path, monkeypatch, ca
       == 0
   )
   assert os.listdir(tmp_path / "out") == [debian_photos.cross_name(rel)]
+
+
+def test_people_set_written_upright_from_other_packages(tmp_path, capsys):
+  """The people set: packages no other set reads, unique `p_` names, and a photo the album stores
+  turned written upright (a 90° turn swaps its sides; the top-left corner goes to the top-right)."""
+  packages = {package for package, _, _ in debian_photos.PEOPLE_PHOTOS}
+  others = {package for package, _ in debian_photos.CROSS_PHOTOS}
+  assert not packages & (others | {"plasma-workspace-wallpapers", "opencv-doc", "mate-backgrounds"})
+  names = [debian_photos.people_name(rel) for _, rel, _ in debian_photos.PEOPLE_PHOTOS]
+  assert len(set(names)) == len(names) == 15 and all(n.startswith("p_") for n in names)
+  assert debian_photos.TURNS == {
+      "p_grand_canyon_1.jpg": 180,
+      "p_new_wave_1.jpg": 90,
+      "p_pool_2.jpg": 270,
+      "p_wayne.jpg": 90,
+  }
+  share = tmp_path / "share"
+  wayne = share / debian_photos.KPHOTOALBUM_DEMO / "wayne.jpg"
+  os.makedirs(wayne.parent)
+  pixels = np.zeros((300, 400, 3), np.uint8)
+  pixels[:100, :100] = 255  # a white top-left corner
+  Image.fromarray(pixels).save(wayne, quality=95)
+  out = str(tmp_path / "out")
+  assert debian_photos.main([out, "--set", "people", "--share_dir", str(share)]) == 2
+  err = capsys.readouterr().err
+  assert "only 1 of the 15 'people' photographs" in err
+  assert "(incomplete: kphotoalbum ruby-rmagick-doc)" in err
+  assert not os.path.exists(out)
+  args = [out, "--set", "people", "--share_dir", str(share), "--allow_partial"]
+  assert debian_photos.main(args) == 0
+  assert os.listdir(out) == ["p_wayne.jpg"]
+  written = np.asarray(Image.open(os.path.join(out, "p_wayne.jpg")))
+  assert written.shape == (400, 300, 3)
+  assert written[:90, -90:].mean() > 240 and written[:90, :90].mean() < 15

@@ -1,7 +1,7 @@
 """Natural photographs from installed Debian packages, gathered into one folder for evidence runs.
 
-  python -m linvit_jax.data.debian_photos OUT_DIR [--max_side 1920] [--with_samples] [--set lomiri|cross]
-      [--share_dir DIR]
+  python -m linvit_jax.data.debian_photos OUT_DIR [--max_side 1920] [--with_samples]
+      [--set lomiri|cross|people] [--share_dir DIR]
 
 The 21 sample photos (sample_photos.py) are small (most under 600 px) and a third of them are
 grayscale microscopy or texture: too few and too small to test a student at 448–896 px. Three
@@ -26,6 +26,13 @@ A third set (`--set cross`, `CROSS_PHOTOS`) is for the cross-source test: 25 pho
 packages neither other set uses (`apt-get install lxqt-themes gnome-taquin libjxl-testdata
 puzzle-jigsaw libsixel-examples`), written as `x_<name>.jpg`: a folder to validate and test on
 (`eval_folder=` of configs/convert_folder.py) while training on the others.
+
+A fourth set (`--set people`, `PEOPLE_PHOTOS`) fills the cross set's gap: photographs of people,
+the subject that was worst when the default was measured from outside. 15 of them, from two more
+packages (`apt-get install kphotoalbum ruby-rmagick-doc`): the 14 demo photos of KPhotoAlbum that
+show people (GPL-2+) and RMagick's `Ballerina3` (MIT), written as `p_<name>.jpg`. Three of
+KPhotoAlbum's are stored turned and only its album index says so; they are written upright. A
+test-only folder: `python -m linvit_jax.compare --photos DIR --val_photos CROSS_DIR`.
 
 Every photo is written as RGB JPEG (quality 95), shrunk (never enlarged) so its longer side is at
 most `max_side`: a fixed recipe, so the same packages give the same files and, because held-out
@@ -139,6 +146,28 @@ CROSS_PHOTOS = (
     ("libsixel-examples", "doc/libsixel-examples/examples/images/egret.jpg"),
     ("libsixel-examples", "doc/libsixel-examples/examples/images/snake.jpg"),
 )
+# The people set (`--set people`): (package, path under /usr/share, the clockwise turn in degrees
+# that stands it upright). KPhotoAlbum keeps a photo's turn in its demo album's index.xml, not in
+# the file; its demo photos without people (pets, landscapes, feet) are left out, and so are the
+# people photos of other packages that are under 224 px, recompressed or of doubtful licence.
+KPHOTOALBUM_DEMO = "kphotoalbum/demo"
+PEOPLE_PHOTOS = (
+    ("kphotoalbum", f"{KPHOTOALBUM_DEMO}/anne_helene.jpg", 0),
+    ("kphotoalbum", f"{KPHOTOALBUM_DEMO}/bar55.jpg", 0),
+    ("kphotoalbum", f"{KPHOTOALBUM_DEMO}/bar55_2.jpg", 0),
+    ("kphotoalbum", f"{KPHOTOALBUM_DEMO}/cold_water.jpg", 0),
+    ("kphotoalbum", f"{KPHOTOALBUM_DEMO}/grand_canyon_1.jpg", 180),
+    ("kphotoalbum", f"{KPHOTOALBUM_DEMO}/grand_canyon_2.jpg", 0),
+    ("kphotoalbum", f"{KPHOTOALBUM_DEMO}/jesper.jpg", 0),
+    ("kphotoalbum", f"{KPHOTOALBUM_DEMO}/jesper_2.jpg", 0),
+    ("kphotoalbum", f"{KPHOTOALBUM_DEMO}/new_wave_1.jpg", 90),
+    ("kphotoalbum", f"{KPHOTOALBUM_DEMO}/new_wave_2.jpg", 0),
+    ("kphotoalbum", f"{KPHOTOALBUM_DEMO}/pool.jpg", 0),
+    ("kphotoalbum", f"{KPHOTOALBUM_DEMO}/pool_2.jpg", 270),
+    ("kphotoalbum", f"{KPHOTOALBUM_DEMO}/qt-logo.jpg", 0),
+    ("kphotoalbum", f"{KPHOTOALBUM_DEMO}/wayne.jpg", 90),
+    ("ruby-rmagick-doc", "doc/ruby-rmagick-doc/html/ex/images/Ballerina3.jpg", 0),
+)
 SHARE_DIR = "/usr/share"  # where the packages put their files; --share_dir: an unpacked copy
 CROSS_ROOT = SHARE_DIR
 _IMAGE_EXTS = (".jpg", ".jpeg", ".png")
@@ -201,11 +230,27 @@ def find_cross_sources(root: str = CROSS_ROOT) -> list[tuple[str, str]]:
   return [(p, cross_name(p)) for p in paths if os.path.isfile(p)]
 
 
+def people_name(path: str) -> str:
+  """The written name of a people photo: 'p_' and its file's stem."""
+  return f"p_{os.path.splitext(os.path.basename(path))[0]}.jpg"
+
+
+def find_people_sources(root: str = SHARE_DIR) -> list[tuple[str, str]]:
+  """(source path, output file name) of every listed people photograph that is installed."""
+  paths = [os.path.join(root, rel) for _, rel, _ in PEOPLE_PHOTOS]
+  return [(p, people_name(p)) for p in paths if os.path.isfile(p)]
+
+
+# The clockwise turn each written photo needs to stand upright, by its output name.
+TURNS = {people_name(rel): turn for _, rel, turn in PEOPLE_PHOTOS if turn}
+
+
 # Each set's Debian packages, for the error when none of its photos is installed.
 _SET_PACKAGES = {
     "photos": "plasma-workspace-wallpapers opencv-doc mate-backgrounds",
     "lomiri": "lomiri-wallpapers",
     "cross": " ".join(dict.fromkeys(package for package, _ in CROSS_PHOTOS)),
+    "people": " ".join(dict.fromkeys(package for package, _, _ in PEOPLE_PHOTOS)),
 }
 MATE_PHOTO_COUNT = 12  # the photographs mate-backgrounds ships in MATE_DIR (all of them are used)
 # What each set promises (the README quotes it): fewer installed is an error unless allowed.
@@ -213,6 +258,7 @@ PROMISED = {
     "photos": len(PLASMA_PHOTOS) + len(OPENCV_PHOTOS) + MATE_PHOTO_COUNT,
     "lomiri": len(LOMIRI_PHOTOS),
     "cross": len(CROSS_PHOTOS),
+    "people": len(PEOPLE_PHOTOS),
 }
 
 
@@ -228,6 +274,8 @@ def set_sources(photo_set: str, share_dir: str = SHARE_DIR) -> list[tuple[str, s
     return find_lomiri_sources(_under(LOMIRI_DIR, share_dir))
   if photo_set == "cross":
     return find_cross_sources(_under(CROSS_ROOT, share_dir))
+  if photo_set == "people":
+    return find_people_sources(share_dir)
   dirs = (_under(d, share_dir) for d in (PLASMA_DIR, OPENCV_DIR, MATE_DIR))
   return find_sources(*dirs)
 
@@ -240,6 +288,9 @@ def missing_packages(photo_set: str, share_dir: str = SHARE_DIR) -> list[str]:
   if photo_set == "cross":
     root = _under(CROSS_ROOT, share_dir)
     absent = [p for p, rel in CROSS_PHOTOS if not os.path.isfile(os.path.join(root, rel))]
+    return list(dict.fromkeys(absent))
+  if photo_set == "people":
+    absent = [p for p, rel, _ in PEOPLE_PHOTOS if not os.path.isfile(os.path.join(share_dir, rel))]
     return list(dict.fromkeys(absent))
   counts = (
       (
@@ -264,7 +315,8 @@ def write_debian_photos(
   Args:
     out_dir: destination folder (created); files of the same name are overwritten.
     max_side: the longer side of each written photo at most (photos are never enlarged).
-    sources: (path, output name) pairs; default: `find_sources()`.
+    sources: (path, output name) pairs; default: `find_sources()`. A name in `TURNS` is turned
+      upright (clockwise by its angle) before it is shrunk.
 
   Raises:
     FileNotFoundError: none of the three packages is installed.
@@ -284,6 +336,8 @@ def write_debian_photos(
   for src, name in sources:
     with Image.open(src) as im:
       im = im.convert("RGB")
+      if TURNS.get(name):  # PIL turns counter-clockwise
+        im = im.rotate(-TURNS[name], expand=True)
       scale = max_side / max(im.size)
       if scale < 1:
         size = (max(1, round(im.width * scale)), max(1, round(im.height * scale)))
@@ -304,7 +358,8 @@ def _parser() -> argparse.ArgumentParser:
       choices=sorted(_SET_PACKAGES),
       default="photos",
       help="photos: the default folder's (plasma, opencv, mate); lomiri: a disjoint set; cross: "
-      "photos of five other packages, to test a student on sources it never trained on",
+      "photos of five other packages, to test a student on sources it never trained on; people: "
+      "photos of people from two more packages, a test-only folder",
   )
   parser.add_argument("--max_side", type=int, default=1920, help="longer side at most (px)")
   parser.add_argument(
