@@ -61,9 +61,11 @@ def test_compare_jsons_beside_a_run_and_on_their_own(tmp_path):
   workdir = pathlib.Path(_workdir(tmp_path, "a", 0, "image_folder:/cross"))
   (workdir / "seen.json").write_text(json.dumps({"n_test": 68, "rows": []}))
   (workdir / "in_source.json").write_text(json.dumps({"n_test": 7, "rows": []}))
+  (workdir / "people.json").write_text(json.dumps({"n_test": 15, "rows": []}))
   table = tmp_path / "again.json"
   table.write_text(json.dumps({"n_test": 15, "rows": [{"size": 224}]}))
   assert tool.main([out, f"a={workdir}", f"b={table}"]) == 0
   study = json.loads(pathlib.Path(out).read_text())
   assert study["a"]["seen"]["n_test"] == 68 and study["a"]["in_source"]["n_test"] == 7
+  assert study["a"]["people"]["n_test"] == 15
   assert study["b"] == {"compare": "again.json", "test": {"n_test": 15, "rows": [{"size": 224}]}}

@@ -176,8 +176,10 @@ def test_cross_goals_fit_gap_and_paired_read_the_study():
   study = {
       "ref": {"test": _table(0.0), "knn": {}, "timing_s": {"total": 100 * 60.0}},
       "arm": {"test": _table(0.05), "knn": {}, "timing_s": {"total": 110 * 60.0},
-              "seen": _table(0.08, n_test=68), "in_source": _table(0.02, n_test=7)},
+              "seen": _table(0.08, n_test=68), "in_source": _table(0.02, n_test=7),
+              "people": _table(-0.03, n_test=15)},
   }  # fmt: skip
+  study["ref"]["people"] = _table(-0.05, n_test=15)
   load = lambda path: study  # noqa: E731
   ref = docs_tables_photos.cross_goals("s", "ref")(load)
   arm = docs_tables_photos.cross_goals("s", "arm")(load)
@@ -190,10 +192,14 @@ def test_cross_goals_fit_gap_and_paired_read_the_study():
   )
   assert "| ≤ 105 min | 110 min | not met |" in arm and "FLOPs" in arm
   gap = docs_tables_photos.fit_gap("s", "arm")(load).splitlines()
-  assert [line.split(" | ")[1] for line in gap[2:]] == ["68", "7", "3"]
+  assert [line.split(" | ")[1] for line in gap[2:]] == ["68", "7", "3", "15"]
   assert "0.990 / 0.990" in gap[2]  # the seen photos' 224-px mean, 0.91 + 0.08
+  assert gap[5].startswith("| photos of people") and "0.880 / 0.880" in gap[5]
   pairs = docs_tables_photos.paired("s", [("ref", "arm", "+0.05")])(load).splitlines()
   assert pairs[2].startswith("| +0.05 | 3 | +0.050 [+0.050, +0.050]"), pairs[2]
+  # On the people photos instead: their own photo count and difference (-0.03 against -0.05).
+  people = docs_tables_photos.paired("s", [("ref", "arm", "x")], photos="people")(load)
+  assert people.splitlines()[2].startswith("| x | 15 | +0.020 [+0.020, +0.020]"), people
   # Any labelled arms: the first column says what they vary, the rows fit minus cross-source.
   fit = docs_tables_photos.fit_by_count([("arm", "full rank")], first_column="`align`")(load)
   assert fit.startswith("| `align` | trained on, 224 px: cls / patch | 3 cross-source test")

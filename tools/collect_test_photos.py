@@ -12,8 +12,9 @@ each stage's steps, batch and seconds a step, k-NN retention and speed, the run'
 figures after its last stage; and, when the run validated and tested on another folder
 (eval_folder=) and the workdir holds in_source.json (`python -m linvit_jax.compare --holdout F
 --out WORKDIR/in_source.json` on its training folder), that table of its own held-out photos as
-"in_source", and seen.json (the same with --seen: the photos it trained on) as "seen". Nothing
-is recomputed: every figure is a file the run or compare wrote.
+"in_source", seen.json (the same with --seen: the photos it trained on) as "seen", and
+people.json (`compare --photos PEOPLE_DIR --val_photos CROSS_DIR`: photos of people, test only)
+as "people". Nothing is recomputed: every figure is a file the run or compare wrote.
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ def _step_seconds(r: dict[str, Any]) -> dict[str, float]:
 
 # compare's JSONs a workdir may hold beside results.json, by the key they get in the study:
 # the training folder's own held-out photos (compare --holdout F --out WORKDIR/in_source.json)
-# and the photos the run trained on (compare --holdout F --seen --out WORKDIR/seen.json).
-EXTRAS = {"in_source": "in_source.json", "seen": "seen.json"}
+# the photos the run trained on (compare --holdout F --seen --out WORKDIR/seen.json), and the
+# photos of people (debian_photos --set people; compare --photos P --val_photos CROSS --out
+# WORKDIR/people.json), which no run validates on.
+EXTRAS = {"in_source": "in_source.json", "seen": "seen.json", "people": "people.json"}
 
 
 def collect(workdir: str) -> dict[str, Any]:

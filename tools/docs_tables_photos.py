@@ -688,6 +688,7 @@ def fit_gap(study_path: str, name: str) -> Callable[[Load], str]:
         ("seen", "trained on (compare --seen)"),
         ("in_source", "held out of the training folder (compare --holdout)"),
         ("test", "other sources (eval_folder, the run's own test)"),
+        ("people", "photos of people (compare --photos: test only)"),
     )
     for key, label in sets:
       table = run.get(key)
@@ -711,11 +712,14 @@ def fit_gap(study_path: str, name: str) -> Callable[[Load], str]:
   return render
 
 
-def paired(study_path: str, pairs: Sequence[tuple[str, str, str]]) -> Callable[[Load], str]:
+def paired(
+    study_path: str, pairs: Sequence[tuple[str, str, str]], photos: str = "test"
+) -> Callable[[Load], str]:
   """Photo by photo (per_photo), what run `arm` gains over run `ref` of a study on the same test
   photos: the mean difference in cls / patch cosine of whole views at each size with its paired
   bootstrap 95 % interval, which is far narrower than the two runs' own intervals side by side
-  (both runs see the same hard and easy photos). `pairs`: (ref, arm, label)."""
+  (both runs see the same hard and easy photos). `pairs`: (ref, arm, label); `photos`: which of
+  a run's test tables ("test": its own cross-source test; "people": compare's on people)."""
   from linvit_jax.evaluation import photo_eval
 
   def render(load: Load) -> str:
@@ -733,7 +737,7 @@ def paired(study_path: str, pairs: Sequence[tuple[str, str, str]]) -> Callable[[
     for ref_name, arm_name, label in pairs:
       cells, count = [], 0
       for s in sizes:
-        ref, arm = (_whole_row(study[n]["test"], s) for n in (ref_name, arm_name))
+        ref, arm = (_whole_row(study[n][photos], s) for n in (ref_name, arm_name))
         for key in ("cls_cosine", "patch_cosine"):
           shown, count = diff(ref[key], arm[key])
           cells.append(shown)
