@@ -724,7 +724,7 @@ def paired(
 
   def render(load: Load) -> str:
     study = load(study_path)
-    sizes = _sizes(study[pairs[0][0]])
+    sizes = sorted({r["size"] for r in study[pairs[0][0]][photos]["rows"]})
     head = " | ".join(f"{s} px: Δ cls | {s} px: Δ patch" for s in sizes)
     lines = [f"| change | photos | {head} |", "|---|---|" + "---|---|" * len(sizes)]
 
