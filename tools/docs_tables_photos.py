@@ -794,11 +794,16 @@ ALIGN_ARMS = (
         "SDL_color_10k",
         "today's default on colour-jittered views (`align_augment=color`)",
     ),
+    (
+        "SDL_df04_10k",
+        "today's default, 6,000 images after 4,000 of distillation (`distill_fraction=0.4`)",
+    ),
 )
 # The first three against the rank-8 README run they resumed; the fourth against the full-rank
 # README run whose distillation it resumed; the fifth, the README's command run whole with each of
-# the two (its default since 2026-12-07 against the one it replaced); the last against today's
-# README run, whose distillation it resumed.
+# the two (its default since 2026-12-07 against the one it replaced); the colour arm against
+# today's README run, whose distillation it resumed; the larger `align` share against the same run
+# (from scratch: its distillation is shorter).
 ALIGN_PAIRS = tuple(("SDL_10k", name, label) for name, label in ALIGN_ARMS[1:4]) + (
     (
         "SDL_lora0_10k_readme",
@@ -814,6 +819,11 @@ ALIGN_PAIRS = tuple(("SDL_10k", name, label) for name, label in ALIGN_ARMS[1:4])
         "SDL_tf0_10k_readme",
         "SDL_color_10k",
         "today's default → colour-jittered `align` views (resuming its distillation)",
+    ),
+    (
+        "SDL_tf0_10k_readme",
+        "SDL_df04_10k",
+        "today's default → 4,000 + 6,000 images (`distill_fraction=0.4`, from scratch)",
     ),
 )
 
