@@ -114,6 +114,9 @@ TABLES: dict[str, Table] = {
     "data_study_paired": Table(
         (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.PAIRS)
     ),
+    "people_paired": Table(
+        (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.PEOPLE_PAIRS, "people")
+    ),
     "window_share": Table((photos.WINDOW_SHARE,), photos.window_share),
     "operators_pareto": Table(
         (photos.DATA_STUDY, "tools/docs_tables_runs.py", "bench/common.py"),

@@ -464,6 +464,15 @@ COMPOUNDING = "docs/data_study_compounding.json"
 # command under the earlier defaults (rank-8 LoRA in `align` until 2026-12-07; then full rank with
 # the teacher-forced term).
 README_ARM = "SDL_tf0_10k_readme"
+# Paired comparisons on the 15 photos of people (compare --photos, test only), of the runs
+# measured there: (reference, arm, what changed).
+PEOPLE_PAIRS = (
+    (
+        "SDL_tf0_10k_readme",
+        "SDL_df04_10k",
+        "today's default → 4,000 + 6,000 images (`distill_fraction=0.4`)",
+    ),
+)
 # Paired comparisons on the same cross-source test photos: (reference, arm, what changed).
 PAIRS = (
     ("SDL_1600", "SDL_10k", "SDL: 1,600 → 10,000 images"),
