@@ -14,7 +14,7 @@
 # The cross-source packages: lxqt-themes gnome-taquin libjxl-testdata puzzle-jigsaw
 # libsixel-examples. docs/data_study.md compares training folders like these three.
 # PEOPLE_DIR (optional): also the 15 photos of people of kphotoalbum and ruby-rmagick-doc
-# (debian_photos --set people, ~14 MB more), a test-only folder: docs/test_photos.md.
+# (debian_photos --set people, ~14 MB more), a test-only folder: docs/data_study.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TRAIN_DIR=${1:-workdirs/photos}

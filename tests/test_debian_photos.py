@@ -170,3 +170,12 @@ def test_people_set_written_upright_from_other_packages(tmp_path, capsys):
   written = np.asarray(Image.open(os.path.join(out, "p_wayne.jpg")))
   assert written.shape == (400, 300, 3)
   assert written[:90, -90:].mean() > 240 and written[:90, :90].mean() < 15
+  # 180° puts the corner bottom-right, 270° (a quarter turn counter-clockwise) bottom-left.
+  for name in ("grand_canyon_1", "pool_2"):
+    Image.fromarray(pixels).save(wayne.parent / f"{name}.jpg", quality=95)
+  assert debian_photos.main(args) == 0
+  canyon = np.asarray(Image.open(os.path.join(out, "p_grand_canyon_1.jpg")))
+  pool = np.asarray(Image.open(os.path.join(out, "p_pool_2.jpg")))
+  assert canyon.shape == (300, 400, 3) and pool.shape == (400, 300, 3)
+  assert canyon[-90:, -90:].mean() > 240 and canyon[:90, :90].mean() < 15
+  assert pool[-90:, :90].mean() > 240 and pool[:90, -90:].mean() < 15

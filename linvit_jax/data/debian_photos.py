@@ -30,7 +30,7 @@ puzzle-jigsaw libsixel-examples`), written as `x_<name>.jpg`: a folder to valida
 A fourth set (`--set people`, `PEOPLE_PHOTOS`) fills the cross set's gap: photographs of people,
 the subject that was worst when the default was measured from outside. 15 of them, from two more
 packages (`apt-get install kphotoalbum ruby-rmagick-doc`): the 14 demo photos of KPhotoAlbum that
-show people (GPL-2+) and RMagick's `Ballerina3` (MIT), written as `p_<name>.jpg`. Three of
+show people (GPL-2+) and RMagick's `Ballerina3` (MIT), written as `p_<name>.jpg`. Four of
 KPhotoAlbum's are stored turned and only its album index says so; they are written upright. A
 test-only folder: `python -m linvit_jax.compare --photos DIR --val_photos CROSS_DIR`.
 
