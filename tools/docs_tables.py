@@ -96,6 +96,9 @@ TABLES: dict[str, Table] = {
     "data_study_count_paired": Table(
         (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.COUNT_PAIRS)
     ),
+    "data_study_full_count_fit": Table(
+        (photos.DATA_STUDY,), photos.fit_by_count(photos.FULL_COUNT_ARMS)
+    ),
     "data_study_count_fit": Table(
         (photos.DATA_STUDY,), photos.fit_by_count(photos.COUNT_ARMS, photos.COUNT_PHOTOS)
     ),

@@ -443,6 +443,7 @@ DATA_ARMS = (
         "SDL_tf0_10k_readme",
         "82, full budget: the README's command (full-rank `align`, no teacher-forced term)",
     ),
+    ("M21_10k", "21 mixed, full budget: the README's command on M21"),
 )
 # The photo-count arms (1,600 images): nested mixes of the three sources (tools/mix_photos.py:
 # M10 ⊂ M21 ⊂ M40), and SDL, by the photos each trains on after its holdout.
@@ -453,6 +454,8 @@ COUNT_ARMS = (
     ("SDL", "68 of 82: all of SDL (21 sample, 46 Debian, 15 lomiri)"),
 )
 COUNT_PHOTOS = {"M10_1600": 8, "M21": 17, "M40_1600": 32, "SDL": 68}
+# The two folders at the full budget (the README's command on each): by the photos each trains on.
+FULL_COUNT_ARMS = (("M21_10k", "17 (M21)"), ("SDL_tf0_10k_readme", "68 (SDL: the README's)"))
 COUNT_PAIRS = (
     ("M21_1600", "M10_1600", "17 → 8 photos"),
     ("M21_1600", "M40_1600", "17 → 32 photos"),
@@ -467,6 +470,7 @@ README_ARM = "SDL_tf0_10k_readme"
 # Paired comparisons on the 15 photos of people (compare --photos, test only), of the runs
 # measured there: (reference, arm, what changed).
 PEOPLE_PAIRS = (
+    ("SDL_tf0_10k_readme", "M21_10k", "today's default → trained on M21 (17 photos)"),
     (
         "SDL_tf0_10k_readme",
         "SDL_df04_10k",
@@ -478,6 +482,7 @@ PAIRS = (
     ("SDL_1600", "SDL_10k", "SDL: 1,600 → 10,000 images"),
     ("SDL_1600", "M21_1600", "1,600 images: SDL (68 photos, 4 sources) → M21 (17, 3)"),
     ("SDL_1600", "SDL_w3_1600", "1,600 images, SDL: linear → window=3 hybrid"),
+    ("SDL_tf0_10k_readme", "M21_10k", "10,000 images: SDL (68 photos, the README's) → M21 (17)"),
 )
 
 
