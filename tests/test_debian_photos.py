@@ -165,6 +165,9 @@ def test_people_set_written_upright_from_other_packages(tmp_path, capsys):
   assert "(incomplete: kphotoalbum ruby-rmagick-doc)" in err
   assert not os.path.exists(out)
   args = [out, "--set", "people", "--share_dir", str(share), "--allow_partial"]
+  assert debian_photos.main([*args, "--with_samples"]) == 2  # a training source: refused
+  assert "--with_samples puts the sample photos" in capsys.readouterr().err
+  assert not os.path.exists(out)
   assert debian_photos.main(args) == 0
   assert os.listdir(out) == ["p_wayne.jpg"]
   written = np.asarray(Image.open(os.path.join(out, "p_wayne.jpg")))

@@ -252,6 +252,8 @@ _SET_PACKAGES = {
     "cross": " ".join(dict.fromkeys(package for package, _ in CROSS_PHOTOS)),
     "people": " ".join(dict.fromkeys(package for package, _, _ in PEOPLE_PHOTOS)),
 }
+# The sets a student is judged on, never trained on: no training source may be written into them.
+TEST_ONLY_SETS = ("cross", "people")
 MATE_PHOTO_COUNT = 12  # the photographs mate-backgrounds ships in MATE_DIR (all of them are used)
 # What each set promises (the README quotes it): fewer installed is an error unless allowed.
 PROMISED = {
@@ -387,6 +389,11 @@ def main(argv: list[str] | None = None) -> int:
       raise UserError(f"OUT_DIR '{args.out_dir}' is a file, not a folder")
     if args.max_side < 1:
       raise UserError(f"--max_side must be positive, got {args.max_side}")
+    if args.with_samples and args.set in TEST_ONLY_SETS:
+      raise UserError(
+          f"--with_samples puts the sample photos, a training source, into the '{args.set}' set, "
+          "which only validates and tests: write them to the training folder instead"
+      )
     try:
       paths = _write(args)
     except (ImportError, OSError) as e:  # a package missing, a file not writable
