@@ -69,7 +69,13 @@ def test_nothing_installed_is_a_clear_error(tmp_path, capsys, monkeypatch):
 
 
 def test_promised_counts_are_the_readmes():
-  assert debian_photos.PROMISED == {"photos": 46, "lomiri": 15, "cross": 25, "people": 15}
+  assert debian_photos.PROMISED == {
+      "photos": 46,
+      "lomiri": 15,
+      "cross": 25,
+      "people": 15,
+      "extra": 74,
+  }
 
 
 def test_cli_writes_the_folder(packages, tmp_path, monkeypatch, capsys):
@@ -182,3 +188,31 @@ def test_people_set_written_upright_from_other_packages(tmp_path, capsys):
   assert canyon.shape == (300, 400, 3) and pool.shape == (400, 300, 3)
   assert canyon[-90:, -90:].mean() > 240 and canyon[:90, :90].mean() < 15
   assert pool[-90:, :90].mean() > 240 and pool[:90, -90:].mean() < 15
+
+
+def test_extra_set_is_more_training_photos_of_other_packages(tmp_path, capsys):
+  """The extra set: packages none of the four other sets reads (so the cross-source and people
+  tests stay unseen by a run that trains on it), unique `e_` names that keep two templates' moons
+  apart, and, unlike the test-only sets, the sample photos may join it."""
+  packages = {package for package, _ in debian_photos.EXTRA_PHOTOS}
+  others = {package for package, _ in debian_photos.CROSS_PHOTOS}
+  others |= {package for package, _, _ in debian_photos.PEOPLE_PHOTOS}
+  others |= {"plasma-workspace-wallpapers", "opencv-doc", "mate-backgrounds", "lomiri-wallpapers"}
+  assert packages and not packages & others
+  assert debian_photos.PROMISED["extra"] == 74 and "extra" not in debian_photos.TEST_ONLY_SETS
+  names = [debian_photos.extra_name(rel) for _, rel in debian_photos.EXTRA_PHOTOS]
+  assert len(set(names)) == len(names) and all(n.startswith("e_") for n in names)
+  assert {"e_br2_moon.jpg", "e_cal2_moon.jpg"} <= set(names)
+  share = tmp_path / "share"
+  _, rel = debian_photos.EXTRA_PHOTOS[0]
+  _image(str(share / rel), (480, 360))
+  out = str(tmp_path / "out")
+  assert debian_photos.main([out, "--set", "extra", "--share_dir", str(share)]) == 2
+  err = capsys.readouterr().err
+  assert "only 1 of the 74 'extra' photographs" in err
+  assert "(incomplete: scratch palapeli-data scribus-template" in err and not os.path.exists(out)
+  args = [out, "--set", "extra", "--share_dir", str(share), "--allow_partial"]
+  assert debian_photos.main(args) == 0
+  assert os.listdir(out) == [debian_photos.extra_name(rel)]
+  with Image.open(os.path.join(out, debian_photos.extra_name(rel))) as written:
+    assert written.size == (480, 360) and written.mode == "RGB"

@@ -1,7 +1,7 @@
 """Natural photographs from installed Debian packages, gathered into one folder for evidence runs.
 
   python -m linvit_jax.data.debian_photos OUT_DIR [--max_side 1920] [--with_samples]
-      [--set lomiri|cross|people] [--share_dir DIR]
+      [--set lomiri|cross|people|extra] [--share_dir DIR]
 
 The 21 sample photos (sample_photos.py) are small (most under 600 px) and a third of them are
 grayscale microscopy or texture: too few and too small to test a student at 448–896 px. Three
@@ -33,6 +33,13 @@ packages (`apt-get install kphotoalbum ruby-rmagick-doc`): the 14 demo photos of
 show people (GPL-2+) and RMagick's `Ballerina3` (MIT), written as `p_<name>.jpg`. Four of
 KPhotoAlbum's are stored turned and only its album index says so; they are written upright. A
 test-only folder: `python -m linvit_jax.compare --photos DIR --val_photos CROSS_DIR`.
+
+A fifth set (`--set extra`, `EXTRA_PHOTOS`) is more to train on: 74 photographs of seven
+packages no other set uses (`apt-get install scratch palapeli-data scribus-template libvips-doc
+node-opencv python-kivy-examples digikam-data`): the 54 photographed stage backgrounds of Scratch
+(480×360: rooms, streets, buildings, sports grounds, landscapes; CC-BY-SA-3.0) and 20 photos of
+puzzles, templates and examples, written as `e_<folder>_<name>.jpg`. With the default folder's it
+makes 156 (launch/setup_photos.sh's `more`).
 
 Every photo is written as RGB JPEG (quality 95), shrunk (never enlarged) so its longer side is at
 most `max_side`: a fixed recipe, so the same packages give the same files and, because held-out
@@ -168,6 +175,89 @@ PEOPLE_PHOTOS = (
     ("kphotoalbum", f"{KPHOTOALBUM_DEMO}/wayne.jpg", 90),
     ("ruby-rmagick-doc", "doc/ruby-rmagick-doc/html/ex/images/Ballerina3.jpg", 0),
 )
+# A fifth set (`--set extra`), more training photos from packages no other set uses: the 54
+# photographs among Scratch's stage backgrounds (480x360: rooms, streets, buildings, sports
+# grounds, landscapes; its drawn backgrounds are left out) and 20 from six more packages (puzzle
+# photos, template photos, example images: a castle, a bee, fruit, the moon, cars, a cat, a city).
+# Each is (package, path under /usr/share); written as `e_<folder>_<stem>.jpg` (two templates
+# ship a `moon.jpg`).
+SCRATCH_BACKGROUNDS = "scratch/Media/Backgrounds"
+EXTRA_PHOTOS = (
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Indoors/chalkboard.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Indoors/clothing-store.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Indoors/hall.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Indoors/kitchen.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Indoors/the-movies-inside.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Nature/beach-malibu.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Nature/canyon.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Nature/flower-bed.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Nature/forest.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Nature/garden-rock.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Nature/grand-canyon.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Nature/gravel-desert.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Nature/hill.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Nature/lake.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Nature/moon.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Nature/pathway.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Nature/tree.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Nature/water-and-rocks.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Nature/wave.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/all-sports-mural.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/atom-playground.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/bench-with-view.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/berkeley-mural.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/boardwalk.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/brick-wall-and-stairs.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/brick-wall1.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/brick-wall2.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/building-at-mit.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/building-fireproof.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/castle.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/city-with-water.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/city-with-water2.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/driveway.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/graffiti.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/hallway_outdoors.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/hay_field.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/houses.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/mansion.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/mural-faro.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/parking-ramp.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/pool.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/route66.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/silos.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/the-movies.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/train-tracks1.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/train-tracks2.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/village.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Outdoors/wooden-house.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Sports/baseball-field.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Sports/basketball-court1-a.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Sports/basketball-court1-b.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Sports/football-field.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Sports/playing-field.jpg"),
+    ("scratch", f"{SCRATCH_BACKGROUNDS}/Sports/tennis-backboard.jpg"),
+    ("palapeli-data", "palapeli/collection/castle-maintenon.jpg"),
+    ("palapeli-data", "palapeli/collection/cincinnati-bridge.jpg"),
+    ("palapeli-data", "palapeli/collection/citrus-fruits.jpg"),
+    ("palapeli-data", "palapeli/collection/european-honey-bee.jpg"),
+    ("palapeli-data", "palapeli/collection/panther-chameleon-female.jpg"),
+    ("scribus-template", "scribus/templates/br2/brightness.jpg"),
+    ("scribus-template", "scribus/templates/br2/halfmoon.jpg"),
+    ("scribus-template", "scribus/templates/br2/moon.jpg"),
+    ("scribus-template", "scribus/templates/br2/nature.jpg"),
+    ("scribus-template", "scribus/templates/br2/sunset.jpg"),
+    ("scribus-template", "scribus/templates/cal2/moon.jpg"),
+    ("scribus-template", "scribus/templates/menu2/pizza.jpg"),
+    ("libvips-doc", "gtk-doc/html/libvips/owl.jpg"),
+    ("node-opencv", "doc/node-opencv/examples/files/car1.jpg"),
+    ("node-opencv", "doc/node-opencv/examples/files/car2.jpg"),
+    ("python-kivy-examples", "kivy-examples/canvas/kiwi.jpg"),
+    ("python-kivy-examples", "kivy-examples/demo/pictures/images/Wall.jpg"),
+    ("python-kivy-examples", "kivy-examples/demo/pictures/images/faust_github.jpg"),
+    ("python-kivy-examples", "kivy-examples/widgets/cityCC0.png"),
+    ("digikam-data", "digikam/about/images/body-background.jpg"),
+)
 SHARE_DIR = "/usr/share"  # where the packages put their files; --share_dir: an unpacked copy
 CROSS_ROOT = SHARE_DIR
 _IMAGE_EXTS = (".jpg", ".jpeg", ".png")
@@ -241,6 +331,19 @@ def find_people_sources(root: str = SHARE_DIR) -> list[tuple[str, str]]:
   return [(p, people_name(p)) for p in paths if os.path.isfile(p)]
 
 
+def extra_name(path: str) -> str:
+  """The written name of an extra photo: 'e_', its folder and its file's stem (the folder keeps
+  two templates' `moon.jpg` apart)."""
+  folder = os.path.basename(os.path.dirname(path))
+  return f"e_{folder}_{os.path.splitext(os.path.basename(path))[0]}.jpg"
+
+
+def find_extra_sources(root: str = SHARE_DIR) -> list[tuple[str, str]]:
+  """(source path, output file name) of every listed extra photograph that is installed."""
+  paths = [os.path.join(root, rel) for _, rel in EXTRA_PHOTOS]
+  return [(p, extra_name(p)) for p in paths if os.path.isfile(p)]
+
+
 # The clockwise turn each written photo needs to stand upright, by its output name.
 TURNS = {people_name(rel): turn for _, rel, turn in PEOPLE_PHOTOS if turn}
 
@@ -251,6 +354,7 @@ _SET_PACKAGES = {
     "lomiri": "lomiri-wallpapers",
     "cross": " ".join(dict.fromkeys(package for package, _ in CROSS_PHOTOS)),
     "people": " ".join(dict.fromkeys(package for package, _, _ in PEOPLE_PHOTOS)),
+    "extra": " ".join(dict.fromkeys(package for package, _ in EXTRA_PHOTOS)),
 }
 # The sets a student is judged on, never trained on: no training source may be written into them.
 TEST_ONLY_SETS = ("cross", "people")
@@ -261,6 +365,7 @@ PROMISED = {
     "lomiri": len(LOMIRI_PHOTOS),
     "cross": len(CROSS_PHOTOS),
     "people": len(PEOPLE_PHOTOS),
+    "extra": len(EXTRA_PHOTOS),
 }
 
 
@@ -278,6 +383,8 @@ def set_sources(photo_set: str, share_dir: str = SHARE_DIR) -> list[tuple[str, s
     return find_cross_sources(_under(CROSS_ROOT, share_dir))
   if photo_set == "people":
     return find_people_sources(share_dir)
+  if photo_set == "extra":
+    return find_extra_sources(share_dir)
   dirs = (_under(d, share_dir) for d in (PLASMA_DIR, OPENCV_DIR, MATE_DIR))
   return find_sources(*dirs)
 
@@ -293,6 +400,9 @@ def missing_packages(photo_set: str, share_dir: str = SHARE_DIR) -> list[str]:
     return list(dict.fromkeys(absent))
   if photo_set == "people":
     absent = [p for p, rel, _ in PEOPLE_PHOTOS if not os.path.isfile(os.path.join(share_dir, rel))]
+    return list(dict.fromkeys(absent))
+  if photo_set == "extra":
+    absent = [p for p, rel in EXTRA_PHOTOS if not os.path.isfile(os.path.join(share_dir, rel))]
     return list(dict.fromkeys(absent))
   counts = (
       (
@@ -361,7 +471,8 @@ def _parser() -> argparse.ArgumentParser:
       default="photos",
       help="photos: the default folder's (plasma, opencv, mate); lomiri: a disjoint set; cross: "
       "photos of five other packages, to test a student on sources it never trained on; people: "
-      "photos of people from two more packages, a test-only folder",
+      "photos of people from two more packages, a test-only folder; extra: 74 more training photos "
+      "of seven other packages (Scratch's photographed backgrounds and more)",
   )
   parser.add_argument("--max_side", type=int, default=1920, help="longer side at most (px)")
   parser.add_argument(
