@@ -11,7 +11,8 @@
 # debian = those and the 46 photographs of plasma-workspace-wallpapers, opencv-doc and
 # mate-backgrounds; all = those and the 15 lomiri photographs (82 photos; with the cross-source
 # packages ~350 MB downloaded, ~600 MB unpacked); more = those and the 74 photographs of seven
-# more packages (debian_photos --set extra: 156 photos, ~95 MB more downloaded).
+# more packages (debian_photos --set extra: 156 photos, ~52 MB more downloaded); most = those and
+# the 316 photographs of four more (debian_photos --set scenes: 472 photos, ~93 MB more).
 # The cross-source packages: lxqt-themes gnome-taquin libjxl-testdata puzzle-jigsaw
 # libsixel-examples. docs/data_study.md compares training folders like these three.
 # PEOPLE_DIR (optional): also the 15 photos of people of kphotoalbum and ruby-rmagick-doc
@@ -27,13 +28,15 @@ CROSS="lxqt-themes gnome-taquin libjxl-testdata puzzle-jigsaw libsixel-examples"
 DEBIAN="plasma-workspace-wallpapers opencv-doc mate-backgrounds"
 LOMIRI="lomiri-wallpapers-16.04 lomiri-wallpapers-20.04"
 EXTRA="scratch palapeli-data scribus-template libvips-doc node-opencv python-kivy-examples digikam-data"
+SCENES="endless-sky-data gnome-control-center-data plasma-workspace-data tuxpaint-data"
 PEOPLE="kphotoalbum ruby-rmagick-doc"
 case "$TRAIN_SET" in
   samples) PACKAGES="$CROSS" ;;
   debian) PACKAGES="$CROSS $DEBIAN" ;;
   all) PACKAGES="$CROSS $DEBIAN $LOMIRI" ;;
   more) PACKAGES="$CROSS $DEBIAN $LOMIRI $EXTRA" ;;
-  *) echo "error: TRAIN_SET must be samples, debian, all or more, got '$TRAIN_SET'" >&2; exit 2 ;;
+  most) PACKAGES="$CROSS $DEBIAN $LOMIRI $EXTRA $SCENES" ;;
+  *) echo "error: TRAIN_SET must be samples, debian, all, more or most, got '$TRAIN_SET'" >&2; exit 2 ;;
 esac
 if [ -n "$PEOPLE_DIR" ]; then
   PACKAGES="$PACKAGES $PEOPLE"
@@ -65,11 +68,14 @@ if [ "$TRAIN_SET" = samples ]; then
 else
   .venv/bin/python -m linvit_jax.data.debian_photos "$TRAIN_DIR" --with_samples --share_dir "$SHARE"
 fi
-if [ "$TRAIN_SET" = all ] || [ "$TRAIN_SET" = more ]; then
+if [ "$TRAIN_SET" = all ] || [ "$TRAIN_SET" = more ] || [ "$TRAIN_SET" = most ]; then
   .venv/bin/python -m linvit_jax.data.debian_photos "$TRAIN_DIR" --set lomiri --share_dir "$SHARE"
 fi
-if [ "$TRAIN_SET" = more ]; then
+if [ "$TRAIN_SET" = more ] || [ "$TRAIN_SET" = most ]; then
   .venv/bin/python -m linvit_jax.data.debian_photos "$TRAIN_DIR" --set extra --share_dir "$SHARE"
+fi
+if [ "$TRAIN_SET" = most ]; then
+  .venv/bin/python -m linvit_jax.data.debian_photos "$TRAIN_DIR" --set scenes --share_dir "$SHARE"
 fi
 if [ -n "$PEOPLE_DIR" ]; then
   .venv/bin/python -m linvit_jax.data.debian_photos "$PEOPLE_DIR" --set people --share_dir "$SHARE"

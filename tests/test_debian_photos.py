@@ -75,6 +75,7 @@ def test_promised_counts_are_the_readmes():
       "cross": 25,
       "people": 15,
       "extra": 74,
+      "scenes": 316,
   }
 
 
@@ -216,3 +217,37 @@ def test_extra_set_is_more_training_photos_of_other_packages(tmp_path, capsys):
   assert os.listdir(out) == [debian_photos.extra_name(rel)]
   with Image.open(os.path.join(out, debian_photos.extra_name(rel))) as written:
     assert written.size == (480, 360) and written.mode == "RGB"
+
+
+def test_scenes_set_is_other_packages_and_names_survive_spaces_and_case(tmp_path, capsys):
+  """The scenes set: packages no other set reads; a name per photo that stays unique when the file
+  system ignores case (GNOME's `cat.jpg`, Plasma's `Cat.png`) and has no space; an RGBA avatar is
+  written RGB."""
+  sets = (
+      debian_photos.CROSS_PHOTOS,
+      debian_photos.EXTRA_PHOTOS,
+      tuple((p, rel) for p, rel, _ in debian_photos.PEOPLE_PHOTOS),
+  )
+  others = {package for listed in sets for package, _ in listed}
+  packages = {package for package, _ in debian_photos.SCENES_PHOTOS}
+  assert packages and not packages & others and "plasma-workspace-wallpapers" not in packages
+  assert debian_photos.PROMISED["scenes"] == 316 == len(debian_photos.SCENES_PHOTOS)
+  names = [debian_photos.scenes_name(rel) for _, rel in debian_photos.SCENES_PHOTOS]
+  assert len({n.lower() for n in names}) == len(names) and not any(" " in n for n in names)
+  assert debian_photos.scenes_name("plasma/avatars/photos/Air Balloon.png") == (
+      "s_photos_Air_Balloon.jpg"
+  )
+  share = tmp_path / "share"
+  balloon = share / "plasma/avatars/photos/Air Balloon.png"
+  os.makedirs(balloon.parent)
+  Image.new("RGBA", (512, 512), (200, 30, 30, 128)).save(balloon)
+  out = str(tmp_path / "out")
+  assert debian_photos.main([out, "--set", "scenes", "--share_dir", str(share)]) == 2
+  assert "(incomplete: endless-sky-data gnome-control-center-data" in capsys.readouterr().err
+  assert (
+      debian_photos.main([out, "--set", "scenes", "--share_dir", str(share), "--allow_partial"])
+      == 0
+  )
+  assert os.listdir(out) == ["s_photos_Air_Balloon.jpg"]
+  with Image.open(os.path.join(out, "s_photos_Air_Balloon.jpg")) as written:
+    assert written.mode == "RGB" and written.size == (512, 512)

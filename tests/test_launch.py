@@ -617,7 +617,7 @@ if "ssh" in sys.argv and "linvit_jax.main" in sys.argv[-1]:
 def test_setup_photos_checks_its_set_first_and_downloads_what_it_names(tmp_path):
   """setup_photos.sh: valid bash; a wrong TRAIN_SET is one error line before anything is fetched;
   the packages it downloads for `all` are those debian_photos reads (cross, default and lomiri;
-  people with PEOPLE_DIR; extra with `more`)."""
+  people with PEOPLE_DIR; extra with `more`, scenes too with `most`)."""
   from linvit_jax.data import debian_photos
 
   script = os.path.join(ROOT, "launch", "setup_photos.sh")
@@ -639,3 +639,5 @@ def test_setup_photos_checks_its_set_first_and_downloads_what_it_names(tmp_path)
     assert package in text
   extra = " ".join(dict.fromkeys(package for package, _ in debian_photos.EXTRA_PHOTOS))
   assert f'EXTRA="{extra}"' in text  # TRAIN_SET=more
+  scenes = " ".join(dict.fromkeys(package for package, _ in debian_photos.SCENES_PHOTOS))
+  assert f'SCENES="{scenes}"' in text  # TRAIN_SET=most

@@ -1,7 +1,7 @@
 """Natural photographs from installed Debian packages, gathered into one folder for evidence runs.
 
   python -m linvit_jax.data.debian_photos OUT_DIR [--max_side 1920] [--with_samples]
-      [--set lomiri|cross|people|extra] [--share_dir DIR]
+      [--set lomiri|cross|people|extra|scenes] [--share_dir DIR]
 
 The 21 sample photos (sample_photos.py) are small (most under 600 px) and a third of them are
 grayscale microscopy or texture: too few and too small to test a student at 448–896 px. Three
@@ -40,6 +40,13 @@ node-opencv python-kivy-examples digikam-data`): the 54 photographed stage backg
 (480×360: rooms, streets, buildings, sports grounds, landscapes; CC-BY-SA-3.0) and 20 photos of
 puzzles, templates and examples, written as `e_<folder>_<name>.jpg`. With the default folder's it
 makes 156 (launch/setup_photos.sh's `more`).
+
+A sixth set (`--set scenes`, `SCENES_PHOTOS`) is many more to train on: 316 photographs of four
+packages no other set uses (`apt-get install endless-sky-data gnome-control-center-data
+plasma-workspace-data tuxpaint-data`): Endless Sky's 267 planet-landing photos (720×360:
+landscapes, coasts, cities; public domain and CC-BY-SA), the photo faces and avatars of GNOME's
+and Plasma's user accounts (512 px, CC0) and Tux Paint's 15 photo templates, written as
+`s_<folder>_<name>.jpg`. With the others it makes 472 (setup_photos.sh's `most`).
 
 Every photo is written as RGB JPEG (quality 95), shrunk (never enlarged) so its longer side is at
 most `max_side`: a fixed recipe, so the same packages give the same files and, because held-out
@@ -258,6 +265,96 @@ EXTRA_PHOTOS = (
     ("python-kivy-examples", "kivy-examples/widgets/cityCC0.png"),
     ("digikam-data", "digikam/about/images/body-background.jpg"),
 )
+# A sixth set (`--set scenes`), many more training photos: the 267 photographs among Endless
+# Sky's planet-landing images (720x360 landscapes, coasts, cities, stations; public domain and
+# CC-BY-SA; Jupiter's clouds, a light tunnel and three strongly colour-shifted ones left out), the
+# 15 photo faces of GNOME's and the 19 photo avatars of Plasma's user accounts (512 px, CC0) and
+# 15 photo templates of Tux Paint. Written as `s_<folder>_<stem>.jpg` (spaces as `_`).
+ENDLESS_SKY_LAND = "games/endless-sky/images/land"
+ENDLESS_SKY_PHOTOS = tuple("""
+    badlands0 badlands1 badlands2 badlands3 badlands4 badlands5 badlands6 badlands7 badlands8
+    badlands9-harro beach0 beach1 beach10-sfiera beach11-harro beach12-harro beach2 beach3
+    beach4 beach5 beach6 beach7-sfiera beach8-sfiera beach9-sfiera bwerner0 bwerner1 bwerner2
+    bwerner3 bwerner4 bwerner5 bwerner6 bwerner7 bwerner8 canyon0 canyon01 canyon02 canyon03
+    canyon04 canyon05 canyon1 canyon10-harro canyon2 canyon3 canyon4 canyon5 canyon6 canyon7
+    canyon8 canyon9 city0 city1 city10 city11 city12 city13-sfiera city14-sfiera city15-sfiera
+    city16-sfiera city17-sfiera city18-iridium city2 city3 city4 city5 city6 city7 city8 city9
+    desert0 desert1 desert10-harro desert2 desert3 desert4 desert5 desert6 desert7
+    desert8-sfiera desert9-sfiera dmottl0 dmottl1 dmottl2 dmottl3 dmottl4 dmottl5 dune0 dune1
+    dune2 dune3 dune4 dune5 dune6-harro earthrise fields0 fields1 fields10-sfiera
+    fields11-sfiera fields12-sfiera fields13-sfiera fields2 fields3 fields4 fields5 fields6
+    fields7 fields8 fields9 fog0 fog1 fog2 fog3 fog4 fog5 fog6 fog7 forest0 forest1 forest2
+    forest3 forest4 forest5 hills0 hills1 hills2 hills3 hills5-sfiera hills6-sfiera
+    hills7-harro industrial0-iridium lava0 lava1 lava2 lava3 lava4 lava5 lava6 lava7-sfiera
+    loc0 loc1 loc2 mfield0 mfield1 mfield2 mfield3 mfield4 mfield5 mountain0 mountain1
+    mountain10-sfiera mountain11-sfiera mountain12-sfiera mountain13-sfiera mountain14-sfiera
+    mountain15-sfiera mountain16-striker mountain17-harro mountain18-harro mountain19-harro
+    mountain20-harro mountain21-harro mountain22-spfld mountain23-spfld mountain24-spfld
+    mountain25-spfld mountain3 mountain4 mountain5 mountain6 mountain7 mountain8 mountain9
+    myrabella0 myrabella1 myrabella2 myrabella3 myrabella4 myrabella5 myrabella6 myrabella7
+    myrabella8 nasa0 nasa1 nasa2 nasa3 nasa4 nasa5 nasa6 nasa7 sea0 sea1 sea10-sfiera
+    sea11-sfiera sea12-sfiera sea13-sfiera sea14-sfiera sea15-harro sea16-harro sea17-harro
+    sea2 sea3 sea4 sea5 sea6 sea7 sea8 sea9 sky0 sky1 sky2 sky3 sky4 sky5 sky6 sky7 sky8 sky9
+    snow0 snow1 snow10-sfiera snow10 snow11-sfiera snow2 snow3 snow4 snow5 snow6 snow7 snow8
+    snow9 space0 space1 space2 space3 space4 space5 space7 station0 station1 station2 station3
+    station4 valley0 valley1 valley10-sfiera valley11-harro valley12-harro valley13-harro
+    valley14-harro valley15-harro valley2 valley3 valley4 valley5 valley6 valley8 valley9
+    water0 water1 water10-harro water11-harro water2 water3 water4 water5 water6 water7 water8
+    water9
+    """.split())
+SCENES_PHOTOS = tuple(
+    ("endless-sky-data", f"{ENDLESS_SKY_LAND}/{stem}.jpg") for stem in ENDLESS_SKY_PHOTOS
+) + (
+    ("gnome-control-center-data", "pixmaps/faces/bicycle.jpg"),
+    ("gnome-control-center-data", "pixmaps/faces/book.jpg"),
+    ("gnome-control-center-data", "pixmaps/faces/calculator.jpg"),
+    ("gnome-control-center-data", "pixmaps/faces/cat.jpg"),
+    ("gnome-control-center-data", "pixmaps/faces/coffee2.jpg"),
+    ("gnome-control-center-data", "pixmaps/faces/flower2.jpg"),
+    ("gnome-control-center-data", "pixmaps/faces/gamepad.jpg"),
+    ("gnome-control-center-data", "pixmaps/faces/guitar2.jpg"),
+    ("gnome-control-center-data", "pixmaps/faces/headphones.jpg"),
+    ("gnome-control-center-data", "pixmaps/faces/hummingbird.jpg"),
+    ("gnome-control-center-data", "pixmaps/faces/mountain.jpg"),
+    ("gnome-control-center-data", "pixmaps/faces/plane.jpg"),
+    ("gnome-control-center-data", "pixmaps/faces/surfer.jpg"),
+    ("gnome-control-center-data", "pixmaps/faces/tomatoes.jpg"),
+    ("gnome-control-center-data", "pixmaps/faces/tree.jpg"),
+    ("plasma-workspace-data", "plasma/avatars/photos/Air Balloon.png"),
+    ("plasma-workspace-data", "plasma/avatars/photos/Astronaut.png"),
+    ("plasma-workspace-data", "plasma/avatars/photos/Books.png"),
+    ("plasma-workspace-data", "plasma/avatars/photos/Brushes.png"),
+    ("plasma-workspace-data", "plasma/avatars/photos/Bulb.png"),
+    ("plasma-workspace-data", "plasma/avatars/photos/Cat.png"),
+    ("plasma-workspace-data", "plasma/avatars/photos/Chameleon.png"),
+    ("plasma-workspace-data", "plasma/avatars/photos/Cocktail.png"),
+    ("plasma-workspace-data", "plasma/avatars/photos/Dog.png"),
+    ("plasma-workspace-data", "plasma/avatars/photos/Fish.png"),
+    ("plasma-workspace-data", "plasma/avatars/photos/Gamepad.png"),
+    ("plasma-workspace-data", "plasma/avatars/photos/Owl.png"),
+    ("plasma-workspace-data", "plasma/avatars/photos/Pancakes.png"),
+    ("plasma-workspace-data", "plasma/avatars/photos/Parrot.png"),
+    ("plasma-workspace-data", "plasma/avatars/photos/Pencils.png"),
+    ("plasma-workspace-data", "plasma/avatars/photos/Shuttle.png"),
+    ("plasma-workspace-data", "plasma/avatars/photos/Soccer.png"),
+    ("plasma-workspace-data", "plasma/avatars/photos/Sunflower.png"),
+    ("plasma-workspace-data", "plasma/avatars/photos/Sushi.png"),
+    ("tuxpaint-data", "tuxpaint/templates/cliff.jpg"),
+    ("tuxpaint-data", "tuxpaint/templates/corn_maze.jpg"),
+    ("tuxpaint-data", "tuxpaint/templates/jellyfish.jpg"),
+    ("tuxpaint-data", "tuxpaint/templates/lighthouse.jpg"),
+    ("tuxpaint-data", "tuxpaint/templates/mossy_log.jpg"),
+    ("tuxpaint-data", "tuxpaint/templates/ocean_waves.jpg"),
+    ("tuxpaint-data", "tuxpaint/templates/redwoods_above.jpg"),
+    ("tuxpaint-data", "tuxpaint/templates/rocks.jpg"),
+    ("tuxpaint-data", "tuxpaint/templates/sheep.jpg"),
+    ("tuxpaint-data", "tuxpaint/templates/spiders_web.jpg"),
+    ("tuxpaint-data", "tuxpaint/templates/sun_behind_clouds.jpg"),
+    ("tuxpaint-data", "tuxpaint/templates/sun_behind_leaves.jpg"),
+    ("tuxpaint-data", "tuxpaint/templates/trees_above.jpg"),
+    ("tuxpaint-data", "tuxpaint/templates/trees_at_dusk.jpg"),
+    ("tuxpaint-data", "tuxpaint/templates/wool_mill_machine.jpg"),
+)
 SHARE_DIR = "/usr/share"  # where the packages put their files; --share_dir: an unpacked copy
 CROSS_ROOT = SHARE_DIR
 _IMAGE_EXTS = (".jpg", ".jpeg", ".png")
@@ -344,6 +441,20 @@ def find_extra_sources(root: str = SHARE_DIR) -> list[tuple[str, str]]:
   return [(p, extra_name(p)) for p in paths if os.path.isfile(p)]
 
 
+def scenes_name(path: str) -> str:
+  """The written name of a scenes photo: 's_', its folder and its file's stem, spaces as '_'
+  (folders keep GNOME's `cat.jpg` and Plasma's `Cat.png` apart on any file system)."""
+  folder = os.path.basename(os.path.dirname(path))
+  stem = os.path.splitext(os.path.basename(path))[0].replace(" ", "_")
+  return f"s_{folder}_{stem}.jpg"
+
+
+def find_scenes_sources(root: str = SHARE_DIR) -> list[tuple[str, str]]:
+  """(source path, output file name) of every listed scenes photograph that is installed."""
+  paths = [os.path.join(root, rel) for _, rel in SCENES_PHOTOS]
+  return [(p, scenes_name(p)) for p in paths if os.path.isfile(p)]
+
+
 # The clockwise turn each written photo needs to stand upright, by its output name.
 TURNS = {people_name(rel): turn for _, rel, turn in PEOPLE_PHOTOS if turn}
 
@@ -355,6 +466,7 @@ _SET_PACKAGES = {
     "cross": " ".join(dict.fromkeys(package for package, _ in CROSS_PHOTOS)),
     "people": " ".join(dict.fromkeys(package for package, _, _ in PEOPLE_PHOTOS)),
     "extra": " ".join(dict.fromkeys(package for package, _ in EXTRA_PHOTOS)),
+    "scenes": " ".join(dict.fromkeys(package for package, _ in SCENES_PHOTOS)),
 }
 # The sets a student is judged on, never trained on: no training source may be written into them.
 TEST_ONLY_SETS = ("cross", "people")
@@ -366,6 +478,7 @@ PROMISED = {
     "cross": len(CROSS_PHOTOS),
     "people": len(PEOPLE_PHOTOS),
     "extra": len(EXTRA_PHOTOS),
+    "scenes": len(SCENES_PHOTOS),
 }
 
 
@@ -385,6 +498,8 @@ def set_sources(photo_set: str, share_dir: str = SHARE_DIR) -> list[tuple[str, s
     return find_people_sources(share_dir)
   if photo_set == "extra":
     return find_extra_sources(share_dir)
+  if photo_set == "scenes":
+    return find_scenes_sources(share_dir)
   dirs = (_under(d, share_dir) for d in (PLASMA_DIR, OPENCV_DIR, MATE_DIR))
   return find_sources(*dirs)
 
@@ -401,8 +516,9 @@ def missing_packages(photo_set: str, share_dir: str = SHARE_DIR) -> list[str]:
   if photo_set == "people":
     absent = [p for p, rel, _ in PEOPLE_PHOTOS if not os.path.isfile(os.path.join(share_dir, rel))]
     return list(dict.fromkeys(absent))
-  if photo_set == "extra":
-    absent = [p for p, rel in EXTRA_PHOTOS if not os.path.isfile(os.path.join(share_dir, rel))]
+  if photo_set in ("extra", "scenes"):
+    listed = EXTRA_PHOTOS if photo_set == "extra" else SCENES_PHOTOS
+    absent = [p for p, rel in listed if not os.path.isfile(os.path.join(share_dir, rel))]
     return list(dict.fromkeys(absent))
   counts = (
       (
@@ -472,7 +588,8 @@ def _parser() -> argparse.ArgumentParser:
       help="photos: the default folder's (plasma, opencv, mate); lomiri: a disjoint set; cross: "
       "photos of five other packages, to test a student on sources it never trained on; people: "
       "photos of people from two more packages, a test-only folder; extra: 74 more training photos "
-      "of seven other packages (Scratch's photographed backgrounds and more)",
+      "of seven other packages (Scratch's photographed backgrounds and more); scenes: 316 more of "
+      "four others (Endless Sky's landscapes, account photos, Tux Paint's templates)",
   )
   parser.add_argument("--max_side", type=int, default=1920, help="longer side at most (px)")
   parser.add_argument(
