@@ -99,6 +99,9 @@ TABLES: dict[str, Table] = {
     "data_study_full_count_fit": Table(
         (photos.DATA_STUDY,), photos.fit_by_count(photos.FULL_COUNT_ARMS)
     ),
+    "data_study_fit_shared": Table(
+        (photos.DATA_STUDY,), photos.fit_on_shared(photos.FULL_COUNT_ARMS, photos.README_ARM)
+    ),
     "data_study_count_fit": Table(
         (photos.DATA_STUDY,), photos.fit_by_count(photos.COUNT_ARMS, photos.COUNT_PHOTOS)
     ),

@@ -444,6 +444,8 @@ DATA_ARMS = (
         "82, full budget: the README's command (full-rank `align`, no teacher-forced term)",
     ),
     ("M21_10k", "21 mixed, full budget: the README's command on M21"),
+    ("MORE_10k", "156, full budget: the README's command on SDL and the 74 extra photos"),
+    ("MOST_10k", "472, full budget: the README's command on those and the 316 scenes photos"),
 )
 # The photo-count arms (1,600 images): nested mixes of the three sources (tools/mix_photos.py:
 # M10 ⊂ M21 ⊂ M40), and SDL, by the photos each trains on after its holdout.
@@ -455,7 +457,12 @@ COUNT_ARMS = (
 )
 COUNT_PHOTOS = {"M10_1600": 8, "M21": 17, "M40_1600": 32, "SDL": 68}
 # The two folders at the full budget (the README's command on each): by the photos each trains on.
-FULL_COUNT_ARMS = (("M21_10k", "17 (M21)"), ("SDL_tf0_10k_readme", "68 (SDL: the README's)"))
+FULL_COUNT_ARMS = (
+    ("M21_10k", "17 (M21)"),
+    ("SDL_tf0_10k_readme", "68 (SDL: the README's)"),
+    ("MORE_10k", "132 (SDL and the extra set)"),
+    ("MOST_10k", "391 (those and the scenes set)"),
+)
 COUNT_PAIRS = (
     ("M21_1600", "M10_1600", "17 → 8 photos"),
     ("M21_1600", "M40_1600", "17 → 32 photos"),
@@ -476,6 +483,8 @@ PEOPLE_PAIRS = (
         "SDL_df04_10k",
         "today's default → 4,000 + 6,000 images (`distill_fraction=0.4`)",
     ),
+    ("SDL_tf0_10k_readme", "MORE_10k", "today's default → trained on 132 photos (SDL + extra)"),
+    ("SDL_tf0_10k_readme", "MOST_10k", "today's default → trained on 391 photos (+ scenes)"),
 )
 # Paired comparisons on the same cross-source test photos: (reference, arm, what changed).
 PAIRS = (
@@ -483,6 +492,8 @@ PAIRS = (
     ("SDL_1600", "M21_1600", "1,600 images: SDL (68 photos, 4 sources) → M21 (17, 3)"),
     ("SDL_1600", "SDL_w3_1600", "1,600 images, SDL: linear → window=3 hybrid"),
     ("SDL_tf0_10k_readme", "M21_10k", "10,000 images: SDL (68 photos, the README's) → M21 (17)"),
+    ("SDL_tf0_10k_readme", "MORE_10k", "10,000 images: SDL (68 photos) → SDL + extra (132)"),
+    ("SDL_tf0_10k_readme", "MOST_10k", "10,000 images: SDL (68 photos) → + extra + scenes (391)"),
 )
 
 
@@ -563,6 +574,37 @@ def fit_by_count(
       lines.append(
           f"| {photos[name] if photos else label} | {sc:.3f} / {sp:.3f} | {cc:.3f} / {cp:.3f} "
           f"| {sc - cc:+.3f} / {sp - cp:+.3f} |"
+      )
+    return "\n".join(lines)
+
+  return render
+
+
+def fit_on_shared(arms: Sequence[tuple[str, str]], reference: str) -> Callable[[Load], str]:
+  """Per arm (runs `arms` of DATA_STUDY): cls / patch cosine of whole views at the base size on
+  the photos it trained on that `reference` trained on too (the per-photo seen figures of both),
+  and on its other training photos: whether a student trained on more photos fits the same photos
+  less closely (fit spread thinner) or as closely (a ceiling that is not the photos')."""
+
+  def render(load: Load) -> str:
+    study = load(DATA_STUDY)
+    size = _sizes(study[reference])[0]
+    ref_photos = set(_whole_row(study[reference]["seen"], size)["cls_cosine"]["per_photo"])
+    lines = [
+        f"| training photos | of them, the README run's too | on those, {size} px: cls / patch "
+        f"| its other training photos | on those: cls / patch |",
+        "|---|---|---|---|---|",
+    ]
+    for name, label in arms:
+      row = _whole_row(study[name]["seen"], size)
+      cls, patch = row["cls_cosine"]["per_photo"], row["patch_cosine"]["per_photo"]
+      shared = sorted(set(cls) & ref_photos)
+      other = sorted(set(cls) - ref_photos)
+      mean = lambda d, keys: sum(d[k] for k in keys) / len(keys)  # noqa: E731
+      rest = f"{mean(cls, other):.3f} / {mean(patch, other):.3f}" if other else "—"
+      lines.append(
+          f"| {label} | {len(shared)} | {mean(cls, shared):.3f} / {mean(patch, shared):.3f} "
+          f"| {len(other)} | {rest} |"
       )
     return "\n".join(lines)
 
