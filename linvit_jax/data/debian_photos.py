@@ -59,7 +59,7 @@ import argparse
 import glob
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from linvit_jax.runtime import errors
 from linvit_jax.runtime.errors import UserError
@@ -411,10 +411,17 @@ def cross_name(path: str) -> str:
   return f"x_{stem}.jpg"
 
 
+def _installed(
+    listed: Sequence[tuple[str, str]], root: str, name: Callable[[str], str]
+) -> list[tuple[str, str]]:
+  """(source path, output file name) of every listed (package, path under root) that is there."""
+  paths = [os.path.join(root, rel) for _, rel in listed]
+  return [(p, name(p)) for p in paths if os.path.isfile(p)]
+
+
 def find_cross_sources(root: str = CROSS_ROOT) -> list[tuple[str, str]]:
   """(source path, output file name) of every listed cross-source photograph that is installed."""
-  paths = [os.path.join(root, rel) for _, rel in CROSS_PHOTOS]
-  return [(p, cross_name(p)) for p in paths if os.path.isfile(p)]
+  return _installed(CROSS_PHOTOS, root, cross_name)
 
 
 def people_name(path: str) -> str:
@@ -422,37 +429,39 @@ def people_name(path: str) -> str:
   return f"p_{os.path.splitext(os.path.basename(path))[0]}.jpg"
 
 
+_PEOPLE_LISTED = tuple((package, rel) for package, rel, _ in PEOPLE_PHOTOS)
+
+
 def find_people_sources(root: str = SHARE_DIR) -> list[tuple[str, str]]:
   """(source path, output file name) of every listed people photograph that is installed."""
-  paths = [os.path.join(root, rel) for _, rel, _ in PEOPLE_PHOTOS]
-  return [(p, people_name(p)) for p in paths if os.path.isfile(p)]
+  return _installed(_PEOPLE_LISTED, root, people_name)
+
+
+def _folder_and_stem(path: str) -> str:
+  """'<folder>_<stem>' of a file, spaces as '_': the folder keeps two templates' `moon.jpg`, and
+  GNOME's `cat.jpg` and Plasma's `Cat.png` on a case-blind file system, apart."""
+  folder = os.path.basename(os.path.dirname(path))
+  stem = os.path.splitext(os.path.basename(path))[0].replace(" ", "_")
+  return f"{folder}_{stem}"
 
 
 def extra_name(path: str) -> str:
-  """The written name of an extra photo: 'e_', its folder and its file's stem (the folder keeps
-  two templates' `moon.jpg` apart)."""
-  folder = os.path.basename(os.path.dirname(path))
-  return f"e_{folder}_{os.path.splitext(os.path.basename(path))[0]}.jpg"
-
-
-def find_extra_sources(root: str = SHARE_DIR) -> list[tuple[str, str]]:
-  """(source path, output file name) of every listed extra photograph that is installed."""
-  paths = [os.path.join(root, rel) for _, rel in EXTRA_PHOTOS]
-  return [(p, extra_name(p)) for p in paths if os.path.isfile(p)]
+  """The written name of an extra photo: 'e_', its folder and its file's stem."""
+  return f"e_{_folder_and_stem(path)}.jpg"
 
 
 def scenes_name(path: str) -> str:
-  """The written name of a scenes photo: 's_', its folder and its file's stem, spaces as '_'
-  (folders keep GNOME's `cat.jpg` and Plasma's `Cat.png` apart on any file system)."""
-  folder = os.path.basename(os.path.dirname(path))
-  stem = os.path.splitext(os.path.basename(path))[0].replace(" ", "_")
-  return f"s_{folder}_{stem}.jpg"
+  """The written name of a scenes photo: 's_', its folder and its file's stem."""
+  return f"s_{_folder_and_stem(path)}.jpg"
 
 
-def find_scenes_sources(root: str = SHARE_DIR) -> list[tuple[str, str]]:
-  """(source path, output file name) of every listed scenes photograph that is installed."""
-  paths = [os.path.join(root, rel) for _, rel in SCENES_PHOTOS]
-  return [(p, scenes_name(p)) for p in paths if os.path.isfile(p)]
+# The sets listed file by file under /usr/share: their (package, path) pairs and written names.
+_LISTED_SETS = {
+    "cross": (CROSS_PHOTOS, cross_name),
+    "people": (_PEOPLE_LISTED, people_name),
+    "extra": (EXTRA_PHOTOS, extra_name),
+    "scenes": (SCENES_PHOTOS, scenes_name),
+}
 
 
 # The clockwise turn each written photo needs to stand upright, by its output name.
@@ -463,10 +472,10 @@ TURNS = {people_name(rel): turn for _, rel, turn in PEOPLE_PHOTOS if turn}
 _SET_PACKAGES = {
     "photos": "plasma-workspace-wallpapers opencv-doc mate-backgrounds",
     "lomiri": "lomiri-wallpapers",
-    "cross": " ".join(dict.fromkeys(package for package, _ in CROSS_PHOTOS)),
-    "people": " ".join(dict.fromkeys(package for package, _, _ in PEOPLE_PHOTOS)),
-    "extra": " ".join(dict.fromkeys(package for package, _ in EXTRA_PHOTOS)),
-    "scenes": " ".join(dict.fromkeys(package for package, _ in SCENES_PHOTOS)),
+    **{
+        name: " ".join(dict.fromkeys(package for package, _ in listed))
+        for name, (listed, _) in _LISTED_SETS.items()
+    },
 }
 # The sets a student is judged on, never trained on: no training source may be written into them.
 TEST_ONLY_SETS = ("cross", "people")
@@ -475,10 +484,7 @@ MATE_PHOTO_COUNT = 12  # the photographs mate-backgrounds ships in MATE_DIR (all
 PROMISED = {
     "photos": len(PLASMA_PHOTOS) + len(OPENCV_PHOTOS) + MATE_PHOTO_COUNT,
     "lomiri": len(LOMIRI_PHOTOS),
-    "cross": len(CROSS_PHOTOS),
-    "people": len(PEOPLE_PHOTOS),
-    "extra": len(EXTRA_PHOTOS),
-    "scenes": len(SCENES_PHOTOS),
+    **{name: len(listed) for name, (listed, _) in _LISTED_SETS.items()},
 }
 
 
@@ -492,14 +498,9 @@ def set_sources(photo_set: str, share_dir: str = SHARE_DIR) -> list[tuple[str, s
   """(source path, output file name) of the set's installed photographs under `share_dir`."""
   if photo_set == "lomiri":
     return find_lomiri_sources(_under(LOMIRI_DIR, share_dir))
-  if photo_set == "cross":
-    return find_cross_sources(_under(CROSS_ROOT, share_dir))
-  if photo_set == "people":
-    return find_people_sources(share_dir)
-  if photo_set == "extra":
-    return find_extra_sources(share_dir)
-  if photo_set == "scenes":
-    return find_scenes_sources(share_dir)
+  if photo_set in _LISTED_SETS:
+    listed, name = _LISTED_SETS[photo_set]
+    return _installed(listed, share_dir, name)
   dirs = (_under(d, share_dir) for d in (PLASMA_DIR, OPENCV_DIR, MATE_DIR))
   return find_sources(*dirs)
 
@@ -509,15 +510,8 @@ def missing_packages(photo_set: str, share_dir: str = SHARE_DIR) -> list[str]:
   if photo_set == "lomiri":
     found = find_lomiri_sources(_under(LOMIRI_DIR, share_dir))
     return [] if len(found) == len(LOMIRI_PHOTOS) else ["lomiri-wallpapers"]
-  if photo_set == "cross":
-    root = _under(CROSS_ROOT, share_dir)
-    absent = [p for p, rel in CROSS_PHOTOS if not os.path.isfile(os.path.join(root, rel))]
-    return list(dict.fromkeys(absent))
-  if photo_set == "people":
-    absent = [p for p, rel, _ in PEOPLE_PHOTOS if not os.path.isfile(os.path.join(share_dir, rel))]
-    return list(dict.fromkeys(absent))
-  if photo_set in ("extra", "scenes"):
-    listed = EXTRA_PHOTOS if photo_set == "extra" else SCENES_PHOTOS
+  if photo_set in _LISTED_SETS:
+    listed, _ = _LISTED_SETS[photo_set]
     absent = [p for p, rel in listed if not os.path.isfile(os.path.join(share_dir, rel))]
     return list(dict.fromkeys(absent))
   counts = (
