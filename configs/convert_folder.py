@@ -40,6 +40,10 @@ The student's linear attention:
   policy: the surgery policy (copy_all: the teacher's q/k/v/out start the student)
   softmax_layers: how many worst-linearizing layers go back to softmax after distillation
   softmax_pick: tf_cosine (lowest teacher-forced cosine) | sensitivity (largest end-to-end gain)
+  softmax_key_grid: g > 0: on a patch grid wider than g (a larger deploy size), the softmax
+    layers attend to the cls/register keys and the patch keys averaged to at most g x g blocks,
+    each weighted by its count: linear in tokens (e.g. res / patch, the grid they trained at;
+    0: every key)
 
 Training budget and the distillation stage:
   max_images: the training images of both stages together, at least `batch`
@@ -105,6 +109,7 @@ OPTIONS = dict(
     policy="copy_all",
     softmax_layers=0,
     softmax_pick="tf_cosine",
+    softmax_key_grid=0,
     pool="",
     batch=8,
     lr_distill=1e-3,
@@ -195,6 +200,7 @@ def get_config(arg=None):
       attention=attention,
       softmax_layers=arg.softmax_layers,
       softmax_pick=arg.softmax_pick,
+      softmax_key_grid=arg.softmax_key_grid,
   )
   c.surgery.policy = arg.policy
 

@@ -231,6 +231,12 @@ def check_softmax_layers(config: mlc.ConfigDict, depth: int | None) -> None:
     )
   if isinstance(k, bool) or not isinstance(k, int):
     raise ConfigError(f"config.student.softmax_layers={k!r}: expected a whole number of layers")
+  grid = config.student.get("softmax_key_grid", 0)
+  if isinstance(grid, bool) or not isinstance(grid, int) or grid < 0:
+    raise ConfigError(
+        f"config.student.softmax_key_grid={grid!r}: expected a grid side in patches >= 0 "
+        "(0: the softmax layers attend to every key)"
+    )
   if k < 0 or (depth and k >= depth):
     most = f"at most {depth - 1} for this {depth}-layer model" if depth else "at least 0"
     raise ConfigError(
@@ -431,6 +437,8 @@ _STAGE_FIELDS_ADDED = {
     "image_size": 0,
     "w_structure": 0.0,  # written only when on before 2026-12-06: absent and 0.0 are the same
 }
+# Student fields added after runs were recorded, likewise.
+_STUDENT_FIELDS_ADDED = {"softmax_key_grid": 0}
 _STAGE_BOOKKEEPING = (
     "checkpoint_every",
     "max_to_keep",
@@ -455,6 +463,8 @@ def check_same_run(workdir: str, config: mlc.ConfigDict) -> None:
   def get(tree: Any, key: str) -> Any:
     for part in key.split("."):
       tree = tree.get(part) if isinstance(tree, dict) else None
+    if isinstance(tree, dict) and key == "student":
+      tree = {**_STUDENT_FIELDS_ADDED, **tree}
     if isinstance(tree, dict) and key in new.get("stages", []):  # bookkeeping may change
       tree = {k: v for k, v in tree.items() if k not in _STAGE_BOOKKEEPING}
       # A run recorded before a stage field existed ran with that field's default; so did a

@@ -287,7 +287,11 @@ def _hybrid_swap(config, scorer, stage, student_model, student_params) -> tuple[
   else:
     layers = surgery.worst_layers(rows, k)
   student_model, student_params = surgery.to_softmax_layers(
-      scorer.teacher_params, student_model, student_params, layers
+      scorer.teacher_params,
+      student_model,
+      student_params,
+      layers,
+      key_grid=config.student.get("softmax_key_grid", 0),
   )
   stage.softmax_layers = layers
   logging.info(

@@ -411,3 +411,105 @@ def test_num_features_must_be_positive_and_sets_the_hedgehog_width():
       {"params": params}, x, mutable=["intermediates"]
   )
   assert state["intermediates"]["phi_k"][0].shape == (1, 5, 2, 16)  # 2 × width features
+
+
+# ---------------------------------------------------------------- pooled keys of a softmax layer
+
+
+def _pooled_reference(q, k, v, prefix, g):
+  """pooled_key_softmax_attention written out in float64: the blocks by index arithmetic."""
+  q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+  side = int(round((k.shape[1] - prefix) ** 0.5))
+  s = -(-side // g)
+  rows = np.arange(side) // s
+  block_of = (rows[:, None] * (-(-side // s)) + rows[None, :]).reshape(-1)
+  keys, values, log_count = [k[:, :prefix]], [v[:, :prefix]], [np.zeros(prefix)]
+  for m in range(block_of.max() + 1):
+    members = prefix + np.flatnonzero(block_of == m)
+    keys.append(k[:, members].mean(1, keepdims=True))
+    values.append(v[:, members].mean(1, keepdims=True))
+    log_count.append([np.log(len(members))])
+  keys, values = np.concatenate(keys, 1), np.concatenate(values, 1)
+  logits = np.einsum("bqhd,bkhd->bhqk", q / np.sqrt(q.shape[-1]), keys) + np.concatenate(log_count)
+  w = np.exp(logits - logits.max(-1, keepdims=True))
+  return np.einsum("bhqk,bkhd->bqhd", w / w.sum(-1, keepdims=True), values)
+
+
+@pytest.mark.parametrize(
+    "side,g,prefix", [(8, 4, 1), (7, 3, 1), (9, 4, 0), (10, 4, 5), (64, 16, 1)]
+)
+def test_pooled_key_softmax_equals_its_dense_definition(side, g, prefix):
+  """Blocks of ⌈side/g⌉² patches (smaller ones at the far edge when side is not a multiple),
+  mean keys and values, log-count on the logits, prefix keys whole."""
+  shape = (2, prefix + side * side, 2, 8)
+  q, k, v = (2.0 * jax.random.normal(jax.random.PRNGKey(i), shape) for i in range(3))
+  got = A.ops.pooled_key_softmax_attention(q, k, v, prefix, g)
+  np.testing.assert_allclose(np.asarray(got), _pooled_reference(q, k, v, prefix, g), atol=2e-5)
+
+
+def test_pooled_keys_are_softmax_on_small_grids_and_on_blockwise_equal_keys():
+  q, k, v = (jax.random.normal(jax.random.PRNGKey(i), (1, 1 + 16, 2, 8)) for i in range(3))
+  whole = A.ops.softmax_attention(q, k, v)
+  np.testing.assert_array_equal(A.ops.pooled_key_softmax_attention(q, k, v, 1, 4), whole)
+  # 2×2 blocks of equal keys and values: the count on each logit makes the pooled layer exact
+  # (without it the cls key would get 4× its share).
+  up = lambda x: jnp.repeat(jnp.repeat(x.reshape(1, 4, 4, 2, 8), 2, 1), 2, 2).reshape(1, 64, 2, 8)
+  k8, v8 = (jnp.concatenate([x[:, :1], up(x[:, 1:])], 1) for x in (k, v))
+  q8 = jax.random.normal(jax.random.PRNGKey(5), (1, 65, 2, 8))
+  np.testing.assert_allclose(
+      np.asarray(A.ops.pooled_key_softmax_attention(q8, k8, v8, 1, 4)),
+      np.asarray(A.ops.softmax_attention(q8, k8, v8)),
+      atol=1e-5,
+  )
+
+
+def test_key_grid_layer_is_linear_in_tokens_and_checked():
+  def temp_bytes(side):
+    x = jnp.zeros((1, 1 + side * side, 32))
+    layer = A.Attention(
+        num_heads=2, spec=A.AttentionSpec(kind="softmax", key_grid=8), num_prefix_tokens=1
+    )
+    params = layer.init(jax.random.PRNGKey(0), x)
+    return jax.jit(layer.apply).lower(params, x).compile().memory_analysis().temp_size_in_bytes
+
+  small, big = temp_bytes(16), temp_bytes(64)  # 257, 4097 tokens: 16×; full softmax: 256×
+  assert big < 32 * small, (small, big)
+  with pytest.raises(ValueError, match="key_grid must be >= 0"):
+    A.AttentionSpec(key_grid=-1)
+  with pytest.raises(ValueError, match="softmax kinds only"):
+    A.AttentionSpec(kind="linear", key_grid=4)
+  layer = A.Attention(num_heads=2, spec=A.AttentionSpec(key_grid=2), num_prefix_tokens=1)
+  with pytest.raises(ValueError, match="square patch grid"):
+    layer.init(jax.random.PRNGKey(0), jnp.zeros((1, 15, 32)))
+
+
+def test_hybrid_swap_carries_the_key_grid():
+  """A pooled softmax layer in a ViT: the swap sets its spec, and at a grid no wider than
+  key_grid the hybrid is exactly the one with every key."""
+  kw = dict(tiny_teacher.TINY, patch_size=(4, 4), posemb="sincos2d")  # any grid
+  images = jax.random.normal(jax.random.PRNGKey(3), (1, 16, 16, 3))  # a 4×4 grid
+  teacher = vit.Model(**kw)
+  student = vit.Model(**kw, attention="hedgehog_exp")
+  tp = teacher.init(jax.random.PRNGKey(0), images)["params"]
+  sp = student.init(jax.random.PRNGKey(1), images)["params"]
+  pooled, params = surgery.to_softmax_layers(tp, student, sp, [1], key_grid=4)
+  whole, _ = surgery.to_softmax_layers(tp, student, sp, [1])
+  specs = vit.layer_specs(pooled)
+  assert specs[1] == A.AttentionSpec(kind="softmax", key_grid=4) and specs[0].kind == "linear"
+  out = lambda m, x: np.asarray(m.apply({"params": params}, x)[0])  # noqa: E731
+  np.testing.assert_array_equal(out(pooled, images), out(whole, images))
+  big = jax.random.normal(jax.random.PRNGKey(4), (1, 32, 32, 3))  # 8×8: pooled 2×2 blocks
+  assert np.abs(out(pooled, big) - out(whole, big)).max() > 1e-6
+
+
+def test_pooled_keys_hold_at_bfloat16():
+  """bf16 q/k/v at 896 px's grid with large logits: block sums, scores, weights and the weighted
+  sum in float32, so the bf16 layer is the float32 layer on the same (rounded) inputs, up to the
+  output's own rounding."""
+  shape = (1, 1 + 64 * 64, 2, 16)
+  q, k, v = (8.0 * jax.random.normal(jax.random.PRNGKey(i), shape) for i in range(3))
+  q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+  bf16 = A.ops.pooled_key_softmax_attention(q, k, v, 1, 16)
+  f32 = A.ops.pooled_key_softmax_attention(*(x.astype(jnp.float32) for x in (q, k, v)), 1, 16)
+  assert bf16.dtype == jnp.bfloat16 and np.isfinite(np.asarray(bf16, np.float32)).all()
+  np.testing.assert_allclose(np.asarray(bf16, np.float32), np.asarray(f32), rtol=1e-2, atol=1e-2)

@@ -225,6 +225,16 @@ def test_softmax_layers_out_of_range(tmp_path):
   assert not os.path.exists(tmp_path / "w")
 
 
+def test_softmax_key_grid_out_of_range(tmp_path):
+  assert "softmax_key_grid=-2: expected a grid side in patches >= 0" in _option_error(
+      tmp_path, softmax_key_grid=-2
+  )
+  photos = _photos(tmp_path / "p2", 6)
+  config = _folder_config(photos, softmax_layers=1)
+  config.student.softmax_key_grid = -1  # set on the config itself: preflight names it
+  _refused(config, tmp_path / "w", "softmax_key_grid=-1", "expected a grid side in patches")
+
+
 def test_softmax_pick_typo_is_one_line(tmp_path):
   text = _option_error(tmp_path, softmax_pick="sensitive")
   assert "softmax_pick='sensitive'" in text and "'sensitivity'" in text

@@ -352,10 +352,17 @@ def base_config() -> mlc.ConfigDict:
   # softmax attention with the teacher's weights: a hybrid student; softmax_pick says which:
   # "tf_cosine" the k of lowest teacher-forced attention cosine, "sensitivity" the k whose
   # teacher attention, swapped into the student alone, brings its final tokens closest to the
-  # teacher's (evaluation/layer_swap.fix_gains: error that compounds counts). attention: the student's
-  # operator: a feature map (elu1, relu, hedgehog, hedgehog_exp, favor), a spec, or one per layer.
+  # teacher's (evaluation/layer_swap.fix_gains: error that compounds counts); softmax_key_grid:
+  # g > 0: those layers pool their patch keys to at most g×g on a larger grid (AttentionSpec
+  # key_grid: linear in tokens; 0: every key). attention: the student's operator: a feature map
+  # (elu1, relu, hedgehog, hedgehog_exp, favor), a spec, or one per layer.
   c.student = dict(
-      attention="elu1", init="", dont_load=(), softmax_layers=0, softmax_pick="tf_cosine"
+      attention="elu1",
+      init="",
+      dont_load=(),
+      softmax_layers=0,
+      softmax_pick="tf_cosine",
+      softmax_key_grid=0,
   )
   # policy: what surgery copies from the teacher: copy_same (all but attention), copy_all,
   # copy_attention_only, copy_none. calibrate: data-dependent out-projection init of fresh

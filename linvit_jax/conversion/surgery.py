@@ -457,15 +457,20 @@ def worst_layers(fidelity_rows: list[dict[str, float]], k: int) -> list[int]:
 
 
 def to_softmax_layers(
-    teacher_params: Any, student_model: Any, student_params: Any, layers: Sequence[int]
+    teacher_params: Any,
+    student_model: Any,
+    student_params: Any,
+    layers: Sequence[int],
+    key_grid: int = 0,
 ) -> tuple[Any, Any]:
   """The hybrid swap: the student with `layers` turned back into softmax attention holding the
-  teacher's q/k/v/out (their feature-map params dropped); other layers untouched."""
+  teacher's q/k/v/out (their feature-map params dropped), their patch keys pooled to at most
+  key_grid² on larger grids (0: every key); other layers untouched."""
   if layout.is_scanned(student_params):
     raise ConfigError("student.softmax_layers needs a per-block (scan=False) student")
   specs = list(vit.layer_specs(student_model))
   for l in layers:
-    specs[l] = attn_lib.AttentionSpec(kind="softmax")
+    specs[l] = attn_lib.AttentionSpec(kind="softmax", key_grid=key_grid)
   model = student_model.clone(attention=tuple(specs))
   params = dict(student_params)  # fresh containers along the edited paths; other leaves shared
   params["Transformer"] = dict(params["Transformer"])

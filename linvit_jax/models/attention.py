@@ -47,6 +47,12 @@ class AttentionSpec:
   favor_seed: int = 0
   favor_redraw: bool = False
   chunk_size: int = 512  # chunked_softmax only: keys per block
+  # softmax kinds only, g > 0: on a patch grid wider than g, the patch keys and values are
+  # averaged over s×s blocks to at most g×g, each logit raised by log(its block's count), beside
+  # the exact prefix keys (attention_ops.pooled_key_softmax_attention): O(N·g²). A softmax layer
+  # trained at a g×g grid then keeps its cost linear in tokens at larger sizes, and its keys
+  # cover the image as they did in training. 0: every key.
+  key_grid: int = 0
   # Levers inside a linear layer (each O(N)):
   exact_prefix_rows: bool = False  # the prefix tokens' queries (cls, registers) get exact softmax
   center_keys: bool = False  # keys centred per image and head before φ (softmax is shift-invariant)
@@ -79,6 +85,10 @@ class AttentionSpec:
       )
     if self.sinks < 0:
       raise ValueError(f"attention sinks must be >= 0 (0: off), got {self.sinks}")
+    if self.key_grid < 0:
+      raise ValueError(f"attention key_grid must be >= 0 (0: every key), got {self.key_grid}")
+    if self.key_grid and self.kind == "linear":
+      raise ValueError("attention key_grid applies to softmax kinds only, not to 'linear'")
     if self.num_features is not None and self.num_features <= 0:
       raise ValueError(
           f"attention num_features must be positive (None: the map's default), got "
@@ -183,7 +193,9 @@ class Attention(nn.Module):
     self.sow("intermediates", "k", k)
 
     spec = self.spec
-    if spec.kind == "softmax":
+    if spec.key_grid and spec.kind != "linear":
+      y = ops.pooled_key_softmax_attention(q, k, v, self.num_prefix_tokens, spec.key_grid)
+    elif spec.kind == "softmax":
       y = ops.softmax_attention(q, k, v)
     elif spec.kind == "chunked_softmax":
       y = ops.chunked_softmax_attention(q, k, v, spec.chunk_size)

@@ -3,6 +3,9 @@
   softmax_attention          softmax(q·kᵀ/√d) v, the order of ops of flax's MHA
   chunked_softmax_attention  the same by an online softmax over key blocks, with flash
                              attention's backward (O(N·block) memory)
+  pooled_key_softmax_attention  softmax over the prefix keys and the patch keys averaged over
+                             s×s blocks of the grid, each weighted by its count: O(N·g²) for a
+                             grid of at most g×g pooled keys
   linear_attention           φ(q)(φ(k)ᵀv) / (φ(q)(φ(k)ᵀ1) + ε), sums in float32
 
 and their O(N²) weight views for losses and tests (`softmax_weights`, `linear_weights`),
@@ -26,6 +29,49 @@ def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
   weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
   return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+
+
+def pooled_key_softmax_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, prefix: int, key_grid: int
+) -> jax.Array:
+  """Softmax attention of every query over the `prefix` keys and the patch keys pooled to at most
+  key_grid × key_grid: O(Nq·(prefix + key_grid²)) instead of O(Nq·Nk).
+
+  A grid wider than key_grid is cut into s×s blocks, s = ⌈side / key_grid⌉ (the last row and
+  column of blocks may hold fewer patches); a block's key and value are its patches' means, and
+  its logit is raised by log(count): for a block of equal keys that is exactly the mass its
+  patches have under full softmax, so the prefix keys (cls, registers: the teacher's sinks) keep
+  their share of attention at any size. A grid of at most key_grid patches a side is left whole
+  (plain softmax). The patch grid must be square.
+  """
+  b, nk, h, d = k.shape
+  side = int(round((nk - prefix) ** 0.5))
+  if side * side != nk - prefix:
+    raise ValueError(f"key_grid needs a square patch grid; got {nk - prefix} patch tokens")
+  if side <= key_grid:
+    return softmax_attention(q, k, v)
+  s = -(-side // key_grid)
+  blocks = -(-side // s)
+  pad = blocks * s - side
+
+  def block_sums(x):  # [B, side², H, D] -> [B, blocks², H, D]
+    x = x.reshape(b, side, side, *x.shape[2:])
+    x = jnp.pad(x, ((0, 0), (0, pad), (0, pad)) + ((0, 0),) * (x.ndim - 3))
+    x = x.reshape(b, blocks, s, blocks, s, *x.shape[3:]).sum(axis=(2, 4))
+    return x.reshape(b, blocks * blocks, *x.shape[3:])
+
+  f32 = jnp.float32
+  per_axis = np.minimum(s, side - s * np.arange(blocks))  # patches per block along one axis
+  count = np.outer(per_axis, per_axis).reshape(-1).astype(np.float32)  # [M], static
+  pooled = lambda x: block_sums(x[:, prefix:].astype(f32)) / count[:, None, None]  # noqa: E731
+  keys = jnp.concatenate([k[:, :prefix].astype(f32), pooled(k)], axis=1)
+  values = jnp.concatenate([v[:, :prefix].astype(f32), pooled(v)], axis=1)
+  log_count = jnp.asarray(np.concatenate([np.zeros(prefix, np.float32), np.log(count)]))
+  # Pooled keys and values, scores, weights and the weighted sum in float32 whatever the dtype:
+  # a pooled key stands for up to s² patches, so its rounding moves s² patches' weight at once.
+  logits = einsum_f32("bqhd,bkhd->bhqk", q, keys) / np.sqrt(d) + log_count
+  weights = jax.nn.softmax(logits, axis=-1)
+  return einsum_f32("bhqk,bkhd->bqhd", weights, values).astype(v.dtype)
 
 
 def softmax_weights(q: jax.Array, k: jax.Array, temperature: float = 1.0) -> jax.Array:

@@ -1,6 +1,7 @@
 """What the studies' command lines share: an argument parser whose errors are one line, the photos
-of a folder, writing an output file (one line when it cannot be written), and a model's params
-at another input size. studies/compounding.py and studies/window_share.py use them.
+of a folder, writing an output file (one line when it cannot be written), a teacher checkpoint
+on its own, and a model's params at another input size. The studies (compounding, window_share,
+key_pooling) use them.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
+import jax
 import numpy as np
 
+from linvit_jax import build
 from linvit_jax.evaluation import photo_eval
+from linvit_jax.models import vit
 from linvit_jax.models import vit_checkpoint
 from linvit_jax.runtime import errors
 from linvit_jax.runtime.errors import UserError
@@ -52,6 +56,25 @@ def write_json(results: Mapping[str, Any], path: str) -> None:
     json.dump(results, f, indent=1)
 
 
+def load_teacher(init: str, res: int) -> tuple[Any, Any, str]:
+  """(model, params, values pp) of a teacher checkpoint alone, as convert_folder reads it: the
+  architecture its checkpoint decides (exact GELU unless the source declares one), softmax
+  attention, params at `res` px, and its declared normalisation (else ImageNet's) after decode."""
+  record = build.read_checkpoint(init)
+  fields = vit_checkpoint.model_config_from_init({"gelu_approximate": False}, record)
+  fields.pop("variant")
+  teacher = vit.Model(**fields, attention="softmax")
+  channels = vit_checkpoint.input_channels(record)
+  images = np.zeros((1, res, res, channels), np.float32)
+  shapes = jax.eval_shape(teacher.init, jax.random.PRNGKey(0), images)
+  params = vit_checkpoint.load_vit_params(shapes["params"], record, fields)
+  norm = build.norm_op(vit_checkpoint.infer_vit_config(record).get("preprocessing"), False, init)
+  pp = f"decode|{norm}"
+  if channels != 3:
+    pp = build.decode_channels(pp, channels, "--teacher", init)
+  return teacher, params, pp
+
+
 def params_at(params: Any, patch: Sequence[int], trained: Sequence[int], size: int) -> Any:
   """`params` with the position table resampled from the training grid (`trained` px; the
   table's square grid when it is not that grid's) to `size` px's, as load_student does."""
@@ -64,21 +87,23 @@ def params_at(params: Any, patch: Sequence[int], trained: Sequence[int], size: i
 def run_and_report(
     args: argparse.Namespace,
     run: Callable[[argparse.Namespace], Mapping[str, Any]],
-    plot: Callable[[Mapping[str, Any], str], Any],
+    plot: Callable[[Mapping[str, Any], str], Any] | None,
     format_table: Callable[[Mapping[str, Any]], str],
 ) -> int:
-  """A study's CLI after parsing: run it, write --out (JSON) and --plot, print its table and what
-  it wrote; a UserError is one line and exit status 2 (errors.say)."""
+  """A study's CLI after parsing: run it, write --out (JSON) and --plot (a study without a plot
+  passes None and has no --plot), print its table and what it wrote; a UserError is one line
+  and exit status 2 (errors.say)."""
+  plot_path = getattr(args, "plot", "") if plot else ""
   try:
     results = run(args)
     if args.out:
       write(args.out, "--out", functools.partial(write_json, results))
-    if args.plot:
-      write(args.plot, "--plot", functools.partial(plot, results))
+    if plot_path:
+      write(plot_path, "--plot", functools.partial(plot, results))
   except UserError as e:
     return errors.say(e)
   print(format_table(results))
-  for path in (args.out, args.plot):
+  for path in (args.out, plot_path):
     if path:
       print(f"wrote {path}")
   return 0

@@ -59,7 +59,6 @@ import jax.numpy as jnp
 import numpy as np
 
 import linvit_jax
-from linvit_jax import build
 from linvit_jax import compare
 from linvit_jax.data import inference_pp
 from linvit_jax.evaluation import evaluate
@@ -71,7 +70,6 @@ from linvit_jax.models import exact_set
 from linvit_jax.models import grid_tiles
 from linvit_jax.models import probe
 from linvit_jax.models import vit
-from linvit_jax.models import vit_checkpoint
 from linvit_jax.studies import study_cli
 
 MASSES = ("window", "prefix", "sinks", "exact")
@@ -248,20 +246,7 @@ def _teacher_only(args: argparse.Namespace) -> _Models:
         f"--window {args.window} --sinks {args.sinks}: expected an odd window (0: none) and "
         "sinks >= 0"
     )
-  record = build.read_checkpoint(args.teacher)
-  fields = vit_checkpoint.model_config_from_init({"gelu_approximate": False}, record)
-  fields.pop("variant")
-  teacher = vit.Model(**fields, attention="softmax")
-  channels = vit_checkpoint.input_channels(record)
-  images = np.zeros((1, args.res, args.res, channels), np.float32)
-  shapes = jax.eval_shape(teacher.init, jax.random.PRNGKey(0), images)
-  params = vit_checkpoint.load_vit_params(shapes["params"], record, fields)
-  norm = build.norm_op(
-      vit_checkpoint.infer_vit_config(record).get("preprocessing"), False, args.teacher
-  )
-  pp = f"decode|{norm}"
-  if channels != 3:
-    pp = build.decode_channels(pp, channels, "--teacher", args.teacher)
+  teacher, params, pp = study_cli.load_teacher(args.teacher, args.res)
   res = (args.res, args.res)
   return _Models(teacher, params, None, res, pp, args.window, args.sinks or 0, args.res)
 
