@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linvit_jax.models import attention as attn_lib
+from linvit_jax.models import attention_ops
 from linvit_jax.models.variants import decode_variant
 
 REFERENCE = "matmul"  # case name of the reference matmul inside every timing group
@@ -146,7 +147,11 @@ def num_features(spec: attn_lib.AttentionSpec, head_dim: int) -> int:
 def attention_core_flops(spec: attn_lib.AttentionSpec, n: int, heads: int, head_dim: int) -> float:
   """Forward FLOPs of `attend(q, k, v)` (plus the feature maps) for one image of n tokens."""
   if spec.kind in ("softmax", "chunked_softmax"):
-    return 2 * 2.0 * n * n * heads * head_dim  # q·kᵀ and weights·v
+    keys = n
+    side = int(round((n - 1) ** 0.5))  # a cls token and a square grid
+    if spec.key_grid and side * side == n - 1:  # the cls key and the pooled patch keys
+      keys = 1 + attention_ops.pooled_grid_side(side, spec.key_grid) ** 2
+    return 2 * 2.0 * n * keys * heads * head_dim  # q·kᵀ and weights·v
   f = num_features(spec, head_dim)
   core = 2 * 2.0 * n * heads * f * head_dim + 2 * 2.0 * n * heads * f  # φ(k)ᵀv, φ(q)·kv; sums
   if spec.feature_map == "hedgehog":

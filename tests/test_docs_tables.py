@@ -114,6 +114,15 @@ def test_flop_ratio_of_a_wider_map_a_hybrid_and_a_window():
   exact = 4.0 * ((n - 1) * 10 + n) * d
   window = docs_tables_runs.flop_ratio(size, window=3)
   assert window == pytest.approx(12 * softmax / (linear + 12 * exact))
+  # one softmax layer with its 64×64 patch keys pooled to 32×32 (key_grid=32) or 16×16: it
+  # scores the cls key and 1,024 or 256 pooled keys instead of all n
+  for grid, keys in ((32, 1 + 32 * 32), (16, 1 + 16 * 16)):
+    pooled = dense + 4.0 * n * keys * d
+    got = docs_tables_runs.flop_ratio(size, softmax_layers=1, key_grid=grid)
+    assert got == pytest.approx(12 * softmax / (pooled + linear * 11 / 12))
+  assert docs_tables_runs.flop_ratio(224, softmax_layers=1, key_grid=16) == pytest.approx(
+      docs_tables_runs.flop_ratio(224, softmax_layers=1)  # a 16×16 grid is left whole
+  )
 
 
 def test_pareto_marks_the_runs_no_other_of_their_budget_beats():

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from linvit_jax.models import attention_ops
 from linvit_jax.models import checkpoints
 from linvit_jax.models import vit
 from linvit_jax.studies import key_pooling
@@ -19,7 +20,7 @@ from tests.helpers import tiny_teacher
     [(16, 16, 16), (32, 16, 16), (64, 16, 16), (64, 32, 32), (10, 4, 4), (9, 4, 3)],
 )
 def test_pooled_side_is_the_operators_block_grid(grid, key_grid, side):
-  assert key_pooling.pooled_side(grid, key_grid) == side
+  assert attention_ops.pooled_grid_side(grid, key_grid) == side
 
 
 @pytest.fixture(scope="module")

@@ -136,14 +136,17 @@ def flop_ratio(
     softmax_layers: int = 0,
     window: int = 0,
     depth: int = 12,
+    key_grid: int = 0,
 ) -> float:
   """Teacher ÷ student FLOPs of a ViT-S/14's `depth` blocks (the default student: the ratio of
   one block's). The student: hedgehog_exp layers (hedgehog's shapes) `num_features` wide (None:
   the head dim), `softmax_layers` of them softmax, and with `window` w > 0 each linear layer's
   exact w×w neighbourhood and cls row besides (scored, then mixed: q·k and weights·v on w² + 1
-  keys a patch, and the cls query over every key)."""
+  keys a patch, and the cls query over every key); `key_grid` g > 0: the softmax layers score
+  the cls key and the patch keys pooled to at most g×g (AttentionSpec.key_grid)."""
   tokens = bench_common.tokens_for(image_size, VITS14["patch"])
   softmax = attention_lib.AttentionSpec(kind="softmax")
+  kept = attention_lib.AttentionSpec(kind="softmax", key_grid=key_grid)  # the hybrid's layers
   linear = attention_lib.AttentionSpec(
       kind="linear", feature_map="hedgehog", num_features=num_features
   )
@@ -153,7 +156,7 @@ def flop_ratio(
     linear_block += 2 * 2.0 * exact_keys * VITS14["width"]  # every head: width = heads · head dim
   teacher = depth * _block_flops(softmax, tokens)
   return teacher / (
-      softmax_layers * _block_flops(softmax, tokens) + (depth - softmax_layers) * linear_block
+      softmax_layers * _block_flops(kept, tokens) + (depth - softmax_layers) * linear_block
   )
 
 

@@ -31,6 +31,15 @@ def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
 
 
+def pooled_grid_side(side: int, key_grid: int) -> int:
+  """The side of the pooled key grid of a side×side patch grid: side itself when it is no wider
+  than key_grid, else ⌈side / s⌉ blocks of s = ⌈side / key_grid⌉ patches."""
+  if side <= key_grid:
+    return side
+  s = -(-side // key_grid)
+  return -(-side // s)
+
+
 def pooled_key_softmax_attention(
     q: jax.Array, k: jax.Array, v: jax.Array, prefix: int, key_grid: int
 ) -> jax.Array:
@@ -51,7 +60,7 @@ def pooled_key_softmax_attention(
   if side <= key_grid:
     return softmax_attention(q, k, v)
   s = -(-side // key_grid)
-  blocks = -(-side // s)
+  blocks = pooled_grid_side(side, key_grid)
   pad = blocks * s - side
 
   def block_sums(x):  # [B, side², H, D] -> [B, blocks², H, D]

@@ -42,6 +42,7 @@ from linvit_jax.evaluation import layer_swap
 from linvit_jax.evaluation import photo_eval
 from linvit_jax.evaluation import photo_tokens
 from linvit_jax.models import attention as attn_lib
+from linvit_jax.models import attention_ops
 from linvit_jax.studies import study_cli
 
 EVERY = "every"  # the row of every layer pooled at once
@@ -57,14 +58,6 @@ def pooled(model: Any, layers: list[int], key_grid: int) -> Any:
   for l in layers:
     specs[l] = attn_lib.AttentionSpec(kind="softmax", key_grid=key_grid)
   return model.clone(attention=tuple(specs))
-
-
-def pooled_side(grid: int, key_grid: int) -> int:
-  """The side of the pooled key grid (attention_ops.pooled_key_softmax_attention's blocks)."""
-  if grid <= key_grid:
-    return grid
-  s = -(-grid // key_grid)
-  return -(-grid // s)
 
 
 def parse_layers(text: str, depth: int) -> list[int | str]:
@@ -140,7 +133,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               "factor": factor,
               "grid": grid,
               "key_grid": key_grid,
-              "pooled_to": pooled_side(grid, key_grid),
+              "pooled_to": attention_ops.pooled_grid_side(grid, key_grid),
               "upsampled": upsampled["whole"],
               "layers": layer_rows(teacher, at, views["whole"], layers, key_grid, batch),
           }
