@@ -148,7 +148,7 @@ def attention_core_flops(spec: attn_lib.AttentionSpec, n: int, heads: int, head_
   """Forward FLOPs of `attend(q, k, v)` (plus the feature maps) for one image of n tokens."""
   if spec.kind in ("softmax", "chunked_softmax"):
     keys = n
-    side = int(round((n - 1) ** 0.5))  # a cls token and a square grid
+    side = int(round((n - 1) ** 0.5))  # counted for one cls token and a square grid, else all n
     if spec.key_grid and side * side == n - 1:  # the cls key and the pooled patch keys
       keys = 1 + attention_ops.pooled_grid_side(side, spec.key_grid) ** 2
     return 2 * 2.0 * n * keys * heads * head_dim  # q·kᵀ and weights·v

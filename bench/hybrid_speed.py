@@ -70,7 +70,7 @@ def build(case: str, px: int, dims: dict[str, int], layer: int) -> Any:
       attention=specs(case, dims["depth"], layer),
   )
   x = jax.random.normal(jax.random.PRNGKey(0), (1, px, px, 3))
-  params = model.init(jax.random.PRNGKey(1), x)["params"]
+  params = jax.jit(model.init)(jax.random.PRNGKey(1), x)["params"]
   fwd = jax.jit(lambda p, x: model.apply({"params": p}, x)[0]).lower(params, x).compile()
   return lambda: fwd(params, x)
 

@@ -438,7 +438,7 @@ _STAGE_FIELDS_ADDED = {
     "w_structure": 0.0,  # written only when on before 2026-12-06: absent and 0.0 are the same
 }
 # Student fields added after runs were recorded, likewise.
-_STUDENT_FIELDS_ADDED = {"softmax_key_grid": 0}
+_STUDENT_FIELDS_ADDED = {"softmax_pick": "tf_cosine", "softmax_key_grid": 0}
 _STAGE_BOOKKEEPING = (
     "checkpoint_every",
     "max_to_keep",

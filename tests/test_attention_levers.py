@@ -417,12 +417,12 @@ def test_num_features_must_be_positive_and_sets_the_hedgehog_width():
 
 
 def _pooled_reference(q, k, v, prefix, g):
-  """pooled_key_softmax_attention written out in float64: the blocks by index arithmetic."""
+  """pooled_key_softmax_attention written out in float64: patch j of an axis is in block
+  ⌈g·(j + 1) / side⌉ - 1 (the same runs as ⌊i·side/g⌋ … ⌊(i+1)·side/g⌋ - 1, by another rule)."""
   q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
   side = int(round((k.shape[1] - prefix) ** 0.5))
-  s = -(-side // g)
-  rows = np.arange(side) // s
-  block_of = (rows[:, None] * (-(-side // s)) + rows[None, :]).reshape(-1)
+  rows = -(-g * (np.arange(side) + 1) // side) - 1
+  block_of = (rows[:, None] * g + rows[None, :]).reshape(-1)
   keys, values, log_count = [k[:, :prefix]], [v[:, :prefix]], [np.zeros(prefix)]
   for m in range(block_of.max() + 1):
     members = prefix + np.flatnonzero(block_of == m)
@@ -496,7 +496,7 @@ def test_hybrid_swap_carries_the_key_grid():
   whole, _ = surgery.to_softmax_layers(tp, student, sp, [1])
   specs = vit.layer_specs(pooled)
   assert specs[1] == A.AttentionSpec(kind="softmax", key_grid=4) and specs[0].kind == "linear"
-  out = lambda m, x: np.asarray(m.apply({"params": params}, x)[0])  # noqa: E731
+  out = lambda m, x: np.asarray(jax.jit(m.apply)({"params": params}, x)[0])  # noqa: E731
   np.testing.assert_array_equal(out(pooled, images), out(whole, images))
   big = jax.random.normal(jax.random.PRNGKey(4), (1, 32, 32, 3))  # 8×8: pooled 2×2 blocks
   assert np.abs(out(pooled, big) - out(whole, big)).max() > 1e-6

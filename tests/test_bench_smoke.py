@@ -206,17 +206,18 @@ def test_window_speed_bench_at_a_tiny_grid(tmp_path):
 
 
 def test_hybrid_speed_bench_at_a_tiny_size(tmp_path):
-  # Every whole-model case of the hybrid bench (Ti/14 at 56 px: 17 tokens), timed against the
-  # teacher in the same rounds.
+  # Every whole-model case of the hybrid bench (mu/14 at 56 px: 17 tokens, its one layer the
+  # softmax one), timed against the teacher in the same rounds.
   from bench import hybrid_speed
 
   out = tmp_path / "hybrid_speed.json"
-  result = hybrid_speed.main(["--px", "56", "--variant", "Ti/14", "--reps", "1", "--out", str(out)])
+  argv = ["--px", "56", "--variant", "mu/14", "--layer", "0", "--reps", "1", "--out", str(out)]
+  result = hybrid_speed.main(argv)
   rows = {r["case"]: r for r in result["rows"]}
   assert list(rows) == list(hybrid_speed.CASES) and rows["teacher"]["speedup"] == 1.0
   assert all(r["s"] > 0 and r["speedup"] > 0 and r["tokens"] == 17 for r in rows.values())
   specs = hybrid_speed.specs("hybrid_keys16", 12, 4)
   assert specs[4].key_grid == 16 and specs[3].kind == "linear" and specs[3].conv_v
   assert "| 56 | 17 | hybrid_keys32 |" in hybrid_speed.table(json.loads(out.read_text()))
-  with pytest.raises(SystemExit, match="has 12 layers"):
-    hybrid_speed.main(["--layer", "12", "--out", str(out)])
+  with pytest.raises(SystemExit, match="has 1 layers"):
+    hybrid_speed.main(["--variant", "mu/14", "--layer", "1", "--out", str(out)])

@@ -259,10 +259,32 @@ def test_card_of_a_surgery_only_export_and_knn_skipped(tmp_path):
   assert cfg["fidelity"]["knn_skipped"] == why and cfg["recipe"]["stages"] == []
 
 
+def test_attention_json_of_a_hybrid_with_and_without_pooled_keys():
+  """What student_config.json records per layer: a plain softmax layer as the bare name, a pooled
+  one with its key_grid; either parses back to the same specs."""
+  from linvit_jax.models import attention as attn_lib
+  from linvit_jax.models import vit
+
+  linear = attn_lib.AttentionSpec(kind="linear", feature_map="hedgehog", conv_v=True)
+  for softmax, recorded in (
+      (attn_lib.AttentionSpec(kind="softmax"), "softmax"),
+      (attn_lib.AttentionSpec(kind="softmax", key_grid=16), {"key_grid": 16}),
+  ):
+    model = vit.Model(num_classes=None, depth=2, attention=(softmax, linear))
+    got = export_folder.attention_json(model)
+    first = got[0] if recorded == "softmax" else {k: got[0][k] for k in recorded}
+    assert first == recorded and got[1]["conv_v"] is True
+    assert attn_lib.parse_layer_specs(got, 2) == (softmax, linear)
+
+
 def test_card_of_a_classifier_and_a_hybrid():
   assert (
       model_card.describe_attention(["softmax", "hedgehog", "hedgehog"], 3)
       == "layer 0: softmax attention; layers 1–2: linear attention with the hedgehog feature map"
+  )
+  pooled = {"kind": "softmax", "key_grid": 16}
+  assert model_card.describe_attention([pooled, "hedgehog", "hedgehog"], 3).startswith(
+      "layer 0: softmax attention, its patch keys pooled to 16×16 blocks on wider grids; "
   )
   cfg = {
       "model": {"num_classes": 10, "depth": 3, "attention": ["softmax", "elu1", "elu1"]},

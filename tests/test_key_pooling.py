@@ -17,7 +17,7 @@ from tests.helpers import tiny_teacher
 
 @pytest.mark.parametrize(
     "grid,key_grid,side",
-    [(16, 16, 16), (32, 16, 16), (64, 16, 16), (64, 32, 32), (10, 4, 4), (9, 4, 3)],
+    [(16, 16, 16), (32, 16, 16), (64, 16, 16), (64, 32, 32), (10, 4, 4), (9, 4, 4), (17, 16, 16)],
 )
 def test_pooled_side_is_the_operators_block_grid(grid, key_grid, side):
   assert attention_ops.pooled_grid_side(grid, key_grid) == side
@@ -65,7 +65,9 @@ def test_cli_errors_are_one_line(teacher_and_photos, capsys):
   assert key_pooling.main([*argv, "--layers", "2"]) == 2
   assert "--layers '2': the teacher has layers 0..1" in capsys.readouterr().err
   assert key_pooling.main([*argv, "--grids", "0"]) == 2
-  assert "--grids '0': expected grid sides >= 1" in capsys.readouterr().err
+  assert "--grids '0': expected numbers > 0 such as 16,32" in capsys.readouterr().err
+  assert key_pooling.main([*argv, "--grids", "16,x"]) == 2
+  assert "--grids '16,x': expected numbers such as 16,32" in capsys.readouterr().err
   assert key_pooling.main([*argv, "--factors", "1.1"]) == 2
   err = capsys.readouterr().err
   assert "not a multiple of the patch" in err and err.count("\n") == 1

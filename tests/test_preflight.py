@@ -217,3 +217,17 @@ def test_fields_at_their_off_value_resume_a_run_recorded_before_they_were_writte
     config_lib.align_stage(steps=2, batch_size=2, w_structure=-1.0)
   with pytest.raises(ValueError, match="distill_attention stage has no field w_structure"):
     config_lib.stage("distill_attention", steps=2, batch_size=2, lr=1e-3, w_structure=1.0)
+
+
+def test_student_fields_added_later_resume_at_their_default(tmp_path):
+  """A run recorded before student.softmax_pick (2026-12-06) and softmax_key_grid (2026-12-07)
+  existed ran with their defaults: the same run; a pooled hybrid is another."""
+  config = config_lib.base_config()
+  recorded = json.loads(config.to_json_best_effort())
+  for field in ("softmax_pick", "softmax_key_grid"):
+    recorded["student"].pop(field)
+  (tmp_path / "config.json").write_text(json.dumps(recorded))
+  preflight.check_same_run(str(tmp_path), config)
+  config.student.softmax_key_grid = 16
+  with pytest.raises(ConfigError, match=r"student.softmax_key_grid: 0 there, 16 now"):
+    preflight.check_same_run(str(tmp_path), config)

@@ -51,6 +51,12 @@ def test_runs_at_any_multiple_of_the_patch(folder, photos, tmp_path):
     student.encode(photos[:1], image_size=(24, 32))
   plain = linvit_jax.load_student(make_export(tmp_path, attention="hedgehog"))
   assert plain.encode(photos[:1], image_size=(24, 32)).shape == (1, 32)
+  # a hybrid whose softmax layer pools its keys: a 6×8 grid would be pooled as if square
+  hybrid = ["hedgehog", {"kind": "softmax", "key_grid": 2}]
+  pooled = linvit_jax.load_student(make_export(tmp_path / "pooled", attention=hybrid))
+  with pytest.raises(export_format.ExportError, match=r"pooled softmax keys \(key_grid\) needs"):
+    pooled.encode(photos[:1], image_size=(24, 32))
+  assert pooled.encode(photos[:1], image_size=32).shape == (1, 32)
   at_32 = linvit_jax.load_student(folder, image_size=32)
   assert at_32.image_size == (32, 32) and at_32.training_size == (16, 16)
   np.testing.assert_allclose(at_32.tokens(photos[:2]), tokens, rtol=1e-5, atol=1e-5)

@@ -270,10 +270,15 @@ def _test_row(r: Mapping[str, Any]) -> str:
 
 
 def _describe_spec(spec: attn_lib.AttentionSpec) -> str:
+  pooled = (
+      f", its patch keys pooled to {spec.key_grid}×{spec.key_grid} blocks on wider grids"
+      if spec.key_grid
+      else ""
+  )
   if spec.kind == "softmax":
-    return "softmax attention"
+    return "softmax attention" + pooled
   if spec.kind == "chunked_softmax":
-    return "softmax attention (computed in chunks)"
+    return "softmax attention (computed in chunks)" + pooled
   levers = [
       ("center_keys", "centred keys"),
       ("conv_v", "a depthwise convolution on values"),

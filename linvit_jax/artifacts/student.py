@@ -187,11 +187,21 @@ class Student:
 
   def _check(self, size: Any) -> tuple[int, int]:
     size = check_size(size, self.patch)
-    if size[0] != size[1] and any(s.conv_v for s in vit.layer_specs(self.model)):
-      raise ExportError(
-          f"image size {size[0]}×{size[1]}: this student's convolution on values (conv_v) needs "
-          "a square patch grid; use a square size"
-      )
+    if size[0] != size[1]:
+      needs = [
+          what
+          for what, used in (
+              ("convolution on values (conv_v)", lambda s: s.conv_v),
+              ("exact window (window)", lambda s: s.window),
+              ("pooled softmax keys (key_grid)", lambda s: s.key_grid),
+          )
+          if any(used(s) for s in vit.layer_specs(self.model))
+      ]
+      if needs:
+        raise ExportError(
+            f"image size {size[0]}×{size[1]}: this student's {' and '.join(needs)} needs a "
+            "square patch grid; use a square size"
+        )
     return size
 
   def _size(self, image_size: Any) -> tuple[int, int]:

@@ -7,6 +7,8 @@ aggregation `attend(q, k, v)`:
 
   softmax          softmax(q·kᵀ/√d) v                                   O(N²) time and memory
   chunked_softmax  the same, online softmax over key blocks              O(N²) time, O(N·block) memory
+  softmax with key_grid g: over the prefix keys and the patch keys         O(N·g²) time and memory
+                   pooled to g×g blocks (each logit + log of its count)
   linear           φ(q)(φ(k)ᵀv) / (φ(q)(φ(k)ᵀ1) + ε)                     O(N) time and memory
 
 The post-projection q and k are sown into the 'intermediates' collection when it is mutable, which

@@ -4,8 +4,7 @@
   chunked_softmax_attention  the same by an online softmax over key blocks, with flash
                              attention's backward (O(N·block) memory)
   pooled_key_softmax_attention  softmax over the prefix keys and the patch keys averaged over
-                             s×s blocks of the grid, each weighted by its count: O(N·g²) for a
-                             grid of at most g×g pooled keys
+                             g×g blocks of the grid, each weighted by its count: O(N·g²)
   linear_attention           φ(q)(φ(k)ᵀv) / (φ(q)(φ(k)ᵀ1) + ε), sums in float32
 
 and their O(N²) weight views for losses and tests (`softmax_weights`, `linear_weights`),
@@ -33,25 +32,31 @@ def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
 
 def pooled_grid_side(side: int, key_grid: int) -> int:
   """The side of the pooled key grid of a side×side patch grid: side itself when it is no wider
-  than key_grid, else ⌈side / s⌉ blocks of s = ⌈side / key_grid⌉ patches."""
-  if side <= key_grid:
-    return side
-  s = -(-side // key_grid)
-  return -(-side // s)
+  than key_grid, else key_grid."""
+  return min(side, key_grid)
+
+
+def pooling_matrix(side: int, blocks: int) -> np.ndarray:
+  """[blocks, side] 0/1: row i sums patches ⌊i·side/blocks⌋ … ⌊(i+1)·side/blocks⌋ - 1 of one
+  axis, so `blocks` near-equal runs (sizes differ by at most one) tile the axis; blocks ≤ side."""
+  edges = (np.arange(blocks + 1) * side) // blocks
+  cols = np.arange(side)
+  return ((cols >= edges[:-1, None]) & (cols < edges[1:, None])).astype(np.float32)
 
 
 def pooled_key_softmax_attention(
     q: jax.Array, k: jax.Array, v: jax.Array, prefix: int, key_grid: int
 ) -> jax.Array:
-  """Softmax attention of every query over the `prefix` keys and the patch keys pooled to at most
+  """Softmax attention of every query over the `prefix` keys and the patch keys pooled to
   key_grid × key_grid: O(Nq·(prefix + key_grid²)) instead of O(Nq·Nk).
 
-  A grid wider than key_grid is cut into s×s blocks, s = ⌈side / key_grid⌉ (the last row and
-  column of blocks may hold fewer patches); a block's key and value are its patches' means, and
-  its logit is raised by log(count): for a block of equal keys that is exactly the mass its
-  patches have under full softmax, so the prefix keys (cls, registers: the teacher's sinks) keep
-  their share of attention at any size. A grid of at most key_grid patches a side is left whole
-  (plain softmax). The patch grid must be square.
+  A grid wider than key_grid is cut into key_grid × key_grid blocks of near-equal runs of
+  patches (`pooling_matrix`), so the pooled keys cover the image as a key_grid-wide grid's
+  patches do, at any size; a block's key and value are its patches' means, and its logit is
+  raised by log(count). For a block of equal keys that is exactly its patches' mass under full
+  softmax; for unequal ones n·exp(q·k̄) ≤ Σ exp(q·kᵢ) (Jensen), so a block whose keys spread
+  along q gets less than its patches would, and the prefix keys (cls, registers) more. A grid of
+  at most key_grid patches a side is left whole (plain softmax). The patch grid must be square.
   """
   b, nk, h, d = k.shape
   side = int(round((nk - prefix) ** 0.5))
@@ -59,25 +64,20 @@ def pooled_key_softmax_attention(
     raise ValueError(f"key_grid needs a square patch grid; got {nk - prefix} patch tokens")
   if side <= key_grid:
     return softmax_attention(q, k, v)
-  s = -(-side // key_grid)
-  blocks = pooled_grid_side(side, key_grid)
-  pad = blocks * s - side
-
-  def block_sums(x):  # [B, side², H, D] -> [B, blocks², H, D]
-    x = x.reshape(b, side, side, *x.shape[2:])
-    x = jnp.pad(x, ((0, 0), (0, pad), (0, pad)) + ((0, 0),) * (x.ndim - 3))
-    x = x.reshape(b, blocks, s, blocks, s, *x.shape[3:]).sum(axis=(2, 4))
-    return x.reshape(b, blocks * blocks, *x.shape[3:])
-
   f32 = jnp.float32
-  per_axis = np.minimum(s, side - s * np.arange(blocks))  # patches per block along one axis
-  count = np.outer(per_axis, per_axis).reshape(-1).astype(np.float32)  # [M], static
-  pooled = lambda x: block_sums(x[:, prefix:].astype(f32)) / count[:, None, None]  # noqa: E731
+  pool = pooling_matrix(side, key_grid)  # static
+  count = np.outer(pool.sum(1), pool.sum(1)).reshape(-1)  # patches per block, [key_grid²]
+
+  def pooled(x):  # [B, prefix + side², H, D] -> the blocks' means [B, key_grid², H, D]
+    grid = x[:, prefix:].astype(f32).reshape(b, side, side, h, d)
+    sums = jnp.einsum("is,jt,bsthd->bijhd", pool, pool, grid)
+    return sums.reshape(b, key_grid * key_grid, h, d) / count[:, None, None]
+
   keys = jnp.concatenate([k[:, :prefix].astype(f32), pooled(k)], axis=1)
   values = jnp.concatenate([v[:, :prefix].astype(f32), pooled(v)], axis=1)
   log_count = jnp.asarray(np.concatenate([np.zeros(prefix, np.float32), np.log(count)]))
   # Pooled keys and values, scores, weights and the weighted sum in float32 whatever the dtype:
-  # a pooled key stands for up to s² patches, so its rounding moves s² patches' weight at once.
+  # a pooled key stands for many patches, so its rounding moves all their weight at once.
   logits = einsum_f32("bqhd,bkhd->bhqk", q, keys) / np.sqrt(d) + log_count
   weights = jax.nn.softmax(logits, axis=-1)
   return einsum_f32("bhqk,bkhd->bqhd", weights, values).astype(v.dtype)

@@ -9,9 +9,9 @@ A hybrid student keeps a few layers softmax; at a larger size their N² attentio
 (at 896 px one softmax layer takes a ViT-S/14 student from about 4.5× to 3.6× its teacher's
 speed). Pooling the layer's keys makes it O(N·g²), at a price that depends on how sharp the
 layer's attention is over neighbouring patches. This study prices it without training anything:
-pooled, a teacher layer is exactly what the hybrid's softmax layer would be, so its cost here is
-the cost in a hybrid student whose other layers were perfect. Which layer to keep softmax, and at
-which g, can then be chosen on measured prices.
+the hybrid's softmax layer starts as the teacher's layer (and `align` may move it since), so its
+cost here is the cost of pooling that layer in a student whose other layers were perfect. Which
+layer to keep softmax, and at which g, can then be chosen on measured prices.
 
 Per photo (the whole view, resized to the square size, position tables resampled from the
 training grid), the cosine of the pooled teacher's final pooled feature (`cls`) and the mean
@@ -34,6 +34,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -79,20 +80,18 @@ def parse_layers(text: str, depth: int) -> list[int | str]:
 def layer_rows(
     teacher: Any,
     params: Any,
-    images: np.ndarray,
+    batches: list[jax.Array],
+    references: list[dict[str, jax.Array]],
     layers: list[int | str],
     key_grid: int,
-    batch: int,
 ) -> list[dict[str, Any]]:
-  """Per entry of `layers`, the pooled teacher's cosines to the teacher, mean and lowest over
-  the images (forwards of `batch` images)."""
-  chunks = [jnp.asarray(images[i : i + batch]) for i in range(0, len(images), batch)]
-  references = [layer_swap.final_tokens(teacher, params, x) for x in chunks]
+  """Per entry of `layers`, the pooled teacher's cosines to the teacher's final tokens
+  (`references`, one per batch of images), mean and lowest over the images."""
   rows = []
   for layer in layers:
     model = pooled(teacher, list(range(teacher.depth)) if layer == EVERY else [layer], key_grid)
     per_photo: dict[str, list[np.ndarray]] = {}
-    for x, ref in zip(chunks, references):
+    for x, ref in zip(batches, references):
       for m, v in layer_swap.cosines_to(model, params, x, ref).items():
         per_photo.setdefault(m, []).append(np.asarray(v))
     row: dict[str, Any] = {"layer": layer}
@@ -104,19 +103,28 @@ def layer_rows(
   return rows
 
 
+def _numbers(text: str, flag: str, kind: type, example: str) -> list:
+  try:
+    values = [kind(x) for x in text.split(",") if x]
+  except ValueError:
+    raise KeyPoolingError(f"{flag} {text!r}: expected numbers such as {example}") from None
+  if not values or min(values) <= 0:
+    raise KeyPoolingError(f"{flag} {text!r}: expected numbers > 0 such as {example}")
+  return values
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
   """The study of one teacher on a folder of photos at each --factors × --res and --grids."""
   paths = study_cli.photo_paths(args.photos)[: args.max_photos or None]
   if not paths:
     raise KeyPoolingError(f"--photos {args.photos!r}: no photos in it")
-  grids = [int(g) for g in args.grids.split(",") if g]
-  if not grids or min(grids) < 1:
-    raise KeyPoolingError(f"--grids {args.grids!r}: expected grid sides >= 1, such as 16,32")
+  grids = _numbers(args.grids, "--grids", int, "16,32")
+  factors = _numbers(args.factors, "--factors", float, "2,4")
   teacher, params, pp = study_cli.load_teacher(args.teacher, args.res)
   layers = parse_layers(args.layers, teacher.depth)
   patch = tuple(teacher.patch_size)
   sizes = []
-  for factor in (float(f) for f in args.factors.split(",") if f):
+  for factor in factors:
     size = args.res * factor
     if size != int(size) or int(size) % patch[0] or patch[0] != patch[1]:
       raise KeyPoolingError(f"--res {args.res} × {factor:g}: not a multiple of the patch {patch}")
@@ -125,8 +133,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     views, upsampled = photo_tokens.decode_views(paths, {"whole": view}, size)
     at = study_cli.params_at(params, patch, (args.res, args.res), size)
     batch = photo_tokens.batch_size(teacher, size)
+    images = views["whole"]
+    batches = [jnp.asarray(images[i : i + batch]) for i in range(0, len(images), batch)]
+    references = [layer_swap.final_tokens(teacher, at, x) for x in batches]
+    grid = size // patch[0]
     for key_grid in grids:
-      grid = size // patch[0]
       sizes.append(
           {
               "res": size,
@@ -135,7 +146,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               "key_grid": key_grid,
               "pooled_to": attention_ops.pooled_grid_side(grid, key_grid),
               "upsampled": upsampled["whole"],
-              "layers": layer_rows(teacher, at, views["whole"], layers, key_grid, batch),
+              "layers": layer_rows(teacher, at, batches, references, layers, key_grid),
           }
       )
       print(format_size(sizes[-1]), flush=True)
