@@ -136,6 +136,7 @@ TABLES: dict[str, Table] = {
     "hybrid_cost": Table(
         (photos.DATA_STUDY,), photos.study_cost(photos.DATA_STUDY, photos.HYBRID_ARM)
     ),
+    "key_pooling_teacher": Table((photos.KEY_POOLING,), photos.key_pooling),
     "operators_paired": Table(
         (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.OPERATOR_PAIRS)
     ),

@@ -250,8 +250,9 @@ def seed_spread(study_path: str, names: Sequence[str]) -> Callable[[Load], str]:
       picked = [_whole(run, size) for run in runs]
       for what, get in WHOLE_MEASURES:
         lines.append(row(f"| {size} px | {what}", [get(r) for r in picked], ".3f"))
-    retention = [100 * run["knn"]["retention"] for run in runs]
-    lines.append(row("| | k-NN retention (%)", retention, ".1f"))
+    if all(run.get("knn") for run in runs):
+      retention = [100 * run["knn"]["retention"] for run in runs]
+      lines.append(row("| | k-NN retention (%)", retention, ".1f"))
     return "\n".join(lines)
 
   return render
@@ -961,5 +962,107 @@ def window_share(load: Load) -> str:
       "| student ÷ teacher (mean of layers) | "
       + " | ".join([""] * len(sizes) + [f"{x:.2f}" for x in ratios] + [""] * (2 * len(sizes)))
       + " |"
+  )
+  return "\n".join(lines)
+
+
+# The README's command under a second seed (seed 1, k-NN off), beside the README run (seed 0).
+README_SEEDS = ("SDL_tf0_10k_readme", "SEED1_10k")
+
+# One softmax layer at the full budget with today's `align` (from the README run's own
+# distillation), and the same weights with the layer's patch keys pooled (compare on the
+# cross-source folder with key_grid set in the export): (name in DATA_STUDY, label,
+# bench/hybrid_speed.py case, flop_ratio's keywords).
+HYBRID_KEYS = "bench/results/hybrid_speed.json"
+KEY_ARMS = (
+    ("SDL_tf0_10k_readme", "linear (the README's command)", "linear", {}),
+    (
+        "HYB1_10k",
+        "one softmax layer, every key (`softmax_layers=1,softmax_pick=sensitivity`)",
+        "hybrid",
+        {"softmax_layers": 1},
+    ),
+    (
+        "HYB1_10k_keys32",
+        "the same weights, keys pooled to 32×32 (`softmax_key_grid=32`)",
+        "hybrid_keys32",
+        {"softmax_layers": 1, "key_grid": 32},
+    ),
+    (
+        "HYB1_10k_keys16",
+        "the same weights, keys pooled to 16×16 (`softmax_key_grid=16`)",
+        "hybrid_keys16",
+        {"softmax_layers": 1, "key_grid": 16},
+    ),
+)
+KEY_PAIRS = (
+    ("SDL_tf0_10k_readme", "SEED1_10k", "the README's command: seed 0 → seed 1"),
+    ("SDL_tf0_10k_readme", "HYB1_10k", "linear → one softmax layer, every key"),
+    ("SDL_tf0_10k_readme", "HYB1_10k_keys32", "linear → one softmax layer, keys pooled to 32²"),
+    ("SDL_tf0_10k_readme", "HYB1_10k_keys16", "linear → one softmax layer, keys pooled to 16²"),
+    ("HYB1_10k", "HYB1_10k_keys32", "every key → pooled to 32² (the same weights)"),
+    ("HYB1_10k", "HYB1_10k_keys16", "every key → pooled to 16² (the same weights)"),
+)
+
+
+def hybrid_keys(
+    study_path: str, arms: Sequence[tuple[str, str, str, dict[str, Any]]], bench_path: str
+) -> Callable[[Load], str]:
+  """Cross-source fidelity (cls / patch cosine of whole views at each size) against speed at the
+  largest size, the speeds from one interleaved bench run of the same architectures
+  (bench/hybrid_speed.py: images/s over the teacher's, measured in the same rounds, so the
+  students' ratios compare with each other), beside the analytic FLOP ratio."""
+
+  def render(load: Load) -> str:
+    study, bench = load(study_path), load(bench_path)
+    sizes = _sizes(study[arms[0][0]])
+    high = sizes[-1]
+    speed = {r["case"]: r["speedup"] for r in bench["rows"] if r["px"] == high}
+    head = " | ".join(f"{s} px: cls / patch" for s in sizes)
+    lines = [
+        f"| student ({study[arms[0][0]]['test']['n_test']} cross-source test photos) | {head} "
+        f"| {high} px: images/s ÷ teacher's (bench) | {high} px: FLOPs, teacher ÷ student "
+        f"| ≥ 4× at {high} px |",
+        "|---|" + "---|" * len(sizes) + "---|---|---|",
+    ]
+    for name, label, case, operator in arms:
+      rows = [_whole(study[name], s) for s in sizes]
+      cells = [f"{r['cls_cosine']['mean']:.3f} / {r['patch_cosine']['mean']:.3f}" for r in rows]
+      lines.append(
+          f"| {label} | {' | '.join(cells)} | {speed[case]:.2f}× "
+          f"| {flop_ratio(high, **operator):.2f}× | {'yes' if speed[case] >= 4 else 'no'} |"
+      )
+    m = bench["machine"]
+    lines.append(
+        f"\nSpeeds: `python -m bench.hybrid_speed`, {bench['variant']}, softmax layer "
+        f"{bench['layer']}, batch 1, median of {bench['reps']} interleaved rounds, commit "
+        f"{bench['commit']}, {m['cpus']} CPUs, load average at the start "
+        f"{', '.join(f'{x:.2f}' for x in m['load_avg'] or ())}."
+    )
+    return "\n".join(lines)
+
+  return render
+
+
+KEY_POOLING = "docs/key_pooling_teacher.json"
+
+
+def key_pooling(load: Load) -> str:
+  """studies/key_pooling.py's JSON: per layer, the teacher with that layer's patch keys pooled
+  against the teacher, cls / patch cosine (mean over photos, the lowest photo's cls in brackets)
+  at each size and key grid."""
+  kp = load(KEY_POOLING)
+  blocks = kp["sizes"]
+  head = " | ".join(f"{b['res']} px, keys {b['pooled_to']}² of {b['grid']}²" for b in blocks)
+  lines = [f"| layer pooled | {head} |", "|---|" + "---|" * len(blocks)]
+  for i, first in enumerate(blocks[0]["layers"]):
+    cells = []
+    for b in blocks:
+      r = b["layers"][i]
+      cells.append(f"{r['cls']:.3f} ({r['cls_min']:.3f}) / {r['patch']:.3f}")
+    lines.append(f"| {first['layer']} | {' | '.join(cells)} |")
+  lines.append(
+      f"\ncls (lowest photo's cls) / patch cosine to the teacher; {kp['n_photos']} photos, "
+      "whole views."
   )
   return "\n".join(lines)
