@@ -136,6 +136,12 @@ TABLES: dict[str, Table] = {
     "hybrid_cost": Table(
         (photos.DATA_STUDY,), photos.study_cost(photos.DATA_STUDY, photos.HYBRID_ARM)
     ),
+    "readme_seeds": Table(
+        (photos.DATA_STUDY,), photos.seed_spread(photos.DATA_STUDY, photos.README_SEEDS)
+    ),
+    "readme_seed_paired": Table(
+        (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.KEY_PAIRS[:1])
+    ),
     "key_pooling_teacher": Table((photos.KEY_POOLING,), photos.key_pooling),
     "operators_paired": Table(
         (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.OPERATOR_PAIRS)
