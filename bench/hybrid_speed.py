@@ -56,8 +56,8 @@ def specs(case: str, depth: int, layer: int) -> tuple[attn_lib.AttentionSpec, ..
   return tuple(out)
 
 
-def build(case: str, px: int, dims: dict[str, int], layer: int) -> Any:
-  """The compiled forward of one whole model at px (batch 1), as a zero-argument call."""
+def build(case: str, px: int, dims: dict[str, int], layer: int, batch: int = 1) -> Any:
+  """The compiled forward of one whole model at px on `batch` images, as a zero-argument call."""
   model = vit.Model(
       num_classes=None,
       patch_size=(dims["patch"],) * 2,
@@ -69,15 +69,17 @@ def build(case: str, px: int, dims: dict[str, int], layer: int) -> Any:
       posemb="sincos2d",
       attention=specs(case, dims["depth"], layer),
   )
-  x = jax.random.normal(jax.random.PRNGKey(0), (1, px, px, 3))
+  x = jax.random.normal(jax.random.PRNGKey(0), (batch, px, px, 3))
   params = jax.jit(model.init)(jax.random.PRNGKey(1), x)["params"]
   fwd = jax.jit(lambda p, x: model.apply({"params": p}, x)[0]).lower(params, x).compile()
   return lambda: fwd(params, x)
 
 
-def time_size(px: int, cases: Sequence[str], dims: dict[str, int], layer: int, reps: int) -> list:
+def time_size(
+    px: int, cases: Sequence[str], dims: dict[str, int], layer: int, reps: int, batch: int = 1
+) -> list:
   """Rows of one size: per case the median seconds per image and images/s over the teacher's."""
-  calls = {case: build(case, px, dims, layer) for case in cases}
+  calls = {case: build(case, px, dims, layer, batch) for case in cases}
   timings = common.time_interleaved(calls, reps=reps)
   rows = []
   for case in cases:
@@ -88,7 +90,7 @@ def time_size(px: int, cases: Sequence[str], dims: dict[str, int], layer: int, r
             "px": px,
             "tokens": common.tokens_for(px, dims["patch"]),
             "case": case,
-            "s": common.median(wall),
+            "s": common.median(wall) / batch,
             "times_s": wall,
             "speedup": common.median_ratio(teacher, wall) if teacher else None,
         }
@@ -110,7 +112,7 @@ def table(result: dict[str, Any]) -> str:
       f"\n{m['backend']} {m['device']} ({m['cpus']} CPUs), jax {m['jax']}, commit "
       f"{result['commit']}, {result['date']}; {result['variant']}, softmax layer "
       f"{result['layer']}; load average at the start {load}; median of {result['reps']} "
-      "interleaved rounds, batch 1.\n"
+      f"interleaved rounds, batch {result.get('batch', 1)}.\n"
   )
   return head + "\n".join(lines) + "\n" + foot
 
@@ -128,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--variant", default="S/14")
   parser.add_argument("--layer", type=int, default=4, help="the hybrid's softmax layer")
   parser.add_argument("--reps", type=int, default=3)
+  parser.add_argument("--batch", type=int, default=1, help="images per forward")
   parser.add_argument("--cases", default=",".join(CASES))
   parser.add_argument("--out", default=os.path.join(REPO, "bench", "results", "hybrid_speed.json"))
   parser.add_argument("--table", default="", help="print the table of this JSON and exit")
@@ -147,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   machine = common.machine_summary()
   rows = []
   for px in (int(p) for p in args.px.split(",") if p):
-    rows += time_size(px, cases, dims, args.layer, args.reps)
+    rows += time_size(px, cases, dims, args.layer, args.reps, args.batch)
   result = {
       "machine": machine,
       "commit": _commit(),
@@ -155,6 +158,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       "variant": args.variant,
       "layer": args.layer,
       "reps": args.reps,
+      "batch": args.batch,
       "rows": rows,
   }
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -142,6 +142,13 @@ TABLES: dict[str, Table] = {
     "readme_seed_paired": Table(
         (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.KEY_PAIRS[:1])
     ),
+    "hybrid_keys": Table(
+        (photos.DATA_STUDY, *photos.HYBRID_KEYS, "tools/docs_tables_runs.py", "bench/common.py"),
+        photos.hybrid_keys(photos.DATA_STUDY, photos.KEY_ARMS, photos.HYBRID_KEYS),
+    ),
+    "hybrid_keys_paired": Table(
+        (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.KEY_PAIRS)
+    ),
     "key_pooling_teacher": Table((photos.KEY_POOLING,), photos.key_pooling),
     "operators_paired": Table(
         (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.OPERATOR_PAIRS)
