@@ -253,3 +253,38 @@ def machine_summary() -> dict[str, Any]:
       jax=jax.__version__,
       load_avg=os.getloadavg() if hasattr(os, "getloadavg") else None,
   )
+
+
+def git_commit(repo: str) -> str:
+  """The short hash of `repo`'s HEAD, or "unknown" outside a checkout (what a result records)."""
+  out = subprocess.run(
+      ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True
+  )
+  return out.stdout.strip() or "unknown"
+
+
+def save_result(result: Mapping[str, Any], path: str, table: Callable[[Any], str]) -> None:
+  """Writes a bench's result JSON to `path` (its folder made) and prints its markdown table."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(result, f, indent=1)
+  print(table(result))
+
+
+def result_footer(result: Mapping[str, Any], what: str = "") -> str:
+  """The line under a bench table: the machine, jax, commit, date, `what` was timed, the load
+  average at the start, and the rounds and batch the medians are over."""
+  m = result["machine"]
+  load = ", ".join(f"{x:.2f}" for x in m["load_avg"] or ())
+  return (
+      f"\n{m['backend']} {m['device']} ({m['cpus']} CPUs), jax {m['jax']}, commit "
+      f"{result['commit']}, {result['date']}; {what + '; ' if what else ''}load average at the "
+      f"start {load}; median of {result['reps']} interleaved rounds, batch "
+      f"{result.get('batch', 1)}.\n"
+  )
+
+
+def load_result(path: str) -> dict[str, Any]:
+  """A bench's result JSON, as save_result wrote it (for --table)."""
+  with open(path) as f:
+    return json.load(f)

@@ -18,9 +18,7 @@ something on a quiet one only.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -106,22 +104,8 @@ def table(result: dict[str, Any]) -> str:
       f"| {r['px']} | {r['tokens']} | {r['case']} | {r['s']:.3f} | {common.fmt(r['speedup'])}× |"
       for r in result["rows"]
   ]
-  m = result["machine"]
-  load = ", ".join(f"{x:.2f}" for x in m["load_avg"] or ())
-  foot = (
-      f"\n{m['backend']} {m['device']} ({m['cpus']} CPUs), jax {m['jax']}, commit "
-      f"{result['commit']}, {result['date']}; {result['variant']}, softmax layer "
-      f"{result['layer']}; load average at the start {load}; median of {result['reps']} "
-      f"interleaved rounds, batch {result.get('batch', 1)}.\n"
-  )
+  foot = common.result_footer(result, f"{result['variant']}, softmax layer {result['layer']}")
   return head + "\n".join(lines) + "\n" + foot
-
-
-def _commit() -> str:
-  out = subprocess.run(
-      ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-  )
-  return out.stdout.strip() or "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -136,8 +120,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--table", default="", help="print the table of this JSON and exit")
   args = parser.parse_args(argv)
   if args.table:
-    with open(args.table) as f:
-      result = json.load(f)
+    result = common.load_result(args.table)
     print(table(result))
     return result
   cases = [c for c in args.cases.split(",") if c]
@@ -153,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rows += time_size(px, cases, dims, args.layer, args.reps, args.batch)
   result = {
       "machine": machine,
-      "commit": _commit(),
+      "commit": common.git_commit(REPO),
       "date": time.ctime(),
       "variant": args.variant,
       "layer": args.layer,
@@ -161,10 +144,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       "batch": args.batch,
       "rows": rows,
   }
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump(result, f, indent=1)
-  print(table(result))
+  common.save_result(result, args.out, table)
   return result
 
 

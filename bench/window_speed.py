@@ -18,9 +18,7 @@ times themselves mean something on a quiet one only.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -106,21 +104,8 @@ def table(result: dict[str, Any]) -> str:
     lines.append(
         f"| {px} | {f['tokens']} | {case} | {f['ms']:.2f} | {b['ms']:.2f} | {ratio(f)} | {ratio(b)} |"
     )
-  m = result["machine"]
-  load = ", ".join(f"{x:.2f}" for x in m["load_avg"] or ())
-  foot = (
-      f"\n{m['backend']} {m['device']} ({m['cpus']} CPUs), jax {m['jax']}, commit "
-      f"{result['commit']}, {result['date']}; load average at the start {load}; median of "
-      f"{result['reps']} interleaved rounds, batch 1.\n"
-  )
+  foot = common.result_footer(result)
   return head + "\n".join(lines) + "\n" + foot
-
-
-def _commit() -> str:
-  out = subprocess.run(
-      ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-  )
-  return out.stdout.strip() or "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -134,8 +119,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--table", default="", help="print the table of this JSON and exit")
   args = parser.parse_args(argv)
   if args.table:
-    with open(args.table) as f:
-      result = json.load(f)
+    result = common.load_result(args.table)
     print(table(result))
     return result
   cases = [c for c in args.cases.split(",") if c]
@@ -148,16 +132,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rows += time_size(px, cases, args.width, args.heads, args.reps)
   result = {
       "machine": machine,
-      "commit": _commit(),
+      "commit": common.git_commit(REPO),
       "date": time.ctime(),
       "shape": {"width": args.width, "heads": args.heads, "patch": PATCH, "batch": 1},
       "reps": args.reps,
       "rows": rows,
   }
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump(result, f, indent=1)
-  print(table(result))
+  common.save_result(result, args.out, table)
   return result
 
 
