@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linvit_jax import compare
 from linvit_jax.data import inference_pp
 from linvit_jax.evaluation import layer_swap
 from linvit_jax.evaluation import photo_eval
@@ -103,14 +104,15 @@ def layer_rows(
   return rows
 
 
-def _numbers(text: str, flag: str, kind: type, example: str) -> list:
+def parse_grids(text: str) -> list[int]:
+  """--grids: key grid sides such as "16,32"."""
   try:
-    values = [kind(x) for x in text.split(",") if x]
+    grids = [int(x) for x in text.split(",") if x]
   except ValueError:
-    raise KeyPoolingError(f"{flag} {text!r}: expected numbers such as {example}") from None
-  if not values or min(values) <= 0:
-    raise KeyPoolingError(f"{flag} {text!r}: expected numbers > 0 such as {example}")
-  return values
+    raise KeyPoolingError(f"--grids {text!r}: expected numbers such as 16,32") from None
+  if not grids or min(grids) <= 0:
+    raise KeyPoolingError(f"--grids {text!r}: expected numbers > 0 such as 16,32")
+  return grids
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -118,17 +120,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
   paths = study_cli.photo_paths(args.photos)[: args.max_photos or None]
   if not paths:
     raise KeyPoolingError(f"--photos {args.photos!r}: no photos in it")
-  grids = _numbers(args.grids, "--grids", int, "16,32")
-  factors = _numbers(args.factors, "--factors", float, "2,4")
+  grids = parse_grids(args.grids)
+  factors = compare.parse_factors(args.factors)
   teacher, params, pp = study_cli.load_teacher(args.teacher, args.res)
   layers = parse_layers(args.layers, teacher.depth)
   patch = tuple(teacher.patch_size)
+  if patch[0] != patch[1]:  # key_grid pools a square grid
+    raise KeyPoolingError(f"--teacher {args.teacher!r}: patch {patch} is not square")
   sizes = []
   for factor in factors:
-    size = args.res * factor
-    if size != int(size) or int(size) % patch[0] or patch[0] != patch[1]:
-      raise KeyPoolingError(f"--res {args.res} × {factor:g}: not a multiple of the patch {patch}")
-    size = int(size)
+    size = study_cli.size_at(args.res, factor, patch)
     view = inference_pp.Preprocess(photo_eval.view_pp("whole", size, photo_eval.value_ops(pp)))
     views, upsampled = photo_tokens.decode_views(paths, {"whole": view}, size)
     at = study_cli.params_at(params, patch, (args.res, args.res), size)

@@ -75,6 +75,14 @@ def load_teacher(init: str, res: int) -> tuple[Any, Any, str]:
   return teacher, params, pp
 
 
+def size_at(res: int, factor: float, patch: Sequence[int]) -> int:
+  """--res × a --factors entry in px, which must be a whole multiple of the patch."""
+  size = res * factor
+  if size != int(size) or int(size) % patch[0] or int(size) % patch[1]:
+    raise StudyError(f"--res {res} × {factor} = {size}: not a multiple of the patch {tuple(patch)}")
+  return int(size)
+
+
 def params_at(params: Any, patch: Sequence[int], trained: Sequence[int], size: int) -> Any:
   """`params` with the position table resampled from the training grid (`trained` px; the
   table's square grid when it is not that grid's) to `size` px's, as load_student does."""

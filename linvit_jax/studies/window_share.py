@@ -251,17 +251,10 @@ def _teacher_only(args: argparse.Namespace) -> _Models:
   return _Models(teacher, params, None, res, pp, args.window, args.sinks or 0, args.res)
 
 
-def _size(res: int, factor: float, patch: tuple[int, int]) -> int:
-  size = res * factor
-  if size != int(size) or int(size) % patch[0] or int(size) % patch[1]:
-    raise WindowShareError(f"--res {res} × {factor} = {size}: not a multiple of the patch {patch}")
-  return int(size)
-
-
 def _at_size(models: _Models, paths: list[str], factor: float) -> dict[str, Any]:
   """The results' row of one resolution."""
   patch = tuple(models.teacher.patch_size)
-  size = _size(models.res, factor, patch)
+  size = study_cli.size_at(models.res, factor, patch)
   pp = photo_eval.view_pp("whole", size, photo_eval.value_ops(models.pp))
   views, upsampled = photo_tokens.decode_views(paths, {"whole": inference_pp.Preprocess(pp)}, size)
   images, batch = views["whole"], photo_tokens.batch_size(models.teacher, size)
