@@ -42,8 +42,8 @@ The student's linear attention:
   softmax_pick: tf_cosine (lowest teacher-forced cosine) | sensitivity (largest end-to-end gain)
   softmax_key_grid: g > 0: on a patch grid wider than g (a larger deploy size), the softmax
     layers attend to the cls/register keys and the patch keys averaged to at most g x g blocks,
-    each weighted by its count: linear in tokens (e.g. res / patch, the grid they trained at;
-    0: every key)
+    each weighted by its count: linear in tokens (0: every key); 'Nx': N times the training
+    grid res / patch (2x: 32 for a /14 teacher at 224 px), the same meaning for any teacher
 
 Training budget and the distillation stage:
   max_images: the training images of both stages together, at least `batch`
@@ -109,7 +109,7 @@ OPTIONS = dict(
     policy="copy_all",
     softmax_layers=0,
     softmax_pick="tf_cosine",
-    softmax_key_grid=0,
+    softmax_key_grid="0",
     pool="",
     batch=8,
     lr_distill=1e-3,
@@ -200,7 +200,10 @@ def get_config(arg=None):
       attention=attention,
       softmax_layers=arg.softmax_layers,
       softmax_pick=arg.softmax_pick,
-      softmax_key_grid=arg.softmax_key_grid,
+      # digits as an int: the form runs recorded it in before 'Nx' existed (check_same_run)
+      softmax_key_grid=(
+          int(arg.softmax_key_grid) if arg.softmax_key_grid.isdigit() else arg.softmax_key_grid
+      ),
   )
   c.surgery.policy = arg.policy
 

@@ -232,10 +232,9 @@ def check_softmax_layers(config: mlc.ConfigDict, depth: int | None) -> None:
   if isinstance(k, bool) or not isinstance(k, int):
     raise ConfigError(f"config.student.softmax_layers={k!r}: expected a whole number of layers")
   grid = config.student.get("softmax_key_grid", 0)
-  if isinstance(grid, bool) or not isinstance(grid, int) or grid < 0:
+  if not config_lib.key_grid_valid(grid):
     raise ConfigError(
-        f"config.student.softmax_key_grid={grid!r}: expected a grid side in patches >= 0 "
-        "(0: the softmax layers attend to every key)"
+        f"config.student.softmax_key_grid={grid!r}: expected {config_lib.KEY_GRID_FORMS}"
     )
   if k < 0 or (depth and k >= depth):
     most = f"at most {depth - 1} for this {depth}-layer model" if depth else "at least 0"

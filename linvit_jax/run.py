@@ -21,6 +21,7 @@ from linvit_jax import preflight
 from linvit_jax import report
 from linvit_jax import run_identity
 from linvit_jax.artifacts import export_folder
+from linvit_jax.configuration import config_lib
 from linvit_jax.conversion import calibrate
 from linvit_jax.conversion import stages
 from linvit_jax.conversion import surgery
@@ -286,18 +287,20 @@ def _hybrid_swap(config, scorer, stage, student_model, student_params) -> tuple[
     logging.info("hybrid: end-to-end cosine gain of each layer's softmax %s", stage.softmax_gains)
   else:
     layers = surgery.worst_layers(rows, k)
+  key_grid = config_lib.key_grid_patches(
+      config.student.get("softmax_key_grid", 0),
+      config.data.image_size,
+      student_model.patch_size[0],
+  )
   student_model, student_params = surgery.to_softmax_layers(
-      scorer.teacher_params,
-      student_model,
-      student_params,
-      layers,
-      key_grid=config.student.get("softmax_key_grid", 0),
+      scorer.teacher_params, student_model, student_params, layers, key_grid=key_grid
   )
   stage.softmax_layers = layers
   logging.info(
-      "hybrid: layers %s (teacher-forced cosine %s) keep softmax attention",
+      "hybrid: layers %s (teacher-forced cosine %s) keep softmax attention%s",
       layers,
       [round(rows[l]["cosine"], 3) for l in layers],
+      f", patch keys pooled to {key_grid}x{key_grid} on wider grids" if key_grid else "",
   )
   stage.hybrid = scorer.fidelity(student_model, student_params)
   return student_model, student_params

@@ -92,7 +92,7 @@ def folder_run(tmp_path_factory):
   config = _config(
       ckpt,
       str(tmp / "photos"),
-      ",softmax_layers=1,softmax_pick=sensitivity,softmax_key_grid=2,align_augment=color,"
+      ",softmax_layers=1,softmax_pick=sensitivity,softmax_key_grid=0.5x,align_augment=color,"
       "align_mixup=1",
   )
   workdir = str(tmp / "work")
@@ -233,7 +233,8 @@ def test_convert_folder_hybrid_export_round_trips(folder_run):
     student_cfg = export_format.model_fields(json.load(f))
   attention = student_cfg["attention"]
   assert isinstance(attention, list) and len(attention) == 2
-  # its softmax layer pools the 4×4 grid's keys to 2×2 (softmax_key_grid=2), in training too
+  # its softmax layer pools the 4×4 grid's keys to 2×2 (softmax_key_grid=0.5x: half the training
+  # grid, resolved in patches before export), in training too
   assert attention[results["softmax_layers"][0]]["key_grid"] == 2
   assert attention[results["softmax_layers"][0]]["kind"] == "softmax"
   model = vit.Model(**student_cfg)

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from linvit_jax.configuration import config_lib
 from linvit_jax.models import attention_ops
 from linvit_jax.models import checkpoints
 from linvit_jax.models import vit
@@ -21,6 +22,30 @@ from tests.helpers import tiny_teacher
 )
 def test_pooled_side_is_the_operators_block_grid(grid, key_grid, side):
   assert attention_ops.pooled_grid_side(grid, key_grid) == side
+
+
+@pytest.mark.parametrize(
+    "value,image_size,patch,side",
+    [
+        (32, 224, 14, 32),  # patches: as they are, whatever the size
+        ("32", 448, 16, 32),
+        (0, 224, 14, 0),
+        ("2x", 224, 14, 32),  # twice the training grid of 16
+        ("2x", 224, 16, 28),
+        ("2x", 448, 14, 64),
+        ("1.5x", 224, 14, 24),
+        ("0.01x", 224, 14, 1),  # never 0 (which would mean every key)
+    ],
+)
+def test_key_grid_in_patches(value, image_size, patch, side):
+  assert config_lib.key_grid_patches(value, image_size, patch) == side
+
+
+@pytest.mark.parametrize("value", [-1, True, "-1", "x", "0x", "-2x", "infx", "2X", 2.0])
+def test_key_grid_forms_refused(value):
+  assert not config_lib.key_grid_valid(value)
+  with pytest.raises(ValueError, match="expected a grid side in patches"):
+    config_lib.key_grid_patches(value, 224, 14)
 
 
 @pytest.fixture(scope="module")

@@ -225,10 +225,22 @@ def test_softmax_layers_out_of_range(tmp_path):
   assert not os.path.exists(tmp_path / "w")
 
 
-def test_softmax_key_grid_out_of_range(tmp_path):
-  assert "softmax_key_grid=-2: expected a grid side in patches >= 0" in _option_error(
-      tmp_path, softmax_key_grid=-2
-  )
+@pytest.mark.parametrize("value", ["-2", "0x", "x", "2y", "nanx", "1.5"])
+def test_softmax_key_grid_out_of_range(tmp_path, value):
+  text = _option_error(tmp_path, softmax_key_grid=value)
+  assert f"softmax_key_grid={value!r}: expected a grid side in patches >= 0" in text
+  assert "'2x'" in text  # names the relative form too
+
+
+def test_softmax_key_grid_digits_are_patches(tmp_path):
+  photos = _photos(tmp_path / "p", 6)
+  # digits stay an int (what runs recorded before 'Nx' existed: they resume); 'Nx' stays text
+  assert _folder_config(photos, softmax_key_grid="32").student.softmax_key_grid == 32
+  assert _folder_config(photos, softmax_key_grid="2x").student.softmax_key_grid == "2x"
+  assert _folder_config(photos).student.softmax_key_grid == 0
+
+
+def test_softmax_key_grid_refused_by_preflight(tmp_path):
   photos = _photos(tmp_path / "p2", 6)
   config = _folder_config(photos, softmax_layers=1)
   config.student.softmax_key_grid = -1  # set on the config itself: preflight names it

@@ -39,7 +39,10 @@ RANGES = {
         lambda v, arg: v >= 0,
         "expected a count of layers >= 0 (0: none; at most the teacher's depth - 1)",
     ),
-    "softmax_key_grid": (lambda v, arg: v >= 0, "expected a grid side in patches >= 0 (0: off)"),
+    "softmax_key_grid": (
+        lambda v, arg: config_lib.key_grid_valid(v),
+        "expected " + config_lib.KEY_GRID_FORMS,
+    ),
     "num_features": (lambda v, arg: v >= 0, "expected >= 0 (0: the feature map's default)"),
     "window": (lambda v, arg: v == 0 or (v > 0 and v % 2 == 1), "expected 0 (off) or an odd size"),
     "sinks": (lambda v, arg: v >= 0, "expected >= 0 (0: off)"),

@@ -20,6 +20,42 @@ import ml_collections as mlc
 STAGE_KINDS = ("train", "distill_attention", "finetune", "align")
 # How student.softmax_layers picks its layers (run._hybrid_swap).
 SOFTMAX_PICKS = ("tf_cosine", "sensitivity")
+# student.softmax_key_grid: a grid side in patches (int, 0: every key) or a multiple of the
+# training grid ("2x": twice image_size // patch), so one setting means the same for any teacher.
+KEY_GRID_FORMS = (
+    "a grid side in patches >= 0 (0: every key) or a multiple of the training grid ('2x')"
+)
+
+
+def key_grid_multiple(value: Any) -> float | None:
+  """The N of a key grid written 'Nx' (N > 0, finite), or None when `value` is not of that form."""
+  if not isinstance(value, str) or not value.endswith("x"):
+    return None
+  try:
+    n = float(value[:-1])
+  except ValueError:
+    return None
+  return n if math.isfinite(n) and n > 0 else None
+
+
+def key_grid_valid(value: Any) -> bool:
+  """Whether `value` is a student.softmax_key_grid: an int >= 0, its digits, or 'Nx'."""
+  if isinstance(value, str) and value.isdigit():
+    return True
+  if isinstance(value, int) and not isinstance(value, bool):
+    return value >= 0
+  return key_grid_multiple(value) is not None
+
+
+def key_grid_patches(value: int | str, image_size: int, patch: int) -> int:
+  """student.softmax_key_grid as a grid side in patches: an int (or its digits) as it is; 'Nx' as
+  N times the training grid image_size // patch, rounded, at least 1."""
+  if not key_grid_valid(value):
+    raise ValueError(f"softmax_key_grid={value!r}: expected {KEY_GRID_FORMS}")
+  n = key_grid_multiple(value)
+  if n is None:
+    return int(value)
+  return max(1, round(n * (image_size // patch)))
 
 
 # Every optimizer field and its default (big_vision's semantics: optim.make_optimizer). A config's
