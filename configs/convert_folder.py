@@ -200,10 +200,8 @@ def get_config(arg=None):
       attention=attention,
       softmax_layers=arg.softmax_layers,
       softmax_pick=arg.softmax_pick,
-      # digits as an int: the form runs recorded it in before 'Nx' existed (check_same_run)
-      softmax_key_grid=(
-          int(arg.softmax_key_grid) if arg.softmax_key_grid.isdigit() else arg.softmax_key_grid
-      ),
+      # digits as an int (how runs recorded it before 'Nx' existed), 'Nx' in one spelling
+      softmax_key_grid=config_lib.key_grid_canonical(arg.softmax_key_grid),
   )
   c.surgery.policy = arg.policy
 

@@ -464,6 +464,8 @@ def check_same_run(workdir: str, config: mlc.ConfigDict) -> None:
       tree = tree.get(part) if isinstance(tree, dict) else None
     if isinstance(tree, dict) and key == "student":
       tree = {**_STUDENT_FIELDS_ADDED, **tree}
+      # '32', 32 and '2.0x' / '2x' are one key grid each (a --config override keeps its text)
+      tree["softmax_key_grid"] = config_lib.key_grid_canonical(tree["softmax_key_grid"])
     if isinstance(tree, dict) and key in new.get("stages", []):  # bookkeeping may change
       tree = {k: v for k, v in tree.items() if k not in _STAGE_BOOKKEEPING}
       # A run recorded before a stage field existed ran with that field's default; so did a

@@ -35,17 +35,29 @@ def test_pooled_side_is_the_operators_block_grid(grid, key_grid, side):
         ("2x", 448, 14, 64),
         ("1.5x", 224, 14, 24),
         ("0.01x", 224, 14, 1),  # never 0 (which would mean every key)
+        ("0.5x", 70, 14, 3),  # halves round up: 2.5 -> 3, as 3.5 -> 4
+        ("0.5x", 98, 14, 4),
+        (np.int64(24), 224, 14, 24),
     ],
 )
 def test_key_grid_in_patches(value, image_size, patch, side):
   assert config_lib.key_grid_patches(value, image_size, patch) == side
 
 
-@pytest.mark.parametrize("value", [-1, True, "-1", "x", "0x", "-2x", "infx", "2X", 2.0])
+@pytest.mark.parametrize(
+    "value", [-1, True, "-1", "x", "0x", "-2x", "infx", "2X", 2.0, "²", "٣", " 2x", "1e1x", "+2x"]
+)
 def test_key_grid_forms_refused(value):
   assert not config_lib.key_grid_valid(value)
   with pytest.raises(ValueError, match="expected a grid side in patches"):
     config_lib.key_grid_patches(value, 224, 14)
+
+
+@pytest.mark.parametrize(
+    "value,canonical", [("32", 32), (32, 32), ("2.0x", "2x"), ("2x", "2x"), ("1.50x", "1.5x")]
+)
+def test_key_grid_has_one_spelling(value, canonical):
+  assert config_lib.key_grid_canonical(value) == canonical
 
 
 @pytest.fixture(scope="module")

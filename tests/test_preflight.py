@@ -231,3 +231,21 @@ def test_student_fields_added_later_resume_at_their_default(tmp_path):
   config.student.softmax_key_grid = 16
   with pytest.raises(ConfigError, match=r"student.softmax_key_grid: 0 there, 16 now"):
     preflight.check_same_run(str(tmp_path), config)
+
+
+def test_key_grid_spellings_resume_as_one(tmp_path):
+  """A run recorded with softmax_key_grid 32 (an int, before 'Nx' existed) resumes under '32';
+  '2.0x' under '2x'; a grid written the other way ('2x' against 32) is another run's setting."""
+  config = config_lib.base_config()
+  recorded = json.loads(config.to_json_best_effort())
+  recorded["student"]["softmax_key_grid"] = 32
+  (tmp_path / "config.json").write_text(json.dumps(recorded))
+  config.student = dict(config.student.to_dict(), softmax_key_grid="32")
+  preflight.check_same_run(str(tmp_path), config)
+  recorded["student"]["softmax_key_grid"] = "2.0x"
+  (tmp_path / "config.json").write_text(json.dumps(recorded))
+  config.student = dict(config.student.to_dict(), softmax_key_grid="2x")
+  preflight.check_same_run(str(tmp_path), config)
+  config.student = dict(config.student.to_dict(), softmax_key_grid=32)
+  with pytest.raises(ConfigError, match=r'student.softmax_key_grid: "2x" there, 32 now'):
+    preflight.check_same_run(str(tmp_path), config)

@@ -238,6 +238,11 @@ def test_softmax_key_grid_digits_are_patches(tmp_path):
   assert _folder_config(photos, softmax_key_grid="32").student.softmax_key_grid == 32
   assert _folder_config(photos, softmax_key_grid="2x").student.softmax_key_grid == "2x"
   assert _folder_config(photos).student.softmax_key_grid == 0
+  # the Python API's whole number is the command line's digits; 'Nx' in one spelling
+  assert _folder_config(photos, softmax_key_grid=32).student.softmax_key_grid == 32
+  assert _folder_config(photos, softmax_key_grid="2.0x").student.softmax_key_grid == "2x"
+  with pytest.raises(ValueError, match="softmax_key_grid=True"):
+    _folder_config(photos, softmax_key_grid=True)
 
 
 def test_softmax_key_grid_refused_by_preflight(tmp_path):

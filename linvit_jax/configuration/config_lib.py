@@ -13,6 +13,8 @@ no-op. Imports nothing of linvit_jax: the other configuration modules build on t
 from __future__ import annotations
 
 import math
+import numbers
+import re
 from typing import Any
 
 import ml_collections as mlc
@@ -25,37 +27,45 @@ SOFTMAX_PICKS = ("tf_cosine", "sensitivity")
 KEY_GRID_FORMS = (
     "a grid side in patches >= 0 (0: every key) or a multiple of the training grid ('2x')"
 )
+_KEY_GRID_MULTIPLE = re.compile(r"([0-9]+(?:\.[0-9]+)?)x")
 
 
 def key_grid_multiple(value: Any) -> float | None:
-  """The N of a key grid written 'Nx' (N > 0, finite), or None when `value` is not of that form."""
-  if not isinstance(value, str) or not value.endswith("x"):
-    return None
-  try:
-    n = float(value[:-1])
-  except ValueError:
-    return None
-  return n if math.isfinite(n) and n > 0 else None
+  """The N of a key grid written 'Nx' (N > 0, plain decimal digits), or None when `value` is not
+  of that form."""
+  match = _KEY_GRID_MULTIPLE.fullmatch(value) if isinstance(value, str) else None
+  n = float(match.group(1)) if match else 0.0
+  return n if n > 0 else None
 
 
 def key_grid_valid(value: Any) -> bool:
-  """Whether `value` is a student.softmax_key_grid: an int >= 0, its digits, or 'Nx'."""
-  if isinstance(value, str) and value.isdigit():
+  """Whether `value` is a student.softmax_key_grid: a whole number >= 0, its digits, or 'Nx'."""
+  if isinstance(value, str) and value.isascii() and value.isdigit():
     return True
-  if isinstance(value, int) and not isinstance(value, bool):
+  if isinstance(value, numbers.Integral) and not isinstance(value, bool):
     return value >= 0
   return key_grid_multiple(value) is not None
 
 
+def key_grid_canonical(value: Any) -> Any:
+  """One spelling per key grid (what config.json records, so a rerun resumes however it is
+  written): a grid side as an int, 'Nx' with N in its shortest form ('2.0x' -> '2x'); anything
+  else as it is (the checks name it)."""
+  n = key_grid_multiple(value)
+  if n is not None:
+    return f"{n:g}x"
+  return int(value) if key_grid_valid(value) else value
+
+
 def key_grid_patches(value: int | str, image_size: int, patch: int) -> int:
-  """student.softmax_key_grid as a grid side in patches: an int (or its digits) as it is; 'Nx' as
-  N times the training grid image_size // patch, rounded, at least 1."""
+  """student.softmax_key_grid as a grid side in patches: a whole number (or its digits) as it is;
+  'Nx' as N times the training grid image_size // patch, halves rounded up, at least 1."""
   if not key_grid_valid(value):
     raise ValueError(f"softmax_key_grid={value!r}: expected {KEY_GRID_FORMS}")
   n = key_grid_multiple(value)
   if n is None:
     return int(value)
-  return max(1, round(n * (image_size // patch)))
+  return max(1, math.floor(n * (image_size // patch) + 0.5))
 
 
 # Every optimizer field and its default (big_vision's semantics: optim.make_optimizer). A config's
@@ -390,7 +400,8 @@ def base_config() -> mlc.ConfigDict:
   # teacher attention, swapped into the student alone, brings its final tokens closest to the
   # teacher's (evaluation/layer_swap.fix_gains: error that compounds counts); softmax_key_grid:
   # g > 0: those layers pool their patch keys to at most g×g on a larger grid (AttentionSpec
-  # key_grid: linear in tokens; 0: every key). attention: the student's operator: a feature map
+  # key_grid: linear in tokens; 0: every key), or "Nx": N times the training grid (a config that
+  # sets the field as text; --config.student.softmax_key_grid keeps the field's type). attention: the student's operator: a feature map
   # (elu1, relu, hedgehog, hedgehog_exp, favor), a spec, or one per layer.
   c.student = dict(
       attention="elu1",

@@ -56,7 +56,8 @@ def _check_value(key: str, value: Any, default: Any) -> Any:
   """A Python `value` for option `key`, checked against (and converted to) its default's type.
 
   Text is read as the `:arg` string would spell it (what a CLI wrapper forwards); a path object is
-  its string; a square pair (448, 448) is one int where the option is an int (a resolution).
+  its string; a square pair (448, 448) is one int where the option is an int (a resolution); a
+  whole number is its digits where the option's default is digits (softmax_key_grid: 32 or '2x').
   """
   if isinstance(value, str) and not isinstance(default, str) and default is not None:
     return _parse_text(key, value, default)
@@ -83,6 +84,11 @@ def _check_value(key: str, value: Any, default: Any) -> Any:
   if isinstance(default, str):
     if isinstance(value, os.PathLike):
       return os.fspath(value)
+    if default.isascii() and default.isdigit() and isinstance(value, numbers.Integral):
+      # Why: an option written in digits by default (softmax_key_grid: '32' or '2x') takes a
+      # whole number from Python as the command line's digits.
+      if not isinstance(value, bool):
+        return str(value)
     if isinstance(value, str):
       return value
     raise OptionError(f"config arg {key}={value!r} is not a string")

@@ -1,0 +1,82 @@
+"""Why the run's 896-px speed ratio (results.json's test rows: the teacher's and the student's
+forwards on the test photos) and bench/hybrid_speed's disagree: the same student timed both ways,
+with its trained params and with random ones, on a real photo and on noise, interleaved.
+
+    python -m bench.run_vs_bench --student WORKDIR --teacher T.npz --photo P.jpg [--px 896]
+
+Cases (batch 1, round-robin, first call excluded, bench/common.time_interleaved):
+  teacher / student, trained params, real photo — what the run times (through photo_tokens.Tokens:
+  the jitted apply returning the tokens, copied to the host);
+  teacher / student, random params (bench/hybrid_speed's init) on the same photo;
+  student, trained params, on noise (bench/hybrid_speed's input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+import linvit_jax
+from bench import common
+from linvit_jax import compare
+from linvit_jax.data import inference_pp
+from linvit_jax.evaluation import photo_eval
+from linvit_jax.evaluation import photo_tokens
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--student", required=True)
+  parser.add_argument("--teacher", required=True)
+  parser.add_argument("--photo", required=True)
+  parser.add_argument("--px", type=int, default=896)
+  parser.add_argument("--reps", type=int, default=3)
+  parser.add_argument("--out", default="")
+  args = parser.parse_args(argv)
+
+  student = linvit_jax.load_student(args.student)
+  res = student.training_size[0]
+  teacher_model, teacher_params = compare.load_teacher(args.teacher, student, res)
+  pp = photo_eval.view_pp("whole", args.px, photo_eval.value_ops(compare.student_pp(student)))
+  photo = inference_pp.Preprocess(pp)(args.photo)[None]
+  noise = np.random.RandomState(0).randn(*photo.shape).astype(np.float32)
+  grid = args.px // student.model.patch_size[0]
+
+  def random_params(model: Any) -> Any:
+    x = np.zeros_like(photo)
+    return jax.jit(model.init)(jax.random.PRNGKey(0), x)["params"]
+
+  tokens = {
+      "teacher": photo_tokens.Tokens(teacher_model, teacher_params, res),
+      "student": photo_tokens.Tokens(student.model, student.params, res),
+      "teacher_random": photo_tokens.Tokens(teacher_model, random_params(teacher_model), args.px),
+      "student_random": photo_tokens.Tokens(student.model, random_params(student.model), args.px),
+  }
+  cases = {name: (lambda t=t: t(photo, 1)) for name, t in tokens.items()}
+  cases["student_noise"] = lambda: tokens["student"](noise, 1)
+  timings = common.time_interleaved(cases, args.reps)
+  out = {"px": args.px, "grid": grid, "student": args.student, "reps": args.reps, "rows": []}
+  for name in cases:
+    s = float(np.median(timings.wall[name]))
+    out["rows"].append({"case": name, "s": s, "times_s": timings.wall[name]})
+  t = {r["case"]: r["s"] for r in out["rows"]}
+  out["ratio_trained"] = t["teacher"] / t["student"]
+  out["ratio_random"] = t["teacher_random"] / t["student_random"]
+  for r in out["rows"]:
+    print(f"{r['case']:<16} {r['s']:8.3f} s")
+  print(
+      f"teacher / student: trained {out['ratio_trained']:.2f}x, random {out['ratio_random']:.2f}x"
+  )
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump(out, f, indent=1)
+  return out
+
+
+if __name__ == "__main__":
+  main()
