@@ -343,6 +343,12 @@ def test_options_the_run_will_not_read_are_said(tmp_path, caplog):
   assert said == [
       "options align_lora, knn_train are set but not read (no align stage runs; knn is off)"
   ]
+  caplog.clear()
+  with caplog.at_level("WARNING"):
+    _folder_config(photos, softmax_layers=0, softmax_key_grid="2x")
+    _folder_config(photos, softmax_layers=1, softmax_key_grid="2x")  # read: nothing said
+  said = [r.getMessage() for r in caplog.records if "set but not read" in r.getMessage()]
+  assert said == ["options softmax_key_grid are set but not read (softmax_layers=0)"]
 
 
 def test_sample_photos_says_when_it_writes_fewer_than_promised(tmp_path, monkeypatch, capsys):

@@ -62,7 +62,8 @@ def align_steps(arg: Any) -> int:
 
 def ignored_options(arg: Any, defaults: dict[str, Any]) -> list[str]:
   """The options set away from their defaults that this run will not read: align's and
-  deploy_res's when no align stage runs, the k-NN set's when knn is off."""
+  deploy_res's when no align stage runs, the k-NN set's when knn is off, the softmax layers' when
+  there are none (softmax_layers=0)."""
   no_align = arg.distill_fraction >= 1 or (align_steps(arg) == 0 and not arg.tiny)
   unread = []
   for name, default in defaults.items():
@@ -72,7 +73,12 @@ def ignored_options(arg: Any, defaults: dict[str, Any]) -> list[str]:
       unread.append(name)
     elif arg.knn in ("", "none") and name.startswith("knn_"):
       unread.append(name)
+    elif arg.softmax_layers == 0 and name in _SOFTMAX_LAYER_OPTIONS:
+      unread.append(name)
   return unread
+
+
+_SOFTMAX_LAYER_OPTIONS = ("softmax_pick", "softmax_key_grid")
 
 
 def budget_note(arg: Any, defaults: dict[str, Any] | None = None) -> str:
@@ -83,8 +89,12 @@ def budget_note(arg: Any, defaults: dict[str, Any] | None = None) -> str:
     reasons = [
         why
         for why, found in (
-            ("no align stage runs", any(not n.startswith("knn_") for n in unread)),
+            (
+                "no align stage runs",
+                any(not n.startswith("knn_") and n not in _SOFTMAX_LAYER_OPTIONS for n in unread),
+            ),
             ("knn is off", any(n.startswith("knn_") for n in unread)),
+            ("softmax_layers=0", any(n in _SOFTMAX_LAYER_OPTIONS for n in unread)),
         )
         if found
     ]
