@@ -2,7 +2,8 @@
 forwards on the test photos) and bench/hybrid_speed's disagree: the same student timed both ways,
 with its trained params and with random ones, on a real photo and on noise, interleaved.
 
-    python -m bench.run_vs_bench --student WORKDIR --teacher T.npz --photo P.jpg [--px 896]
+    python -m bench.run_vs_bench --student WORKDIR --teacher T.npz --photo P.jpg [--px 896] \
+        [--out bench/results/run_vs_bench_896.json]
 
 Cases (batch 1, round-robin, first call excluded, bench/common.time_interleaved):
   teacher / student, trained params, real photo — what the run times (through photo_tokens.Tokens:
@@ -14,7 +15,8 @@ Cases (batch 1, round-robin, first call excluded, bench/common.time_interleaved)
 from __future__ import annotations
 
 import argparse
-import json
+import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +29,8 @@ from linvit_jax import compare
 from linvit_jax.data import inference_pp
 from linvit_jax.evaluation import photo_eval
 from linvit_jax.evaluation import photo_tokens
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -59,23 +63,42 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   }
   cases = {name: (lambda t=t: t(photo, 1)) for name, t in tokens.items()}
   cases["student_noise"] = lambda: tokens["student"](noise, 1)
+  machine = common.machine_summary()  # the load average before the timing
   timings = common.time_interleaved(cases, args.reps)
-  out = {"px": args.px, "grid": grid, "student": args.student, "reps": args.reps, "rows": []}
+  out = {
+      "machine": machine,
+      "commit": common.git_commit(REPO),
+      "date": time.strftime("%Y-%m-%d"),
+      "px": args.px,
+      "grid": grid,
+      "student": args.student,
+      "reps": args.reps,
+      "rows": [],
+  }
   for name in cases:
     s = float(np.median(timings.wall[name]))
     out["rows"].append({"case": name, "s": s, "times_s": timings.wall[name]})
   t = {r["case"]: r["s"] for r in out["rows"]}
   out["ratio_trained"] = t["teacher"] / t["student"]
   out["ratio_random"] = t["teacher_random"] / t["student_random"]
-  for r in out["rows"]:
-    print(f"{r['case']:<16} {r['s']:8.3f} s")
-  print(
-      f"teacher / student: trained {out['ratio_trained']:.2f}x, random {out['ratio_random']:.2f}x"
-  )
   if args.out:
-    with open(args.out, "w") as f:
-      json.dump(out, f, indent=1)
+    common.save_result(out, args.out, table)
+  else:
+    print(table(out))
   return out
+
+
+def table(result: dict[str, Any]) -> str:
+  """The markdown table of one result: seconds per image of each case and the two ratios."""
+  lines = ["| case | s / image |", "|---|---|"]
+  lines += [f"| {r['case']} | {r['s']:.3f} |" for r in result["rows"]]
+  lines.append(
+      f"\nteacher ÷ student at {result['px']} px: trained {result['ratio_trained']:.2f}×, "
+      f"random {result['ratio_random']:.2f}×."
+  )
+  if "machine" in result:
+    lines.append(common.result_footer(result, "through photo_tokens.Tokens"))
+  return "\n".join(lines)
 
 
 if __name__ == "__main__":

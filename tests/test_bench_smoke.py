@@ -221,3 +221,23 @@ def test_hybrid_speed_bench_at_a_tiny_size(tmp_path):
   assert "| 56 | 17 | hybrid_keys32 |" in hybrid_speed.table(json.loads(out.read_text()))
   with pytest.raises(SystemExit, match="has 1 layers"):
     hybrid_speed.main(["--variant", "mu/14", "--layer", "1", "--out", str(out)])
+
+
+def test_run_vs_bench_times_trained_and_random_params(tmp_path):
+  # The run's code path (photo_tokens.Tokens) on an exported student and its teacher, trained and
+  # random params, a photo and noise, in the same rounds.
+  from bench import run_vs_bench
+  from tests.test_photo_eval import HF
+  from tests.test_photo_eval import _hf_export
+  from tests.test_photo_eval import write_photos
+
+  student = _hf_export(tmp_path / "student")
+  write_photos(str(tmp_path / "photos"), 1)
+  photo = str(next((tmp_path / "photos").iterdir()))
+  out = tmp_path / "run_vs_bench.json"
+  argv = ["--student", student, "--teacher", HF, "--photo", photo, "--px", "28", "--reps", "1"]
+  result = run_vs_bench.main([*argv, "--out", str(out)])
+  cases = [r["case"] for r in result["rows"]]
+  assert cases == ["teacher", "student", "teacher_random", "student_random", "student_noise"]
+  assert all(r["s"] > 0 for r in result["rows"]) and result["ratio_trained"] > 0
+  assert "| student_noise |" in run_vs_bench.table(json.loads(out.read_text()))

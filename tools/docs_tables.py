@@ -150,6 +150,12 @@ TABLES: dict[str, Table] = {
         (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.KEY_PAIRS)
     ),
     "key_pooling_teacher": Table((photos.KEY_POOLING,), photos.key_pooling),
+    "hybrid_seeds": Table(
+        (photos.DATA_STUDY,), photos.arm_seeds(photos.DATA_STUDY, photos.HYBRID_SEED_ARMS)
+    ),
+    "hybrid_seeds_paired": Table(
+        (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.HYBRID_SEED_PAIRS)
+    ),
     "operators_paired": Table(
         (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.OPERATOR_PAIRS)
     ),

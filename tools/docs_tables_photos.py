@@ -775,28 +775,38 @@ def paired(
   """Photo by photo (per_photo), what run `arm` gains over run `ref` of a study on the same test
   photos: the mean difference in cls / patch cosine of whole views at each size with its paired
   bootstrap 95 % interval, which is far narrower than the two runs' own intervals side by side
-  (both runs see the same hard and easy photos). `pairs`: (ref, arm, label); `photos`: which of
-  a run's test tables ("test": its own cross-source test; "people": compare's on people)."""
+  (both runs see the same hard and easy photos). `pairs`: (ref, arm, label), where ref and arm
+  may each be a tuple of runs (seeds): each photo's value is then their mean, so the interval is
+  over photos of the seeds' average; `photos`: which of a run's test tables ("test": its own
+  cross-source test; "people": compare's on people)."""
   from linvit_jax.evaluation import photo_eval
+
+  def runs(name: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (name,) if isinstance(name, str) else tuple(name)
 
   def render(load: Load) -> str:
     study = load(study_path)
-    sizes = sorted({r["size"] for r in study[pairs[0][0]][photos]["rows"]})
+    sizes = sorted({r["size"] for r in study[runs(pairs[0][0])[0]][photos]["rows"]})
     head = " | ".join(f"{s} px: Δ cls | {s} px: Δ patch" for s in sizes)
     lines = [f"| change | photos | {head} |", "|---|---|" + "---|---|" * len(sizes)]
 
-    def diff(ref: dict[str, Any], arm: dict[str, Any]) -> tuple[str, int]:
-      names = sorted(set(ref["per_photo"]) & set(arm["per_photo"]))
-      d = [arm["per_photo"][n] - ref["per_photo"][n] for n in names]
+    def per_photo(names: tuple[str, ...], size: int, key: str) -> dict[str, float]:
+      tables = [_whole_row(study[n][photos], size)[key]["per_photo"] for n in names]
+      shared = set.intersection(*(set(t) for t in tables))
+      return {p: statistics.fmean(t[p] for t in tables) for p in shared}
+
+    def diff(ref: dict[str, float], arm: dict[str, float]) -> tuple[str, int]:
+      names = sorted(set(ref) & set(arm))
+      d = [arm[n] - ref[n] for n in names]
       lo, hi = photo_eval.bootstrap_interval(d)
       return f"{statistics.fmean(d):+.3f} [{lo:+.3f}, {hi:+.3f}]", len(names)
 
     for ref_name, arm_name, label in pairs:
       cells, count = [], 0
       for s in sizes:
-        ref, arm = (_whole_row(study[n][photos], s) for n in (ref_name, arm_name))
         for key in ("cls_cosine", "patch_cosine"):
-          shown, count = diff(ref[key], arm[key])
+          ref, arm = (per_photo(runs(n), s, key) for n in (ref_name, arm_name))
+          shown, count = diff(ref, arm)
           cells.append(shown)
       lines.append(f"| {label} | {count} | {' | '.join(cells)} |")
     return "\n".join(lines)
@@ -1003,6 +1013,65 @@ KEY_PAIRS = (
     ("HYB1_10k", "HYB1_10k_keys32", "every key → pooled to 32² (the same weights)"),
     ("HYB1_10k", "HYB1_10k_keys16", "every key → pooled to 16² (the same weights)"),
 )
+
+
+# The pooled hybrid under two seeds beside the README's command under the same two: (label,
+# ((seed, name in DATA_STUDY), ...)). Seed 0's hybrid is HYB1_10k measured with its keys pooled
+# (compare); seed 1's pooled them in its own run (softmax_key_grid=32 from the start).
+HYBRID_SEED_ARMS = (
+    ("linear (the README's command)", ((0, "SDL_tf0_10k_readme"), (1, "SEED1_10k"))),
+    (
+        "one softmax layer, keys pooled to 32² (`softmax_layers=1,softmax_pick=sensitivity,"
+        "softmax_key_grid=32`)",
+        ((0, "HYB1_10k_keys32"), (1, "HYBK_s1")),
+    ),
+)
+HYBRID_SEED_PAIRS = (
+    ("SDL_tf0_10k_readme", "HYB1_10k_keys32", "seed 0: linear → pooled hybrid"),
+    ("SEED1_10k", "HYBK_s1", "seed 1: linear → pooled hybrid"),
+    (
+        ("SDL_tf0_10k_readme", "SEED1_10k"),
+        ("HYB1_10k_keys32", "HYBK_s1"),
+        "mean of seeds 0 and 1: linear → pooled hybrid",
+    ),
+)
+
+
+def arm_seeds(
+    study_path: str, arms: Sequence[tuple[str, Sequence[tuple[int, str]]]]
+) -> Callable[[Load], str]:
+  """Arms under several seeds: cls / patch cosine of whole views at each size and the largest
+  size's images/s over the teacher's as the run (or compare) measured it, one row per seed and
+  the seeds' mean."""
+
+  def render(load: Load) -> str:
+    study = load(study_path)
+    first = study[arms[0][1][0][1]]
+    sizes = _sizes(first)
+    head = " | ".join(f"{s} px: cls / patch" for s in sizes)
+    lines = [
+        f"| student ({first['test']['n_test']} cross-source test photos) | seed | {head} "
+        f"| {sizes[-1]} px: images/s ÷ teacher's |",
+        "|---|---|" + "---|" * len(sizes) + "---|",
+    ]
+    for label, seeded in arms:
+      values = []  # per seed: [cls, patch per size..., speed]
+      for _seed, name in seeded:
+        rows = [_whole(study[name], s) for s in sizes]
+        v = [x for r in rows for x in (r["cls_cosine"]["mean"], r["patch_cosine"]["mean"])]
+        v.append(rows[-1]["student_images_per_s"] / rows[-1]["teacher_images_per_s"])
+        values.append(v)
+      for (seed, _), v in zip([*seeded, (None, None)], [*values, _column_means(values)]):
+        cells = [f"{v[2 * i]:.3f} / {v[2 * i + 1]:.3f}" for i in range(len(sizes))]
+        shown = f"**{' / '.join(str(s) for s, _ in seeded)} mean**" if seed is None else seed
+        lines.append(f"| {label} | {shown} | {' | '.join(cells)} | {v[-1]:.2f}× |")
+    return "\n".join(lines)
+
+  return render
+
+
+def _column_means(rows: Sequence[Sequence[float]]) -> list[float]:
+  return [statistics.fmean(column) for column in zip(*rows)]
 
 
 def hybrid_keys(
