@@ -272,7 +272,7 @@ CASES = {
         _CF,
         _PHOTOS + ",deploy_res=448",
         _PHOTOS + ",deploy_res=448,deploy_fraction=0.5,tiny=True",
-        _CF + ",softmax_layers=1",
+        _CF + ",softmax_layers=0",  # the hybrid is the default since 2026-12-07
         _CF + ",align_lora=8",
         _CF + ",distill_fraction=1.0",
         _CF + ",distill_fraction=1.0,tiny=True",

@@ -237,7 +237,7 @@ def test_softmax_key_grid_digits_are_patches(tmp_path):
   # digits stay an int (what runs recorded before 'Nx' existed: they resume); 'Nx' stays text
   assert _folder_config(photos, softmax_key_grid="32").student.softmax_key_grid == 32
   assert _folder_config(photos, softmax_key_grid="2x").student.softmax_key_grid == "2x"
-  assert _folder_config(photos).student.softmax_key_grid == 0
+  assert _folder_config(photos).student.softmax_key_grid == "2x"  # the default
   # the Python API's whole number is the command line's digits; 'Nx' in one spelling
   assert _folder_config(photos, softmax_key_grid=32).student.softmax_key_grid == 32
   assert _folder_config(photos, softmax_key_grid="2.0x").student.softmax_key_grid == "2x"
@@ -248,8 +248,8 @@ def test_softmax_key_grid_digits_are_patches(tmp_path):
 def test_softmax_key_grid_refused_by_preflight(tmp_path):
   photos = _photos(tmp_path / "p2", 6)
   config = _folder_config(photos, softmax_layers=1)
-  config.student.softmax_key_grid = -1  # set on the config itself: preflight names it
-  _refused(config, tmp_path / "w", "softmax_key_grid=-1", "expected a grid side in patches")
+  config.student.softmax_key_grid = "-1"  # set on the config itself: preflight names it
+  _refused(config, tmp_path / "w", "softmax_key_grid='-1'", "expected a grid side in patches")
 
 
 def test_softmax_pick_typo_is_one_line(tmp_path):
@@ -345,8 +345,8 @@ def test_options_the_run_will_not_read_are_said(tmp_path, caplog):
   ]
   caplog.clear()
   with caplog.at_level("WARNING"):
-    _folder_config(photos, softmax_layers=0, softmax_key_grid="2x")
-    _folder_config(photos, softmax_layers=1, softmax_key_grid="2x")  # read: nothing said
+    _folder_config(photos, softmax_layers=0, softmax_key_grid="32")
+    _folder_config(photos, softmax_layers=1, softmax_key_grid="32")  # read: nothing said
   said = [r.getMessage() for r in caplog.records if "set but not read" in r.getMessage()]
   assert said == ["options softmax_key_grid are set but not read (softmax_layers=0)"]
 

@@ -60,7 +60,7 @@ class Table:
 TABLES: dict[str, Table] = {
     "default_seeds": Table(tuple(p for _, p, _ in runs.DEFAULT_RUNS), runs.default_seeds),
     "default_cost": Table((runs.README_RUN,), runs.default_cost),
-    "speed": Table((runs.LEVERS_SPEED, "bench/common.py"), runs.speed),
+    "speed": Table((runs.HYBRID_SPEED, "bench/common.py"), runs.speed),
     "default_history": Table(tuple(runs.history_path(k) for _, k in runs.HISTORY), runs.history),
     "first_runs": Table(tuple(p for _, p in runs.FIRST_RUNS), runs.first_runs),
     "ablation": Table((runs.ABLATION_DOC,), runs.ablation),
@@ -104,6 +104,15 @@ TABLES: dict[str, Table] = {
     ),
     "data_study_count_fit": Table(
         (photos.DATA_STUDY,), photos.fit_by_count(photos.COUNT_ARMS, photos.COUNT_PHOTOS)
+    ),
+    "readme_goals": Table(
+        (photos.DATA_STUDY, "tools/docs_tables_runs.py"),
+        photos.cross_goals(
+            photos.DATA_STUDY, photos.README_HYBRID_ARM, photos.README_HYBRID_OPERATOR
+        ),
+    ),
+    "readme_goals_fit": Table(
+        (photos.DATA_STUDY,), photos.fit_gap(photos.DATA_STUDY, photos.README_HYBRID_ARM)
     ),
     "readme_default_goals": Table(
         (photos.DATA_STUDY,), photos.cross_goals(photos.DATA_STUDY, photos.README_ARM)

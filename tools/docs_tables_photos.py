@@ -10,7 +10,7 @@ one from a study and run names) returns the Markdown between a table's markers
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tools.docs_tables_runs import Load
@@ -474,7 +474,11 @@ COMPOUNDING = "docs/data_study_compounding.json"
 # run whole, the teacher's features computed afresh. SDL_10k and SDL_lora0_10k_readme are the same
 # command under the earlier defaults (rank-8 LoRA in `align` until 2026-12-07; then full rank with
 # the teacher-forced term).
-README_ARM = "SDL_tf0_10k_readme"
+README_ARM = "SDL_tf0_10k_readme"  # the README's command until 2026-12-07 (all-linear)
+# The README's command since 2026-12-07 (one softmax layer by sensitivity, keys pooled to 2x the
+# training grid: 32 here) and its operator's flop_ratio keywords.
+README_HYBRID_ARM = "README_hyb"
+README_HYBRID_OPERATOR = {"softmax_layers": 1, "key_grid": 32}
 # Paired comparisons on the 15 photos of people (compare --photos, test only), of the runs
 # measured there: (reference, arm, what changed).
 PEOPLE_PAIRS = (
@@ -654,10 +658,13 @@ CROSS_GOALS = (
 )  # fmt: skip
 
 
-def cross_goals(study_path: str, name: str) -> Callable[[Load], str]:
+def cross_goals(
+    study_path: str, name: str, operator: Mapping[str, Any] | None = None
+) -> Callable[[Load], str]:
   """Issue 49's goals against run `name` of a study, on its cross-source test photos: whole views
   at every size, the worst photo, the dense measure and crop retrieval at the base size, speed at
-  the largest size, k-NN retention and the whole run's minutes."""
+  the largest size (FLOPs: flop_ratio with `operator`'s keywords, the run's student), k-NN
+  retention and the whole run's minutes."""
 
   def render(load: Load) -> str:
     run = load(study_path)[name]
@@ -694,8 +701,9 @@ def cross_goals(study_path: str, name: str) -> Callable[[Load], str]:
         else:
           shown = f"{value:.2f}"
         add(f"{at} px", what, goal, value, shown)
-    ratio = flop_ratio(sizes[-1])  # a GPU or TPU gains what the FLOPs say, not what CPU time says
-    add(f"{sizes[-1]} px", "teacher ÷ student FLOPs (a ViT-S/14 block, analytic)", 2.0, ratio,
+    # a GPU or TPU gains what the FLOPs say, not what CPU time says
+    ratio = flop_ratio(sizes[-1], **(operator or {}))
+    add(f"{sizes[-1]} px", "teacher ÷ student FLOPs (ViT-S/14 blocks, analytic)", 2.0, ratio,
         f"{ratio:.2f}")  # fmt: skip
     found = test.get("crop_retrieval") or {}
     if "retention" in found:
@@ -1034,6 +1042,8 @@ HYBRID_SEED_PAIRS = (
         ("HYB1_10k_keys32", "HYBK_s1"),
         "mean of seeds 0 and 1: linear → pooled hybrid",
     ),
+    ("SDL_tf0_10k_readme", "README_hyb", "the README's command: all-linear → since 2026-12-07"),
+    ("HYB1_10k_keys32", "README_hyb", "seed 0's pooled hybrid → the README's command run whole"),
 )
 
 

@@ -97,7 +97,7 @@ def default_seeds(load: Load) -> str:
 
 
 # The README's conversion command as written (setup_photos.sh's folders, eval_folder=), run whole.
-README_RUN = "docs/vits14_readme_default_results.json"
+README_RUN = "docs/vits14_readme_hybrid_results.json"  # the README's command since 2026-12-07
 
 
 def default_cost(load: Load) -> str:
@@ -160,21 +160,27 @@ def flop_ratio(
   )
 
 
-LEVERS_SPEED = "docs/levers_speed.json"
+# bench/hybrid_speed.py at batch 1: the default student (one softmax layer, its keys pooled to
+# 32×32 = twice the training grid of a /14 teacher at 224 px) and the all-linear one, same rounds.
+HYBRID_SPEED = "bench/results/hybrid_speed.json"
 
 
 def speed(load: Load) -> str:
-  measured = {row["image_size"]: row for row in load(LEVERS_SPEED)}
+  """The README's speed table: both students over the teacher, measured and by FLOPs."""
+  bench = load(HYBRID_SPEED)
+  measured = {(r["px"], r["case"]): r["speedup"] for r in bench["rows"]}
   lines = [
-      "| image size | tokens | measured on 2 CPU cores: student ÷ teacher images/s "
-      "| estimate for a GPU/TPU: softmax ÷ linear FLOPs of attention + MLP |",
-      "|---|---|---|---|",
+      "| image size | tokens | 2 CPU cores, student ÷ teacher images/s: the default "
+      "| the same, all-linear (`softmax_layers=0`) | estimate for a GPU/TPU, teacher ÷ student "
+      "FLOPs: the default | the same, all-linear |",
+      "|---|---|---|---|---|---|",
   ]
   for size in SPEED_SIZES:
     tokens = bench_common.tokens_for(size, VITS14["patch"])
     lines.append(
-        f"| {size} px | {tokens:,} | {measured[size]['center_conv_speedup']:.2f}× "
-        f"| {flop_ratio(size):.2f}× |"
+        f"| {size} px | {tokens:,} | {measured[(size, 'hybrid_keys32')]:.2f}× "
+        f"| {measured[(size, 'linear')]:.2f}× "
+        f"| {flop_ratio(size, softmax_layers=1, key_grid=32):.2f}× | {flop_ratio(size):.2f}× |"
     )
   return "\n".join(lines)
 

@@ -52,12 +52,17 @@ def _parse_text(key: str, value: str, default: Any) -> Any:
   return value
 
 
+class NumberOrText(str):
+  """A text option's default whose option also takes a whole number from Python (as its digits):
+  softmax_key_grid=32 or softmax_key_grid='2x'. The parsed option is plain text."""
+
+
 def _check_value(key: str, value: Any, default: Any) -> Any:
   """A Python `value` for option `key`, checked against (and converted to) its default's type.
 
   Text is read as the `:arg` string would spell it (what a CLI wrapper forwards); a path object is
   its string; a square pair (448, 448) is one int where the option is an int (a resolution); a
-  whole number is its digits where the option's default is digits (softmax_key_grid: 32 or '2x').
+  whole number is its digits where the default is a NumberOrText (softmax_key_grid: 32 or '2x').
   """
   if isinstance(value, str) and not isinstance(default, str) and default is not None:
     return _parse_text(key, value, default)
@@ -84,11 +89,9 @@ def _check_value(key: str, value: Any, default: Any) -> Any:
   if isinstance(default, str):
     if isinstance(value, os.PathLike):
       return os.fspath(value)
-    if default.isascii() and default.isdigit() and isinstance(value, numbers.Integral):
-      # Why: an option written in digits by default (softmax_key_grid: '32' or '2x') takes a
-      # whole number from Python as the command line's digits.
+    if isinstance(default, NumberOrText) and isinstance(value, numbers.Integral):
       if not isinstance(value, bool):
-        return str(value)
+        return str(value)  # what the command line's digits give
     if isinstance(value, str):
       return value
     raise OptionError(f"config arg {key}={value!r} is not a string")
@@ -134,7 +137,9 @@ def parse_arg(arg: str | Mapping[str, Any] | None, **defaults: Any) -> mlc.Confi
   """
   if arg is _ASK_DEFAULTS:
     raise _Defaults(dict(defaults))
-  out = mlc.ConfigDict(defaults)
+  out = mlc.ConfigDict(
+      {k: str(v) if isinstance(v, NumberOrText) else v for k, v in defaults.items()}
+  )
   if not arg:
     return out
   if isinstance(arg, Mapping):
