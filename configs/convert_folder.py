@@ -39,7 +39,7 @@ The student's linear attention:
   sinks: m > 0: the m patch keys of largest norm are exact for every query (0: off)
   policy: the surgery policy (copy_all: the teacher's q/k/v/out start the student)
   softmax_layers: how many layers go back to softmax after distillation (default 1: +0.016 /
-    +0.012 cls / patch at 448 px over none, two seeds, docs/operators.md; 0: all linear)
+    +0.012 cls / patch at 448 px over none, mean of two seeds, docs/operators.md; 0: all linear)
   softmax_pick: sensitivity (largest end-to-end gain, the default) | tf_cosine (lowest
     teacher-forced cosine)
   softmax_key_grid: g > 0: on a patch grid wider than g (a larger deploy size), the softmax

@@ -107,7 +107,10 @@ def default_cost(load: Load) -> str:
   t = r.timing_s
   rest = t["total"] - t["distill_attention"] - t["align"]
   cached = bool((r.knn or {}).get("teacher_features_cached"))
+  tokens = bool(((r.test or {}).get("teacher_cache") or {}).get("hits"))
   features = "found in an earlier run's cache" if cached else "computed afresh"
+  if tokens:
+    features += ", its test-photo tokens " + ("too" if cached else "found in the cache")
   return (
       f"**What it costs.** The default budget is {r.images_seen:,} training images (random "
       f"crops of your photos, drawn again and again). On this project's 2-core CPU machine the "
