@@ -245,7 +245,8 @@ def check_softmax_layers(config: mlc.ConfigDict, depth: int | None) -> None:
   if k and not any(config[n].kind == "distill_attention" for n in config.stages if n in config):
     raise ConfigError(
         f"config.student.softmax_layers={k}: the layers are chosen after the first "
-        "distill_attention stage, and config.stages has none"
+        "distill_attention stage, and config.stages has none (set softmax_layers=0, "
+        "convert_folder's default being 1)"
     )
 
 

@@ -338,43 +338,44 @@ def test_every_config_builds_its_snapshot():
 
 
 # The base convert_folder case as earlier defaults built it, frozen from their era's snapshot: what
-# a workdir begun then holds in its config.json; with the fields today's default refuses it by (as
-# check_same_run names them) and the options docs/recipe.md says to add to resume it.
+# a workdir begun then holds in its config.json; with how many fields today's default refuses it
+# by (check_same_run names the first two, the all-linear student's, and counts the rest) and the
+# options docs/recipe.md says to add to resume it.
+_LINEAR = ",softmax_layers=0,softmax_pick=tf_cosine,softmax_key_grid=0"
+_NAMED = ('student.softmax_key_grid: 0 there, "2x" now', "student.softmax_layers: 0 there, 1 now")
 EARLIER_DEFAULTS = {
     # rank-8 LoRA align, 2026-12-02 to 2026-12-07
     "rank8": (
         "convert_folder_rank8_default.json",
-        ("align.optimizer.lora_rank: 8 there, 0 now", "align.w_attn_tf: 1.0 there, 0.0 now"),
-        ",align_lora=8,align_w_attn_tf=1",
+        5,  # and student.softmax_pick, align.optimizer.lora_rank, align.w_attn_tf
+        _LINEAR + ",align_lora=8,align_w_attn_tf=1",
     ),
     # full-rank align with its teacher-forced term, 2026-12-07
-    "lora0_tf1": (
-        "convert_folder_lora0_tf1_default.json",
-        ("align.w_attn_tf: 1.0 there, 0.0 now",),
-        ",align_w_attn_tf=1",
-    ),
+    "lora0_tf1": ("convert_folder_lora0_tf1_default.json", 4, _LINEAR + ",align_w_attn_tf=1"),
+    # the all-linear student, until 2026-12-07
+    "linear_tf0": ("convert_folder_linear_tf0_default.json", 3, _LINEAR),
 }
 
 
 @pytest.mark.parametrize("era", sorted(EARLIER_DEFAULTS))
 def test_a_workdir_of_an_earlier_default_is_refused_then_resumes_as_recipe_md_says(tmp_path, era):
   """docs/recipe.md's advice, against the config that default really wrote: today's default is
-  refused naming exactly the fields that changed, and with the options the docs give it is the
-  same run again."""
+  refused naming the fields that changed, and with the options the docs give it is the same run
+  again."""
   from linvit_jax import preflight
   from linvit_jax.configuration import recipes
   from linvit_jax.runtime.errors import ConfigError
 
-  name, named_fields, resume_options = EARLIER_DEFAULTS[era]
+  name, differing, resume_options = EARLIER_DEFAULTS[era]
   frozen = (ROOT / "tests" / "data" / name).read_text()
   text = frozen.replace("<assets>", json.dumps(recipes.ASSETS)[1:-1])
   (tmp_path / "config.json").write_text(text)
   today = config_files.load(str(CONFIGS / "convert_folder.py"), _CF)
   with pytest.raises(ConfigError, match="holds a run of another config") as e:
     preflight.check_same_run(str(tmp_path), today)
-  for field in named_fields:
+  for field in _NAMED:
     assert field in str(e.value)
-  assert str(e.value).count(" there, ") == len(named_fields), str(e.value)
+  assert f"(+{differing - len(_NAMED)} more)" in str(e.value), str(e.value)
   resumed = config_files.load(str(CONFIGS / "convert_folder.py"), _CF + resume_options)
   preflight.check_same_run(str(tmp_path), resumed)
 

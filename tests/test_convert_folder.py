@@ -288,7 +288,7 @@ def test_convert_folder_sinks_and_routing_only_distillation(tmp_path):
   ckpt = str(tmp_path / "teacher.npz")
   teacher = _headless_checkpoint(ckpt)
   _photos(str(tmp_path / "photos"), n=6)
-  extra = ",sinks=2,distill_trainable=attention_routing,knn=none"
+  extra = ",sinks=2,distill_trainable=attention_routing,knn=none,softmax_layers=0"
   config = _config(ckpt, str(tmp_path / "photos"), extra)
   config.stages = ("distill_attention",)  # tiny adds an align stage, which trains v/out
   config.eval.plots, config.eval.resolution_factors = False, [1]

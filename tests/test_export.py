@@ -29,8 +29,13 @@ def test_export_folder_carries_what_a_user_needs(tiny_hf_conversion):
   for name in ("student.npz", "student.safetensors", "student_config.json", "README.md"):
     assert (workdir / name).exists(), name
   cfg = json.loads((workdir / "student_config.json").read_text())
-  assert cfg["format"] == 2 and cfg["model"]["attention"]["feature_map"] == "hedgehog_exp"
-  assert cfg["model"]["attention"]["conv_v"] and cfg["model"]["attention"]["center_keys"]
+  assert cfg["format"] == 2
+  # the default hybrid: one layer softmax, the others the linear operator
+  kinds = [a["kind"] for a in cfg["model"]["attention"]]
+  assert kinds.count("softmax") == 1 and kinds.count("linear") == len(kinds) - 1
+  assert cfg["recipe"]["softmax_layers"] == [kinds.index("softmax")]
+  linear = next(a for a in cfg["model"]["attention"] if a["kind"] == "linear")
+  assert linear["feature_map"] == "hedgehog_exp" and linear["conv_v"] and linear["center_keys"]
   pre = cfg["preprocessing"]
   assert pre["image_size"] == [28, 28] and pre["gelu"] == "exact" and pre["patch_size"] == [7, 7]
   assert pre["pp"].startswith("decode|") and pre["pp"].endswith('keep("image")')

@@ -59,9 +59,9 @@ def _config(tmp_path, knn_folder, **knn):
   folder = os.path.join(ROOT, "tests", "data", "foreign", "hf_dinov2")
   c = cf.get_config(
       f"init={folder},images={photos},res=28,tiny=True,batch=4,max_images=8,"
-      f"knn=image_folder:{knn_folder},holdout=0.5"
+      f"knn=image_folder:{knn_folder},holdout=0.5,softmax_layers=0"
   )
-  c.stages = ()
+  c.stages = ()  # evaluation only: no distillation to pick a softmax layer after
   c.eval.plots, c.eval.resolution_factors = False, ()
   c.eval.knn.update({"k": 5, **knn})
   return c

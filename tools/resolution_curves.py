@@ -16,9 +16,12 @@ tokens are computed once per size and view; each checkpoint costs one student fo
 Writes {"workdir", "res", "sizes", "views", "n_photos", "split", "stage_starts" (images seen
 when each stage begins), "points": [{"stage", "step", "images_seen", "size", "view",
 "cls_cosine", "patch_cosine"} (means over photos)]} to --out (default
-WORKDIR/resolution_curves.json) and a plot (default WORKDIR/resolution_curves.png). A run whose
-checkpoints are not the params its stages hand on (the hybrid swap, EMA / tail averages, start
-weights, LoRA) is refused: its curve would describe models the run never had.
+WORKDIR/resolution_curves.json) and a plot (default WORKDIR/resolution_curves.png). A hybrid
+run's checkpoints up to its first distill_attention stage are the all-linear student before the
+swap (measured as such: every softmax layer of the export given the other layers' linear
+operator); later ones are the hybrid. A run whose checkpoints are not the params its stages hand
+on (EMA / tail averages, start weights, LoRA) is refused: its curve would describe models the run
+never had.
 """
 
 from __future__ import annotations
@@ -102,12 +105,10 @@ def validation_setup(
 
 
 def raw_params_differ(config: Any) -> list[str]:
-  """Why a run's checkpoints are not what its student hands on (empty: they are): the hybrid swap
-  replaces attention after distill_attention, and averages / start weights / LoRA merges change
-  the params a stage hands on."""
+  """Why a run's checkpoints are not what its student hands on (empty: they are): averages /
+  start weights / LoRA merges change the params a stage hands on. (The hybrid swap does not: its
+  checkpoints before and after it are each the student of their stage, `student_of_stage`.)"""
   reasons = []
-  if config.student.get("softmax_layers", 0):
-    reasons.append(f"student.softmax_layers={config.student.softmax_layers} (the hybrid swap)")
   for stage in config.stages:
     block = config[stage]
     for field in ("start_weight", "lora_rank"):
@@ -117,6 +118,29 @@ def raw_params_differ(config: Any) -> list[str]:
       if block.get("optimizer", {}).get(field, 0):
         reasons.append(f"{stage}.optimizer.{field}={block.optimizer[field]}")
   return reasons
+
+
+def pre_swap_stages(config: Any) -> set[str]:
+  """The stages whose checkpoints hold the student before the hybrid swap: up to and including
+  the first distill_attention stage of a run with student.softmax_layers (else none)."""
+  if not config.student.get("softmax_layers", 0):
+    return set()
+  kinds = [config[stage].get("kind", stage) for stage in config.stages]
+  if "distill_attention" not in kinds:
+    return set()
+  return set(config.stages[: kinds.index("distill_attention") + 1])
+
+
+def linear_model(model: Any) -> Any:
+  """`model` with every softmax layer given the operator of its linear layers: the student before
+  the hybrid swap (which turned those layers from the run's linear operator into softmax)."""
+  from linvit_jax.models import vit
+
+  specs = vit.layer_specs(model)
+  linear = [s for s in specs if s.kind == "linear"]
+  if not linear or len({s for s in linear}) != 1:
+    raise SystemExit("error: the export's linear layers differ: the pre-swap student is unknown")
+  return model.clone(attention=tuple(linear[0] for _ in specs))
 
 
 def sizes_for(res: int, factors: tuple[float, ...], patch: tuple[int, ...]) -> list[int]:
@@ -159,14 +183,19 @@ def measure(
   t0 = time.time()
   teacher_side = _teacher_side(teacher, teacher_params, res, paths, values, sizes, views)
   print(f"teacher at {sizes} px: {time.time() - t0:.0f} s", flush=True)
-  # One student forward for every checkpoint (one compile per size): its params are swapped in.
-  s_tok = None
+  # One student forward for every checkpoint (one compile per size and model): its params are
+  # swapped in. A hybrid's checkpoints before the swap are the all-linear student's.
+  before_swap = pre_swap_stages(config)
+  models = {False: student.model, True: linear_model(student.model) if before_swap else None}
+  s_toks: dict[bool, Any] = {}
   points = []
   for stage, step in checkpoints:
     t0 = time.time()
     params = restore_params(workdir, stage, step)
+    pre = stage in before_swap
+    s_tok = s_toks.get(pre)
     if s_tok is None:
-      s_tok = photo_tokens.Tokens(student.model, params, res)
+      s_tok = s_toks[pre] = photo_tokens.Tokens(models[pre], params, res)
     else:
       s_tok.swap_params(params)
     seen = offsets[stage] + step * int(config[stage].batch_size)
