@@ -165,3 +165,16 @@ def test_knn_bad_values_are_named(tmp_path):
     run_lib.run(_config(tmp_path, tmp_path / "labelled", k=0), str(tmp_path / "w"))
   with pytest.raises(ConfigError, match=r"eval.knn.k=50: more neighbours"):
     run_lib.run(_config(tmp_path, tmp_path / "labelled", k=50), str(tmp_path / "w2"))
+
+
+def test_knn_paired_counts_each_query_as_knn_top1_does():
+  # tools/knn_paired's per-query rule is evaluate.knn_top1's: their means agree.
+  from tools import knn_paired
+
+  rs = np.random.RandomState(0)
+  train, test = rs.randn(60, 8), rs.randn(25, 8)
+  train_labels, test_labels = rs.randint(0, 3, 60), rs.randint(0, 3, 25)
+  hits = knn_paired.query_hits(train, train_labels, test, test_labels, k=5, temperature=0.07)
+  assert set(np.unique(hits)) <= {0.0, 1.0} and len(hits) == 25
+  expected = evaluate.knn_top1(train, train_labels, test, test_labels, k=5, temperature=0.07)
+  assert hits.mean() == pytest.approx(expected)

@@ -1,0 +1,97 @@
+"""k-NN on the README run's set (Fashion-MNIST, upsampled; 1,024 train, 512 eval, k = 20,
+T = 0.07: report.knn_retention's protocol) of exported students, query by query, compared in
+pairs: what one student gets right that the other does not, with a bootstrap interval over the
+queries.
+
+  python tools/knn_paired.py --teacher T.npz --photos DIR --out F.json REF_WORKDIR ARM_WORKDIR \
+      [REF2 ARM2 ...]
+
+The config is convert_folder's with init=T and images=DIR (its k-NN set, knn=auto); only the
+students' features are computed (the teacher's top-1 is in each run's results.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import linvit_jax  # noqa: E402
+from linvit_jax import build  # noqa: E402
+from linvit_jax import preflight  # noqa: E402
+from linvit_jax import report  # noqa: E402
+from linvit_jax.configuration import config_files  # noqa: E402
+from linvit_jax.evaluation import photo_eval  # noqa: E402
+
+
+def query_hits(train_feats, train_labels, test_feats, test_labels, k, temperature) -> np.ndarray:
+  """1.0 where a query's weighted k-NN vote is right (evaluate.knn_top1's rule), per query."""
+
+  def unit(x):
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+  sims = unit(test_feats.astype(np.float64)) @ unit(train_feats.astype(np.float64)).T
+  top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+  weights = np.exp(np.take_along_axis(sims, top, 1) / temperature)
+  votes = np.zeros((len(sims), int(max(train_labels.max(), test_labels.max())) + 1))
+  np.add.at(votes, (np.arange(len(sims))[:, None], train_labels[top]), weights)
+  return (votes.argmax(1) == test_labels).astype(np.float64)
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--teacher", required=True)
+  parser.add_argument("--photos", required=True)
+  parser.add_argument("--out", required=True)
+  parser.add_argument("workdirs", nargs="+")
+  args = parser.parse_args(argv)
+  if len(args.workdirs) % 2:
+    raise SystemExit("error: give workdirs in pairs: REF ARM [REF ARM ...]")
+  config = config_files.load(
+      os.path.join(os.path.dirname(__file__), "..", "configs", "convert_folder.py"),
+      {"init": args.teacher, "images": args.photos},
+  )
+  config = build.resolve_from_init(config)
+  config, why = preflight.resolve_knn(config)
+  if why:
+    raise SystemExit(f"error: no k-NN set: {why}")
+  knn = config.eval.knn
+  splits = {
+      "train": (knn.train_split, knn.train_examples),
+      "eval": (knn.eval_split, knn.eval_examples),
+  }
+  out = {"dataset": knn.dataset, "k": knn.k, "temperature": knn.temperature, "students": {}}
+  hits = {}
+  for workdir in dict.fromkeys(args.workdirs):
+    student = linvit_jax.load_student(workdir)
+    feats, _ = report._student_knn_features(config, splits, student.model, student.params, None)
+    hits[workdir] = query_hits(*feats["train"], *feats["eval"], knn.k, knn.temperature)
+    out["students"][workdir] = {"top1": float(hits[workdir].mean()), "n": len(hits[workdir])}
+    print(workdir, out["students"][workdir], flush=True)
+  out["paired"] = []
+  for ref, arm in zip(args.workdirs[::2], args.workdirs[1::2]):
+    d = hits[arm] - hits[ref]
+    lo, hi = photo_eval.bootstrap_interval(list(d))
+    out["paired"].append(
+        {
+            "ref": ref,
+            "arm": arm,
+            "delta_top1": float(d.mean()),
+            "ci": [lo, hi],
+            "only_ref_right": int((d < 0).sum()),
+            "only_arm_right": int((d > 0).sum()),
+        }
+    )
+    print(out["paired"][-1], flush=True)
+  with open(args.out, "w") as f:
+    json.dump(out, f, indent=1)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
