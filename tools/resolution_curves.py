@@ -107,7 +107,7 @@ def validation_setup(
 def raw_params_differ(config: Any) -> list[str]:
   """Why a run's checkpoints are not what its student hands on (empty: they are): averages /
   start weights / LoRA merges change the params a stage hands on. (The hybrid swap does not: its
-  checkpoints before and after it are each the student of their stage, `student_of_stage`.)"""
+  checkpoints before and after it are each the student of their stage, `pre_swap_stages`.)"""
   reasons = []
   for stage in config.stages:
     block = config[stage]
@@ -125,7 +125,7 @@ def pre_swap_stages(config: Any) -> set[str]:
   the first distill_attention stage of a run with student.softmax_layers (else none)."""
   if not config.student.get("softmax_layers", 0):
     return set()
-  kinds = [config[stage].get("kind", stage) for stage in config.stages]
+  kinds = [config[stage].kind for stage in config.stages]  # as run.py finds the swap
   if "distill_attention" not in kinds:
     return set()
   return set(config.stages[: kinds.index("distill_attention") + 1])
@@ -138,7 +138,7 @@ def linear_model(model: Any) -> Any:
 
   specs = vit.layer_specs(model)
   linear = [s for s in specs if s.kind == "linear"]
-  if not linear or len({s for s in linear}) != 1:
+  if not linear or len(set(linear)) != 1:
     raise SystemExit("error: the export's linear layers differ: the pre-swap student is unknown")
   return model.clone(attention=tuple(linear[0] for _ in specs))
 

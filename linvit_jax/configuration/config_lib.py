@@ -401,8 +401,9 @@ def base_config() -> mlc.ConfigDict:
   # teacher's (evaluation/layer_swap.fix_gains: error that compounds counts); softmax_key_grid:
   # g > 0: those layers pool their patch keys to at most g×g on a larger grid (AttentionSpec
   # key_grid: linear in tokens; 0: every key), or "Nx": N times the training grid (a config that
-  # sets the field as text; --config.student.softmax_key_grid keeps the field's type). attention: the student's operator: a feature map
-  # (elu1, relu, hedgehog, hedgehog_exp, favor), a spec, or one per layer.
+  # sets the field as text; --config.student.softmax_key_grid keeps the field's type).
+  # attention: the student's operator: a feature map (elu1, relu, hedgehog, hedgehog_exp,
+  # favor), a spec, or one per layer.
   c.student = dict(
       attention="elu1",
       init="",
