@@ -203,7 +203,7 @@ def get_config(arg=None):
       softmax_layers=arg.softmax_layers,
       softmax_pick=arg.softmax_pick,
       # digits as an int (how runs recorded it before 'Nx' existed), 'Nx' in one spelling
-      softmax_key_grid=config_lib.key_grid_canonical(arg.softmax_key_grid),
+      softmax_key_grid=config_lib.key_grid_field(arg.softmax_key_grid),
   )
   c.surgery.policy = arg.policy
 

@@ -47,7 +47,7 @@ def get_config(arg=None):
   )
   c.surgery.policy = arg.policy
   c.student = dict(
-      c.student.to_dict(),
+      c.student.to_dict(preserve_field_references=True),  # softmax_key_grid takes either form
       attention=recipes.attention_of(arg),
   )
   if arg.align_steps:  # convert_folder's label-free end-to-end stage, at its default settings

@@ -89,3 +89,29 @@ def test_a_field_whose_feature_is_off_is_overridden_from_the_command_line(tmp_pa
   r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
   assert r.returncode == 0, r.stderr[-2000:]
   assert r.stdout.split() == ["0.5", "2", "0.9"]
+
+
+@pytest.mark.parametrize("config_arg", ["base", "convert_folder:softmax_key_grid=32"])
+@pytest.mark.parametrize(("flag", "expected"), [("2x", "2x"), ("32", 32), ("1.5x", "1.5x")])
+def test_softmax_key_grid_takes_either_form_from_the_command_line(
+    tmp_path, config_arg, flag, expected
+):
+  """The field holds an int or 'Nx' (config_lib.key_grid_field): an override in the other form
+  than the config's value is read, not refused as the field's type (an int field refuses '2x')."""
+  if config_arg == "base":
+    path = tmp_path / "base.py"
+    path.write_text(
+        "from linvit_jax.configuration import config_lib\n"
+        "def get_config(arg=None):\n"
+        "  return config_lib.base_config()\n"
+    )
+    config = str(path)
+  else:
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    name, arg = config_arg.split(":")
+    config = f"{ROOT}/configs/{name}.py:init=t.npz,images={photos},{arg}"
+  argv = ["prog", "--config", config, f"--config.student.softmax_key_grid={flag}"]
+  values = _config_flag_values(argv)
+  values(argv)
+  assert values.config.student.softmax_key_grid == expected

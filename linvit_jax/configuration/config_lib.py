@@ -57,6 +57,13 @@ def key_grid_canonical(value: Any) -> Any:
   return int(value) if key_grid_valid(value) else value
 
 
+def key_grid_field(value: Any) -> mlc.FieldReference:
+  """student.softmax_key_grid as a config field that takes either form: a plain int field would
+  refuse `--config.student.softmax_key_grid=2x` (ml_collections keeps a field's type), a str one
+  would read `=32` as text; an `object` field parses the flag as a literal (32 an int, 2x text)."""
+  return mlc.FieldReference(key_grid_canonical(value), field_type=object)
+
+
 def key_grid_patches(value: int | str, image_size: int, patch: int) -> int:
   """student.softmax_key_grid as a grid side in patches: a whole number (or its digits) as it is;
   'Nx' as N times the training grid image_size // patch, halves rounded up, at least 1."""
@@ -400,8 +407,8 @@ def base_config() -> mlc.ConfigDict:
   # teacher attention, swapped into the student alone, brings its final tokens closest to the
   # teacher's (evaluation/layer_swap.fix_gains: error that compounds counts); softmax_key_grid:
   # g > 0: those layers pool their patch keys to at most g×g on a larger grid (AttentionSpec
-  # key_grid: linear in tokens; 0: every key), or "Nx": N times the training grid (a config that
-  # sets the field as text; --config.student.softmax_key_grid keeps the field's type).
+  # key_grid: linear in tokens; 0: every key), or "Nx": N times the training grid (either form,
+  # also as --config.student.softmax_key_grid=: key_grid_field).
   # attention: the student's operator: a feature map (elu1, relu, hedgehog, hedgehog_exp,
   # favor), a spec, or one per layer.
   c.student = dict(
@@ -410,7 +417,7 @@ def base_config() -> mlc.ConfigDict:
       dont_load=(),
       softmax_layers=0,
       softmax_pick="tf_cosine",
-      softmax_key_grid=0,
+      softmax_key_grid=key_grid_field(0),
   )
   # policy: what surgery copies from the teacher: copy_same (all but attention), copy_all,
   # copy_attention_only, copy_none. calibrate: data-dependent out-projection init of fresh
