@@ -3,9 +3,11 @@ forwards on the test photos) and bench/hybrid_speed's disagree: the same student
 with its trained params and with random ones, on a real photo and on noise, interleaved.
 
     python -m bench.run_vs_bench --student WORKDIR --teacher T.npz --photo P.jpg [--px 896] \
-        [--out bench/results/run_vs_bench_896.json]
+        [--batch 1] [--out bench/results/run_vs_bench_896.json]
 
-Cases (batch 1, round-robin, first call excluded, bench/common.time_interleaved):
+Cases (round-robin, first call excluded, bench/common.time_interleaved), seconds per image at
+`--batch` copies of the photo per forward (the run's photo_eval batches 2 at 896 px:
+photo_tokens.batch_size):
   teacher / student, trained params, real photo — what the run times (through photo_tokens.Tokens:
   the jitted apply returning the tokens, copied to the host);
   teacher / student, random params (bench/hybrid_speed's init) on the same photo;
@@ -40,6 +42,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--photo", required=True)
   parser.add_argument("--px", type=int, default=896)
   parser.add_argument("--reps", type=int, default=3)
+  parser.add_argument("--batch", type=int, default=1)
   parser.add_argument("--out", default="")
   args = parser.parse_args(argv)
 
@@ -47,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   res = student.training_size[0]
   teacher_model, teacher_params = compare.load_teacher(args.teacher, student, res)
   pp = photo_eval.view_pp("whole", args.px, photo_eval.value_ops(compare.student_pp(student)))
-  photo = inference_pp.Preprocess(pp)(args.photo)[None]
+  photo = np.repeat(inference_pp.Preprocess(pp)(args.photo)[None], args.batch, axis=0)
   noise = np.random.RandomState(0).randn(*photo.shape).astype(np.float32)
   grid = args.px // student.model.patch_size[0]
 
@@ -61,8 +64,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       "teacher_random": photo_tokens.Tokens(teacher_model, random_params(teacher_model), args.px),
       "student_random": photo_tokens.Tokens(student.model, random_params(student.model), args.px),
   }
-  cases = {name: (lambda t=t: t(photo, 1)) for name, t in tokens.items()}
-  cases["student_noise"] = lambda: tokens["student"](noise, 1)
+  cases = {name: (lambda t=t: t(photo, args.batch)) for name, t in tokens.items()}
+  cases["student_noise"] = lambda: tokens["student"](noise, args.batch)
   machine = common.machine_summary()  # the load average before the timing
   timings = common.time_interleaved(cases, args.reps)
   out = {
@@ -73,11 +76,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       "grid": grid,
       "student": args.student,
       "reps": args.reps,
+      "batch": args.batch,
       "rows": [],
   }
   for name in cases:
-    s = float(np.median(timings.wall[name]))
-    out["rows"].append({"case": name, "s": s, "times_s": timings.wall[name]})
+    per_image = [t / args.batch for t in timings.wall[name]]
+    out["rows"].append({"case": name, "s": float(np.median(per_image)), "times_s": per_image})
   t = {r["case"]: r["s"] for r in out["rows"]}
   out["ratio_trained"] = t["teacher"] / t["student"]
   out["ratio_random"] = t["teacher_random"] / t["student_random"]
@@ -93,7 +97,7 @@ def table(result: dict[str, Any]) -> str:
   lines = ["| case | s / image |", "|---|---|"]
   lines += [f"| {r['case']} | {r['s']:.3f} |" for r in result["rows"]]
   lines.append(
-      f"\nteacher ÷ student at {result['px']} px: trained {result['ratio_trained']:.2f}×, "
+      f"\nteacher ÷ student at {result['px']} px, batch {result.get('batch', 1)}: trained {result['ratio_trained']:.2f}×, "
       f"random {result['ratio_random']:.2f}×."
   )
   if "machine" in result:

@@ -241,3 +241,7 @@ def test_run_vs_bench_times_trained_and_random_params(tmp_path):
   assert cases == ["teacher", "student", "teacher_random", "student_random", "student_noise"]
   assert all(r["s"] > 0 for r in result["rows"]) and result["ratio_trained"] > 0
   assert "| student_noise |" in run_vs_bench.table(json.loads(out.read_text()))
+  # --batch: seconds per image of a batch of copies, the batch recorded and in the table
+  batched = run_vs_bench.main([*argv, "--batch", "2"])
+  assert batched["batch"] == 2 and all(len(r["times_s"]) == 1 for r in batched["rows"])
+  assert "batch 2" in run_vs_bench.table(batched)
