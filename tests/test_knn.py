@@ -178,3 +178,45 @@ def test_knn_paired_counts_each_query_as_knn_top1_does():
   assert set(np.unique(hits)) <= {0.0, 1.0} and len(hits) == 25
   expected = evaluate.knn_top1(train, train_labels, test, test_labels, k=5, temperature=0.07)
   assert hits.mean() == pytest.approx(expected)
+
+
+def test_knn_paired_main_with_the_teacher_on_a_labelled_folder(tmp_path):
+  """tools/knn_paired end to end: two exported students and the teacher on an image_folder k-NN
+  set of --knn_train / --knn_eval images, query by query; each student's retention with its
+  interval, and the pair's difference."""
+  from tests.test_photo_eval import HF
+  from tests.test_photo_eval import _hf_export
+  from tools import knn_paired
+
+  _labelled_folder(str(tmp_path / "labelled"), per_class=20)
+  _labelled_folder(str(tmp_path / "photos"), per_class=4)
+  student = _hf_export(tmp_path / "student")
+  out = tmp_path / "knn.json"
+  argv = ["--teacher", HF, "--photos", str(tmp_path / "photos"), "--out", str(out)]
+  argv += ["--knn", f"image_folder:{tmp_path / 'labelled'}", "--knn_train", "24"]
+  argv += ["--knn_eval", "8", "--with_teacher", student, student]
+  assert knn_paired.main(argv) == 0
+  result = json.loads(out.read_text())
+  assert result["train_examples"] == 24 and result["eval_examples"] == 8
+  n = result["teacher"]["n"]
+  assert 0 < n <= 16  # at most --knn_eval, batched; this folder's eval split holds fewer
+  row = result["students"][student]
+  assert row["n"] == n and 0 <= row["top1"] <= 1
+  assert row["retention"] == pytest.approx(row["top1"] / result["teacher"]["top1"])
+  assert row["retention_ci"][0] <= row["retention"] <= row["retention_ci"][1]
+  pair = result["paired"][0]
+  assert pair["delta_top1"] == 0 and pair["only_ref_right"] == pair["only_arm_right"] == 0
+  with pytest.raises(SystemExit, match="fewer than k = 20"):
+    knn_paired.main([*argv[:-5], "--knn_train", "12", student, student])
+
+
+def test_ratio_interval_holds_the_ratio_and_narrows_with_more_queries():
+  from tools import knn_paired
+
+  rs = np.random.RandomState(0)
+  teacher = (rs.rand(4000) < 0.7).astype(float)
+  student = teacher * (rs.rand(4000) < 0.95)  # loses 5 % of the teacher's right answers
+  wide = knn_paired.ratio_interval(student[:400], teacher[:400])
+  narrow = knn_paired.ratio_interval(student, teacher)
+  assert wide[0] < 0.95 < wide[1] and narrow[0] < 0.95 < narrow[1]
+  assert narrow[1] - narrow[0] < 0.6 * (wide[1] - wide[0])

@@ -4,10 +4,13 @@ pairs: what one student gets right that the other does not, with a bootstrap int
 queries.
 
   python tools/knn_paired.py --teacher T.npz --photos DIR --out F.json REF_WORKDIR ARM_WORKDIR \
-      [REF2 ARM2 ...]
+      [REF2 ARM2 ...] [--knn_train N] [--knn_eval N] [--with_teacher] [--knn image_folder:DIR]
 
-The config is convert_folder's with init=T and images=DIR (its k-NN set, knn=auto); only the
-students' features are computed (the teacher's top-1 is in each run's results.json).
+The config is convert_folder's with init=T and images=DIR (its k-NN set, knn=auto unless --knn
+says); --knn_train / --knn_eval: another number of reference / classified images than the run's
+(1,000 / 500, batched to 1,024 / 512); --with_teacher: the teacher's features too, so each
+student's retention (its top-1 ÷ the teacher's) gets a bootstrap interval over the same queries
+(the runs' results.json hold the teacher's top-1 on the default set only).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import linvit_jax  # noqa: E402
 from linvit_jax import build  # noqa: E402
+from linvit_jax import compare  # noqa: E402
 from linvit_jax import preflight  # noqa: E402
 from linvit_jax import report  # noqa: E402
 from linvit_jax.configuration import config_files  # noqa: E402
@@ -43,18 +47,40 @@ def query_hits(train_feats, train_labels, test_feats, test_labels, k, temperatur
   return (votes.argmax(1) == test_labels).astype(np.float64)
 
 
+def ratio_interval(
+    numerator: np.ndarray, denominator: np.ndarray, resamples: int = 1000, seed: int = 0
+) -> tuple[float, float]:
+  """95 % bootstrap interval of mean(numerator) / mean(denominator), the queries resampled
+  together (paired: one student's and the teacher's hits on the same queries)."""
+  rs = np.random.RandomState(seed)
+  idx = rs.randint(0, len(numerator), size=(resamples, len(numerator)))
+  num, den = numerator[idx].mean(1), denominator[idx].mean(1)
+  ratios = num / np.maximum(den, 1e-12)
+  return float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--teacher", required=True)
   parser.add_argument("--photos", required=True)
   parser.add_argument("--out", required=True)
+  parser.add_argument("--knn_train", type=int, default=0, help="0: the run's default")
+  parser.add_argument("--knn_eval", type=int, default=0, help="0: the run's default")
+  parser.add_argument("--knn", default="", help="the k-NN set (convert_folder's knn=)")
+  parser.add_argument("--with_teacher", action="store_true")
   parser.add_argument("workdirs", nargs="+")
   args = parser.parse_args(argv)
   if len(args.workdirs) % 2:
     raise SystemExit("error: give workdirs in pairs: REF ARM [REF ARM ...]")
+  first = linvit_jax.load_student(args.workdirs[0])  # the k-NN set at its training size
   config = config_files.load(
       os.path.join(os.path.dirname(__file__), "..", "configs", "convert_folder.py"),
-      {"init": args.teacher, "images": args.photos},
+      {
+          "init": args.teacher,
+          "images": args.photos,
+          "res": first.training_size[0],
+          **{k: getattr(args, k) for k in ("knn_train", "knn_eval", "knn") if getattr(args, k)},
+      },
   )
   config = build.resolve_from_init(config)
   config, why = preflight.resolve_knn(config)
@@ -66,12 +92,26 @@ def main(argv: list[str] | None = None) -> int:
       "eval": (knn.eval_split, knn.eval_examples),
   }
   out = {"dataset": knn.dataset, "k": knn.k, "temperature": knn.temperature, "students": {}}
+  if knn.train_examples and knn.train_examples < knn.k:
+    raise SystemExit(f"error: --knn_train {knn.train_examples}: fewer than k = {knn.k} neighbours")
+  out.update(train_examples=knn.train_examples, eval_examples=knn.eval_examples)
   hits = {}
+  if args.with_teacher:
+    teacher_model, teacher_params = compare.load_teacher(
+        args.teacher, first, config.data.image_size
+    )
+    feats, _ = report._student_knn_features(config, splits, teacher_model, teacher_params, None)
+    hits["teacher"] = query_hits(*feats["train"], *feats["eval"], knn.k, knn.temperature)
+    out["teacher"] = {"top1": float(hits["teacher"].mean()), "n": len(hits["teacher"])}
+    print("teacher", out["teacher"], flush=True)
   for workdir in dict.fromkeys(args.workdirs):
     student = linvit_jax.load_student(workdir)
     feats, _ = report._student_knn_features(config, splits, student.model, student.params, None)
     hits[workdir] = query_hits(*feats["train"], *feats["eval"], knn.k, knn.temperature)
     out["students"][workdir] = {"top1": float(hits[workdir].mean()), "n": len(hits[workdir])}
+    if "teacher" in hits:
+      out["students"][workdir]["retention"] = float(hits[workdir].mean() / hits["teacher"].mean())
+      out["students"][workdir]["retention_ci"] = ratio_interval(hits[workdir], hits["teacher"])
     print(workdir, out["students"][workdir], flush=True)
   out["paired"] = []
   for ref, arm in zip(args.workdirs[::2], args.workdirs[1::2]):
