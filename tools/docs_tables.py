@@ -165,6 +165,16 @@ TABLES: dict[str, Table] = {
     "hybrid_seeds_paired": Table(
         (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.HYBRID_SEED_PAIRS)
     ),
+    "two_layers": Table(
+        (photos.DATA_STUDY,), photos.arm_seeds(photos.DATA_STUDY, photos.TWO_LAYER_ARMS)
+    ),
+    "two_layers_goals": Table(
+        (photos.DATA_STUDY, "tools/docs_tables_runs.py"),
+        photos.cross_goals(photos.DATA_STUDY, "HYB2_s0", {"softmax_layers": 2, "key_grid": 32}),
+    ),
+    "two_layers_paired": Table(
+        (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.TWO_LAYER_PAIRS)
+    ),
     "operators_paired": Table(
         (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.OPERATOR_PAIRS)
     ),

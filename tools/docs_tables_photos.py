@@ -832,13 +832,23 @@ PARETO = (
         "linear, one softmax layer (`softmax_layers=1`: layer 4)",
         {"softmax_layers": 1},
     ),
-    ("SDL_10k", "linear, rank-8 LoRA `align`: the README's command until 2026-12-07", {}),
-    ("SDL_tf0_10k_readme", "linear (the default operator): the README's command", {}),
+    ("SDL_10k", "linear, rank-8 LoRA `align`: the README's command before full-rank `align`", {}),
+    ("SDL_tf0_10k_readme", "linear: the README's command before the hybrid default", {}),
     ("SDL_nf128_10k", "linear, 256 features a head (`num_features=128`)", {"num_features": 128}),
     (
         "SDL_hyb1s_10k",
         "linear, one softmax layer (`softmax_layers=1,softmax_pick=sensitivity`: layer 4)",
         {"softmax_layers": 1},
+    ),
+    (
+        "README_hyb",
+        "one softmax layer, keys pooled to 32² (`softmax_key_grid=2x`): the README's command",
+        {"softmax_layers": 1, "key_grid": 32},
+    ),
+    (
+        "HYB2_s0",
+        "two softmax layers, keys pooled to 32² (`softmax_layers=2`: layers 4 and 9)",
+        {"softmax_layers": 2, "key_grid": 32},
     ),
 )
 # The wider feature map at the full budget.
@@ -1045,6 +1055,19 @@ HYBRID_SEED_PAIRS = (
     ("SDL_tf0_10k_readme", "README_hyb", "the README's command: all-linear → since 2026-12-07"),
     ("HYB1_10k_keys32", "README_hyb", "seed 0's pooled hybrid → the README's command run whole"),
 )
+
+
+# One softmax layer (the README's command since 2026-12-07) against two (sensitivity's next pick
+# beside layer 4), each under seeds 0 and 1, all from fresh distillations of their own seed.
+TWO_LAYER_ARMS = (
+    ("linear (`softmax_layers=0`)", ((0, "SDL_tf0_10k_readme"), (1, "SEED1_10k"))),
+    (
+        "one softmax layer, keys pooled to 32² (the README's command)",
+        ((0, "README_hyb"), (1, "HYBK_s1")),
+    ),
+    ("two softmax layers, keys pooled to 32² (`softmax_layers=2`)", ((0, "HYB2_s0"),)),
+)
+TWO_LAYER_PAIRS = (("README_hyb", "HYB2_s0", "seed 0: one → two softmax layers"),)
 
 
 def arm_seeds(
