@@ -45,6 +45,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--batch", type=int, default=1)
   parser.add_argument("--out", default="")
   args = parser.parse_args(argv)
+  if args.batch < 1:
+    parser.error(f"--batch {args.batch}: at least 1 image per forward")
 
   student = linvit_jax.load_student(args.student)
   res = student.training_size[0]
@@ -97,7 +99,8 @@ def table(result: dict[str, Any]) -> str:
   lines = ["| case | s / image |", "|---|---|"]
   lines += [f"| {r['case']} | {r['s']:.3f} |" for r in result["rows"]]
   lines.append(
-      f"\nteacher ÷ student at {result['px']} px, batch {result.get('batch', 1)}: trained {result['ratio_trained']:.2f}×, "
+      f"\nteacher ÷ student at {result['px']} px, batch {result.get('batch', 1)}: "
+      f"trained {result['ratio_trained']:.2f}×, "
       f"random {result['ratio_random']:.2f}×."
   )
   if "machine" in result:

@@ -245,3 +245,26 @@ def test_run_vs_bench_times_trained_and_random_params(tmp_path):
   batched = run_vs_bench.main([*argv, "--batch", "2"])
   assert batched["batch"] == 2 and all(len(r["times_s"]) == 1 for r in batched["rows"])
   assert "batch 2" in run_vs_bench.table(batched)
+  with pytest.raises(SystemExit):
+    run_vs_bench.main([*argv, "--batch", "0"])
+
+
+def test_run_vs_bench_reports_seconds_per_image_of_a_batch(tmp_path, monkeypatch):
+  from bench import run_vs_bench
+  from tests.test_photo_eval import HF
+  from tests.test_photo_eval import _hf_export
+  from tests.test_photo_eval import write_photos
+
+  seen = {}
+
+  def fake_timings(cases, reps):
+    seen["batch"] = {name: len(fn()) for name, fn in cases.items()}  # the images per forward
+    return common.Timings({n: [3.0] for n in cases}, {}, {}, {})
+
+  monkeypatch.setattr(common, "time_interleaved", fake_timings)
+  student = _hf_export(tmp_path / "student")
+  photo = write_photos(str(tmp_path / "photos"), 1)[0]
+  argv = ["--student", student, "--teacher", HF, "--photo", photo, "--px", "28", "--batch", "2"]
+  result = run_vs_bench.main(argv)
+  assert set(seen["batch"].values()) == {2}
+  assert all(r["s"] == 1.5 and r["times_s"] == [1.5] for r in result["rows"])

@@ -91,13 +91,16 @@ def test_a_field_whose_feature_is_off_is_overridden_from_the_command_line(tmp_pa
   assert r.stdout.split() == ["0.5", "2", "0.9"]
 
 
-@pytest.mark.parametrize("config_arg", ["base", "convert_folder:softmax_key_grid=32"])
+@pytest.mark.parametrize(
+    "config_arg", ["base", "convert_folder:softmax_key_grid=32", "convert_folder:", "demo:"]
+)
 @pytest.mark.parametrize(("flag", "expected"), [("2x", "2x"), ("32", 32), ("1.5x", "1.5x")])
 def test_softmax_key_grid_takes_either_form_from_the_command_line(
     tmp_path, config_arg, flag, expected
 ):
   """The field holds an int or 'Nx' (config_lib.key_grid_field): an override in the other form
-  than the config's value is read, not refused as the field's type (an int field refuses '2x')."""
+  than the config's value is read, not refused as the field's type (an int field refuses '2x').
+  The configs hold 0 (base, demo), 32 and '2x' (convert_folder's default)."""
   if config_arg == "base":
     path = tmp_path / "base.py"
     path.write_text(
@@ -110,7 +113,8 @@ def test_softmax_key_grid_takes_either_form_from_the_command_line(
     photos = tmp_path / "photos"
     photos.mkdir()
     name, arg = config_arg.split(":")
-    config = f"{ROOT}/configs/{name}.py:init=t.npz,images={photos},{arg}"
+    given = f"init=t.npz,images={photos},{arg}" if name == "convert_folder" else "tiny=True"
+    config = f"{ROOT}/configs/{name}.py:{given}"
   argv = ["prog", "--config", config, f"--config.student.softmax_key_grid={flag}"]
   values = _config_flag_values(argv)
   values(argv)

@@ -206,8 +206,13 @@ def test_knn_paired_main_with_the_teacher_on_a_labelled_folder(tmp_path):
   assert row["retention_ci"][0] <= row["retention"] <= row["retention_ci"][1]
   pair = result["paired"][0]
   assert pair["delta_top1"] == 0 and pair["only_ref_right"] == pair["only_arm_right"] == 0
-  with pytest.raises(SystemExit, match="fewer than k = 20"):
-    knn_paired.main([*argv[:-5], "--knn_train", "12", student, student])
+  # The run's own checks on the set: fewer references than k (a folder of 8 here), --knn none.
+  _labelled_folder(str(tmp_path / "small"), per_class=4)
+  small = [*argv[:4], "--out", str(out), "--knn", f"image_folder:{tmp_path / 'small'}"]
+  with pytest.raises(SystemExit, match=r"k=20: more neighbours than the \d+ reference"):
+    knn_paired.main([*small, student, student])
+  with pytest.raises(SystemExit, match="--knn none"):
+    knn_paired.main([*argv[:4], "--out", str(out), "--knn", "none", student, student])
 
 
 def test_ratio_interval_holds_the_ratio_and_narrows_with_more_queries():
@@ -220,3 +225,11 @@ def test_ratio_interval_holds_the_ratio_and_narrows_with_more_queries():
   narrow = knn_paired.ratio_interval(student, teacher)
   assert wide[0] < 0.95 < wide[1] and narrow[0] < 0.95 < narrow[1]
   assert narrow[1] - narrow[0] < 0.6 * (wide[1] - wide[0])
+  # Paired: the queries resampled together. Resampling each model's queries apart (what a
+  # comparison of two unpaired top-1s does) gives a wider interval for the same data.
+  rs = np.random.RandomState(1)
+  apart = [
+      student[rs.randint(0, 4000, 4000)].mean() / teacher[rs.randint(0, 4000, 4000)].mean()
+      for _ in range(1000)
+  ]
+  assert narrow[1] - narrow[0] < 0.5 * (np.percentile(apart, 97.5) - np.percentile(apart, 2.5))

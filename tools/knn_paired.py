@@ -31,6 +31,7 @@ from linvit_jax import preflight  # noqa: E402
 from linvit_jax import report  # noqa: E402
 from linvit_jax.configuration import config_files  # noqa: E402
 from linvit_jax.evaluation import photo_eval  # noqa: E402
+from linvit_jax.runtime.errors import ConfigError  # noqa: E402
 
 
 def query_hits(train_feats, train_labels, test_feats, test_labels, k, temperature) -> np.ndarray:
@@ -72,7 +73,16 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   if len(args.workdirs) % 2:
     raise SystemExit("error: give workdirs in pairs: REF ARM [REF ARM ...]")
-  first = linvit_jax.load_student(args.workdirs[0])  # the k-NN set at its training size
+  if args.knn == "none":
+    raise SystemExit("error: --knn none: there is no k-NN set to compare on")
+  students = {w: linvit_jax.load_student(w) for w in dict.fromkeys(args.workdirs)}
+  sizes = {w: s.training_size for w, s in students.items()}
+  if None in sizes.values() or len(set(sizes.values())) > 1:
+    raise SystemExit(
+        f"error: the students' training sizes differ or are unrecorded ({sizes}): the k-NN set "
+        "is read at one size, the one their runs measured at"
+    )
+  first = next(iter(students.values()))  # the k-NN set at their training size
   config = config_files.load(
       os.path.join(os.path.dirname(__file__), "..", "configs", "convert_folder.py"),
       {
@@ -92,26 +102,29 @@ def main(argv: list[str] | None = None) -> int:
       "eval": (knn.eval_split, knn.eval_examples),
   }
   out = {"dataset": knn.dataset, "k": knn.k, "temperature": knn.temperature, "students": {}}
-  if knn.train_examples and knn.train_examples < knn.k:
-    raise SystemExit(f"error: --knn_train {knn.train_examples}: fewer than k = {knn.k} neighbours")
+  try:  # the run's own checks: a readable set of two classes or more, at least k references
+    preflight.check_knn_dataset(knn.dataset, knn.data_dir)
+    preflight.check_knn_set(config)
+  except ConfigError as e:
+    raise SystemExit(f"error: {e}") from None
   out.update(train_examples=knn.train_examples, eval_examples=knn.eval_examples)
-  hits = {}
+  hits, teacher_hits = {}, None
   if args.with_teacher:
     teacher_model, teacher_params = compare.load_teacher(
         args.teacher, first, config.data.image_size
     )
     feats, _ = report._student_knn_features(config, splits, teacher_model, teacher_params, None)
-    hits["teacher"] = query_hits(*feats["train"], *feats["eval"], knn.k, knn.temperature)
-    out["teacher"] = {"top1": float(hits["teacher"].mean()), "n": len(hits["teacher"])}
+    teacher_hits = query_hits(*feats["train"], *feats["eval"], knn.k, knn.temperature)
+    out["teacher"] = {"top1": float(teacher_hits.mean()), "n": len(teacher_hits)}
     print("teacher", out["teacher"], flush=True)
-  for workdir in dict.fromkeys(args.workdirs):
-    student = linvit_jax.load_student(workdir)
+  for workdir, student in students.items():
     feats, _ = report._student_knn_features(config, splits, student.model, student.params, None)
     hits[workdir] = query_hits(*feats["train"], *feats["eval"], knn.k, knn.temperature)
     out["students"][workdir] = {"top1": float(hits[workdir].mean()), "n": len(hits[workdir])}
-    if "teacher" in hits:
-      out["students"][workdir]["retention"] = float(hits[workdir].mean() / hits["teacher"].mean())
-      out["students"][workdir]["retention_ci"] = ratio_interval(hits[workdir], hits["teacher"])
+    if teacher_hits is not None:
+      retention = hits[workdir].mean() / max(teacher_hits.mean(), 1e-12)
+      out["students"][workdir]["retention"] = float(retention)
+      out["students"][workdir]["retention_ci"] = ratio_interval(hits[workdir], teacher_hits)
     print(workdir, out["students"][workdir], flush=True)
   out["paired"] = []
   for ref, arm in zip(args.workdirs[::2], args.workdirs[1::2]):

@@ -60,7 +60,10 @@ def key_grid_canonical(value: Any) -> Any:
 def key_grid_field(value: Any) -> mlc.FieldReference:
   """student.softmax_key_grid as a config field that takes either form: a plain int field would
   refuse `--config.student.softmax_key_grid=2x` (ml_collections keeps a field's type), a str one
-  would read `=32` as text; an `object` field parses the flag as a literal (32 an int, 2x text)."""
+  would read `=32` as text; an `object` field parses the flag as a literal (32 an int, 2x text).
+  Written with `=` only: absl takes an `object` field's flag for a boolean one, so a value after a
+  space is not its value. An override is recorded as written ('2.0x'); check_same_run compares
+  canonical forms."""
   return mlc.FieldReference(key_grid_canonical(value), field_type=object)
 
 
