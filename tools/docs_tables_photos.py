@@ -1065,9 +1065,16 @@ TWO_LAYER_ARMS = (
         "one softmax layer, keys pooled to 32² (the README's command)",
         ((0, "README_hyb"), (1, "HYBK_s1")),
     ),
-    ("two softmax layers, keys pooled to 32² (`softmax_layers=2`)", ((0, "HYB2_s0"),)),
+    (
+        "two softmax layers, keys pooled to 32² (`softmax_layers=2`)",
+        ((0, "HYB2_s0"), (1, "HYB2_s1")),
+    ),
 )
-TWO_LAYER_PAIRS = (("README_hyb", "HYB2_s0", "seed 0: one → two softmax layers"),)
+TWO_LAYER_PAIRS = (
+    ("README_hyb", "HYB2_s0", "seed 0: one → two softmax layers (layers 4, 9)"),
+    ("HYBK_s1", "HYB2_s1", "seed 1: one → two softmax layers (layers 4, 5)"),
+    (("README_hyb", "HYBK_s1"), ("HYB2_s0", "HYB2_s1"), "mean of seeds 0 and 1: one → two"),
+)
 
 
 def arm_seeds(
