@@ -108,18 +108,21 @@ def main(argv: list[str] | None = None) -> int:
   except ConfigError as e:
     raise SystemExit(f"error: {e}") from None
   out.update(train_examples=knn.train_examples, eval_examples=knn.eval_examples)
+
+  def hits_of(model, params) -> np.ndarray:
+    feats, _ = report._student_knn_features(config, splits, model, params, None)
+    return query_hits(*feats["train"], *feats["eval"], knn.k, knn.temperature)
+
   hits, teacher_hits = {}, None
   if args.with_teacher:
     teacher_model, teacher_params = compare.load_teacher(
         args.teacher, first, config.data.image_size
     )
-    feats, _ = report._student_knn_features(config, splits, teacher_model, teacher_params, None)
-    teacher_hits = query_hits(*feats["train"], *feats["eval"], knn.k, knn.temperature)
+    teacher_hits = hits_of(teacher_model, teacher_params)
     out["teacher"] = {"top1": float(teacher_hits.mean()), "n": len(teacher_hits)}
     print("teacher", out["teacher"], flush=True)
   for workdir, student in students.items():
-    feats, _ = report._student_knn_features(config, splits, student.model, student.params, None)
-    hits[workdir] = query_hits(*feats["train"], *feats["eval"], knn.k, knn.temperature)
+    hits[workdir] = hits_of(student.model, student.params)
     out["students"][workdir] = {"top1": float(hits[workdir].mean()), "n": len(hits[workdir])}
     if teacher_hits is not None:
       retention = hits[workdir].mean() / max(teacher_hits.mean(), 1e-12)
