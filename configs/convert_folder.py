@@ -40,7 +40,8 @@ The student's linear attention:
   policy: the surgery policy (copy_all: the teacher's q/k/v/out start the student)
   softmax_layers: how many layers go back to softmax after distillation (default 1: +0.016 /
     +0.012 cls / patch at 448 px over none, mean of two seeds, docs/operators.md; 0: all linear)
-  softmax_pick: sensitivity (largest end-to-end gain, the default) | tf_cosine (lowest
+  softmax_pick: sensitivity (largest end-to-end gain, the default) | sensitivity_worst (the
+    same gain on the quarter of held-out views the student is furthest on) | tf_cosine (lowest
     teacher-forced cosine)
   softmax_key_grid: g > 0: on a patch grid wider than g (a larger deploy size), the softmax
     layers attend to the cls/register keys and the patch keys averaged to at most g x g blocks,

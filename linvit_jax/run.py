@@ -270,17 +270,20 @@ def _hybrid_swap(config, scorer, stage, student_model, student_params) -> tuple[
   """(model, params) with k layers back to softmax with the teacher's weights; later stages
   train around them. Which k (student.softmax_pick): those that linearize worst (teacher-forced
   cosine on the held-out images, `stage.fidelity`), or those whose teacher attention alone brings
-  the student's final tokens closest to the teacher's on the same images (layer_swap.fix_gains).
+  the student's final tokens closest to the teacher's on the same images (layer_swap.fix_gains),
+  on all of them or on the quarter the student is furthest on ("sensitivity_worst").
   The layers, the gains when measured and the hybrid's fidelity go to `stage`."""
   rows = stage.fidelity.layers
   k = config.student.softmax_layers
-  if config.student.get("softmax_pick", "tf_cosine") == "sensitivity":
+  pick = config.student.get("softmax_pick", "tf_cosine")
+  if pick in ("sensitivity", "sensitivity_worst"):
     gains = layer_swap.fix_gains(
         scorer.teacher_model,
         scorer.teacher_params,
         student_model,
         student_params,
         scorer.fidelity_images(),
+        worst_share=layer_swap.WORST_SHARE if pick == "sensitivity_worst" else 1.0,
     )
     layers = layer_swap.most_sensitive(gains, k)
     stage.softmax_gains = [round(g, 6) for g in gains]

@@ -57,8 +57,20 @@ def test_a_student_equal_to_its_teacher_has_no_gap_to_share(teacher):
 def test_a_student_that_differs_in_layer_0_owes_it_its_whole_gap(teacher):
   student, student_params = _student_differing_in_layer_0(teacher)
   model, params = teacher
-  out = compounding.measure(model, params, student, student_params, IMAGES, batch_size=3)
+  names = ["a.jpg", "b.jpg", "c.jpg"]
+  # batch 2: the per-photo rows come back in photo order across a padded last batch
+  out = compounding.measure(model, params, student, student_params, IMAGES, 2, names)
   l0, l1 = out["layers"]
+  rows = out["per_photo"]
+  cls = [r["student"]["cls"] for r in rows]
+  assert sorted(r["photo"] for r in rows) == names and cls == sorted(cls)  # worst first
+  for r in rows:  # each photo's whole gap is layer 0's, none is layer 1's
+    for m in ("cls", "patch"):
+      assert r["fix_gain"][m][0] == pytest.approx(1 - r["student"][m], abs=1e-5)
+      assert r["fix_gain"][m][1] == pytest.approx(0, abs=1e-5)
+  assert np.mean(cls) == pytest.approx(out["baseline"]["cls"], abs=1e-6)
+  with pytest.raises(compounding.CompoundingError, match="2 photo names for 3"):
+    compounding.measure(model, params, student, student_params, IMAGES, 3, names[:2])
   for m in ("cls", "patch"):
     base = out["baseline"][m]
     assert base < 0.999  # the linear layer 0 makes a gap
@@ -104,6 +116,26 @@ def test_fix_gains_rank_the_layer_that_differs_first(teacher):
   assert layer_swap.most_sensitive(gains, 2) == [0, 1]
 
 
+def test_fix_gains_over_the_worst_images_average_only_those(teacher):
+  """worst_share keeps the images of lowest baseline: with 3 images and a quarter, the one the
+  student is furthest on; 1.0 is the mean over all; a share outside (0, 1] is refused."""
+  model, params = teacher
+  student, student_params = _student_differing_in_layer_0(teacher)
+  baseline, per_image = layer_swap.per_image_fix_gains(
+      model, params, student, student_params, IMAGES
+  )
+  assert baseline.shape == (3,) and per_image.shape == (2, 3)
+  assert len(set(np.round(baseline, 6))) == 3  # the images differ, so the pick means something
+  every = layer_swap.fix_gains(model, params, student, student_params, IMAGES)
+  np.testing.assert_allclose(every, per_image.mean(axis=1), atol=1e-6)
+  worst = layer_swap.fix_gains(model, params, student, student_params, IMAGES, worst_share=0.25)
+  np.testing.assert_allclose(worst, per_image[:, int(np.argmin(baseline))], atol=1e-6)
+  # the worst image has the largest gap, and layer 0 closes all of it
+  assert worst[0] == pytest.approx(1 - baseline.min(), abs=1e-5) and worst[0] > every[0]
+  with pytest.raises(errors.ConfigError, match="worst_share"):
+    layer_swap.fix_gains(model, params, student, student_params, IMAGES, worst_share=0)
+
+
 def test_cli_writes_json_and_plot_and_a_bad_folder_is_one_line(tmp_path, capsys):
   student = student_export.make_export(tmp_path / "student")
   teacher = str(tmp_path / "teacher.npz")
@@ -125,6 +157,8 @@ def test_cli_writes_json_and_plot_and_a_bad_folder_is_one_line(tmp_path, capsys)
   assert {"fix_cls", "fix_patch", "break_cls", "break_patch", "recovered_share"} <= set(row)
   assert -1 <= row["fix_cls"] <= 1 and 0 < results["baseline"]["patch"] < 1
   assert os.path.getsize(png) > 1000 and "wrote" in printed and "recov" in printed
+  assert len(results["per_photo"]) == 3 and "worst photos by cls" in printed
+  assert results["per_photo"][0]["photo"] in os.listdir(photos)
 
   assert compounding.main([*args[:4], "--photos", str(tmp_path / "nowhere")]) == 2
   err = capsys.readouterr().err

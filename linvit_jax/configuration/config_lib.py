@@ -21,7 +21,7 @@ import ml_collections as mlc
 
 STAGE_KINDS = ("train", "distill_attention", "finetune", "align")
 # How student.softmax_layers picks its layers (run._hybrid_swap).
-SOFTMAX_PICKS = ("tf_cosine", "sensitivity")
+SOFTMAX_PICKS = ("tf_cosine", "sensitivity", "sensitivity_worst")
 # student.softmax_key_grid: a grid side in patches (int, 0: every key) or a multiple of the
 # training grid ("2x": twice image_size // patch), so one setting means the same for any teacher.
 KEY_GRID_FORMS = (
@@ -408,7 +408,8 @@ def base_config() -> mlc.ConfigDict:
   # softmax attention with the teacher's weights: a hybrid student; softmax_pick says which:
   # "tf_cosine" the k of lowest teacher-forced attention cosine, "sensitivity" the k whose
   # teacher attention, swapped into the student alone, brings its final tokens closest to the
-  # teacher's (evaluation/layer_swap.fix_gains: error that compounds counts); softmax_key_grid:
+  # teacher's (evaluation/layer_swap.fix_gains: error that compounds counts), "sensitivity_worst"
+  # the same gain over the quarter of those images the student is furthest on; softmax_key_grid:
   # g > 0: those layers pool their patch keys to at most g×g on a larger grid (AttentionSpec
   # key_grid: linear in tokens; 0: every key), or "Nx": N times the training grid (either form,
   # also as --config.student.softmax_key_grid=: key_grid_field).

@@ -84,23 +84,49 @@ def swapped_cosines(
   ]
 
 
-def fix_gains(
+# The share of held-out images whose gains rank the layers under softmax_pick="sensitivity_worst":
+# the quarter the student is furthest from its teacher on. A layer whose softmax matters on the
+# few images the student gets most wrong (on cross-source photos, those with one small subject)
+# can rank low on the mean over all of them, where most images are near 1 already.
+WORST_SHARE = 0.25
+
+
+def per_image_fix_gains(
     teacher: Any, teacher_params: Any, student: Any, student_params: Any, images: np.ndarray
-) -> list[float]:
-  """Per layer l: how much closer to the teacher's final tokens the student gets with its layer
-  l attention replaced by the teacher's (operator and params), acting on the student's own
-  stream: the cosine gain, averaged over the images and over cls / patch. End to end, so a
-  layer whose error grows through the stack scores high even when its teacher-forced cosine is
-  good: what a hybrid should spend its softmax layers on."""
+) -> tuple[np.ndarray, np.ndarray]:
+  """(baseline [B], gains [L, B]): per image, the student's cosine to the teacher's final tokens
+  (the mean of cls and patch), and per layer l how much closer it gets with its layer l attention
+  replaced by the teacher's (operator and params), acting on the student's own stream."""
   if student.depth != teacher.depth:
     raise ConfigError(f"student depth {student.depth} != teacher depth {teacher.depth}")
   images = jnp.asarray(images, jnp.float32)
   reference = final_tokens(teacher, teacher_params, images)
 
-  mean = lambda per_image: float(np.mean([np.mean(v) for v in per_image.values()]))  # noqa: E731
-  baseline = mean(jax.device_get(cosines_to(student, student_params, images, reference)))
+  per_image = lambda cos: np.mean([np.asarray(v) for v in cos.values()], axis=0)  # noqa: E731
+  baseline = per_image(jax.device_get(cosines_to(student, student_params, images, reference)))
   fixed = swapped_cosines(student, student_params, teacher, teacher_params, images, reference)
-  return [mean(per_image) - baseline for per_image in fixed]
+  return baseline, np.stack([per_image(f) - baseline for f in fixed])
+
+
+def fix_gains(
+    teacher: Any,
+    teacher_params: Any,
+    student: Any,
+    student_params: Any,
+    images: np.ndarray,
+    worst_share: float = 1.0,
+) -> list[float]:
+  """Per layer l: how much closer to the teacher's final tokens the student gets with its layer
+  l attention replaced by the teacher's (operator and params), acting on the student's own
+  stream: the cosine gain, averaged over cls / patch and over the images, or over the
+  `worst_share` of them (at least one) where the student is furthest from its teacher. End to
+  end, so a layer whose error grows through the stack scores high even when its teacher-forced
+  cosine is good: what a hybrid should spend its softmax layers on."""
+  if not 0 < worst_share <= 1:
+    raise ConfigError(f"worst_share must be in (0, 1], got {worst_share}")
+  baseline, gains = per_image_fix_gains(teacher, teacher_params, student, student_params, images)
+  keep = np.argsort(baseline, kind="stable")[: max(1, int(np.ceil(worst_share * len(baseline))))]
+  return [float(g) for g in gains[:, keep].mean(axis=1)]
 
 
 def most_sensitive(gains: list[float], k: int) -> list[int]:

@@ -36,6 +36,9 @@ the folder (nothing is fitted, so no validation split), and compiles about 2·de
 
 Results (`summarize`; plain JSON types; m in "cls", "patch", "cls" only when the models pool):
   {"n_photos", "baseline": {m: the student's own cosine},
+   "per_photo" (when the photos are named): [{"photo", "student": {m}, "fix_gain": {m: [L]}}]
+   from the student's worst photo by cls (else patch) to its best: the mean hides where a few
+   photos' gap sits (on cross-source photos, one layer can hold most of a bad photo's gap),
    "layers": [{"layer", "fix_cls", "fix_patch", "break_cls", "break_patch",
                "recovered_share": {m}, "gap_alone": {m}, "gap_alone_share": {m},
                "attention_tf_cosine"}],
@@ -47,6 +50,7 @@ Results (`summarize`; plain JSON types; m in "cls", "patch", "cls" only when the
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -67,6 +71,7 @@ from linvit_jax.studies import study_cli
 
 INTERVENTIONS = ("fix", "break")
 MEASURES = ("cls", "patch")
+WORST_PHOTOS_SHOWN = 3  # format_table's per-photo lines
 _NO_GAP = 1e-6  # a student closer than this to its teacher has no gap to share out
 
 
@@ -111,10 +116,13 @@ def _share(gap_closed: float, gap: float) -> float | None:
 
 
 def summarize(
-    cosines: Mapping[str, Mapping[str, np.ndarray]], attention_tf: Sequence[float] | None = None
+    cosines: Mapping[str, Mapping[str, np.ndarray]],
+    attention_tf: Sequence[float] | None = None,
+    photos: Sequence[str] | None = None,
 ) -> dict[str, Any]:
   """The results (module doc) of `intervention_cosines`' values: photo means, and per layer the
-  shares; `attention_tf`: the teacher-forced cosine per layer, when measured."""
+  shares; `attention_tf`: the teacher-forced cosine per layer, when measured; `photos`: the
+  photos' names, in the cosines' order, for the per-photo gains."""
   measures = [m for m in MEASURES if m in cosines["baseline"]]
   baseline = {m: float(np.mean(cosines["baseline"][m])) for m in measures}
   gap = {m: 1 - baseline[m] for m in measures}
@@ -132,13 +140,28 @@ def summarize(
   total = lambda key, m: (  # noqa: E731
       None if gap[m] < _NO_GAP else float(sum(r[key][m] for r in layers))
   )
-  return {
+  out = {
       "n_photos": int(len(cosines["baseline"][measures[0]])),
       "baseline": baseline,
       "layers": layers,
       "sum_recovered_share": {m: total("recovered_share", m) for m in measures},
       "sum_gap_alone_share": {m: total("gap_alone_share", m) for m in measures},
   }
+  if photos is not None:
+    if len(photos) != out["n_photos"]:
+      raise CompoundingError(f"{len(photos)} photo names for {out['n_photos']} photos")
+    student = cosines["baseline"]
+    out["per_photo"] = [
+        {
+            "photo": photos[i],
+            "student": {m: float(student[m][i]) for m in measures},
+            "fix_gain": {
+                m: [float(g) for g in cosines["fix"][m][:, i] - student[m][i]] for m in measures
+            },
+        }
+        for i in np.argsort(student[measures[0]], kind="stable")
+    ]
+  return out
 
 
 def measure(
@@ -148,9 +171,11 @@ def measure(
     student_params: Any,
     images: np.ndarray,
     batch_size: int = 8,
+    photos: Sequence[str] | None = None,
 ) -> dict[str, Any]:
   """`summarize` of every image, in batches of `batch_size` (the last one padded, so each
-  forward compiles once), with the teacher-forced attention-output cosine per layer."""
+  forward compiles once), with the teacher-forced attention-output cosine per layer (and the
+  per-photo gains when `photos` names the images)."""
   parts, tf_sums = [], None
   batch_size = max(1, min(batch_size, len(images)))
   for start in range(0, len(images), batch_size):
@@ -165,7 +190,7 @@ def measure(
   if not parts:
     raise CompoundingError("no images to measure")
   cosines = jax.tree.map(lambda *a: np.concatenate(a, axis=-1), *parts)
-  return summarize(cosines, tf_sums / len(images))
+  return summarize(cosines, tf_sums / len(images), photos)
 
 
 # ---------------------------------------------------------------------------------- table and plot
@@ -202,6 +227,17 @@ def format_table(results: Mapping[str, Any]) -> str:
       for m in measures
   ]
   lines.append("sum over layers: " + "; ".join(sums))
+  worst = results.get("per_photo", [])[:WORST_PHOTOS_SHOWN]
+  if worst:
+    m = measures[0]
+    lines.append(f"worst photos by {m}: the student's cosine, then the layers whose fix gains most")
+    for row in worst:
+      gains = row["fix_gain"][m]
+      best = np.argsort(gains)[::-1][:3]
+      lines.append(
+          f"  {row['photo']}: {row['student'][m]:.4f}; "
+          + ", ".join(f"layer {l} {gains[l]:+.4f}" for l in best)
+      )
   return "\n".join(lines)
 
 
@@ -229,6 +265,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
       study_cli.params_at(student.params, student.patch, trained, res),
       images["view"],
       photo_tokens.batch_size(teacher, res),
+      [os.path.basename(p) for p in paths],
   )
   where = {"student": args.student, "teacher": args.teacher, "photos": args.photos}
   return {**where, "res": res, "view": args.views, "upsampled": upsampled["view"], **results}
