@@ -43,6 +43,8 @@ The student's linear attention:
   softmax_pick: sensitivity (largest end-to-end gain, the default) | sensitivity_worst (the
     same gain on the quarter of held-out views the student is furthest on) | tf_cosine (lowest
     teacher-forced cosine)
+  softmax_pick_images: sample (the random training-style views of the held-out photos that the
+    run's fidelity is measured on) | eval_view (each held-out photo's centre view, pp_eval)
   softmax_key_grid: g > 0: on a patch grid wider than g (a larger deploy size), the softmax
     layers attend to the cls/register keys and the patch keys averaged to at most g x g blocks,
     each weighted by its count: linear in tokens (0: every key); 'Nx': N times the training
@@ -112,6 +114,7 @@ OPTIONS = dict(
     policy="copy_all",
     softmax_layers=1,
     softmax_pick="sensitivity",
+    softmax_pick_images="sample",
     softmax_key_grid=options.NumberOrText("2x"),
     pool="",
     batch=8,
@@ -203,6 +206,7 @@ def get_config(arg=None):
       attention=attention,
       softmax_layers=arg.softmax_layers,
       softmax_pick=arg.softmax_pick,
+      softmax_pick_images=arg.softmax_pick_images,
       # digits as an int (how runs recorded it before 'Nx' existed), 'Nx' in one spelling
       softmax_key_grid=config_lib.key_grid_field(arg.softmax_key_grid),
   )

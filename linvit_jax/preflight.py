@@ -229,6 +229,12 @@ def check_softmax_layers(config: mlc.ConfigDict, depth: int | None) -> None:
     raise ConfigError(
         f"config.student.softmax_pick={pick!r}: expected one of {list(config_lib.SOFTMAX_PICKS)}"
     )
+  on = config.student.get("softmax_pick_images", "sample")
+  if on not in config_lib.SOFTMAX_PICK_IMAGES:
+    raise ConfigError(
+        f"config.student.softmax_pick_images={on!r}: expected one of "
+        f"{list(config_lib.SOFTMAX_PICK_IMAGES)}"
+    )
   if isinstance(k, bool) or not isinstance(k, int):
     raise ConfigError(f"config.student.softmax_layers={k!r}: expected a whole number of layers")
   grid = config.student.get("softmax_key_grid", 0)
@@ -438,7 +444,11 @@ _STAGE_FIELDS_ADDED = {
     "w_structure": 0.0,  # written only when on before 2026-12-06: absent and 0.0 are the same
 }
 # Student fields added after runs were recorded, likewise.
-_STUDENT_FIELDS_ADDED = {"softmax_pick": "tf_cosine", "softmax_key_grid": 0}
+_STUDENT_FIELDS_ADDED = {
+    "softmax_pick": "tf_cosine",
+    "softmax_key_grid": 0,
+    "softmax_pick_images": "sample",
+}
 _STAGE_BOOKKEEPING = (
     "checkpoint_every",
     "max_to_keep",

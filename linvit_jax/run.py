@@ -271,18 +271,27 @@ def _hybrid_swap(config, scorer, stage, student_model, student_params) -> tuple[
   train around them. Which k (student.softmax_pick): those that linearize worst (teacher-forced
   cosine on the held-out images, `stage.fidelity`), or those whose teacher attention alone brings
   the student's final tokens closest to the teacher's on the same images (layer_swap.fix_gains),
-  on all of them or on the quarter the student is furthest on ("sensitivity_worst").
+  on all of them or on the quarter the student is furthest on ("sensitivity_worst"). The images:
+  the fidelity sample, or with student.softmax_pick_images="eval_view" the held-out images as the
+  exported student sees them (pp_eval).
   The layers, the gains when measured and the hybrid's fidelity go to `stage`."""
   rows = stage.fidelity.layers
   k = config.student.softmax_layers
   pick = config.student.get("softmax_pick", "tf_cosine")
+  if config.student.get("softmax_pick_images", "sample") == "eval_view":
+    images = build.eval_view_images(config, config.eval.fidelity_images)
+    rows = evaluate.attention_fidelity(
+        scorer.teacher_model, scorer.teacher_params, student_model, student_params, images
+    )
+  else:
+    images = scorer.fidelity_images()
   if pick in ("sensitivity", "sensitivity_worst"):
     gains = layer_swap.fix_gains(
         scorer.teacher_model,
         scorer.teacher_params,
         student_model,
         student_params,
-        scorer.fidelity_images(),
+        images,
         worst_share=layer_swap.WORST_SHARE if pick == "sensitivity_worst" else 1.0,
     )
     layers = layer_swap.most_sensitive(gains, k)

@@ -220,11 +220,12 @@ def test_fields_at_their_off_value_resume_a_run_recorded_before_they_were_writte
 
 
 def test_student_fields_added_later_resume_at_their_default(tmp_path):
-  """A run recorded before student.softmax_pick (2026-12-06) and softmax_key_grid (2026-12-07)
-  existed ran with their defaults: the same run; a pooled hybrid is another."""
+  """A run recorded before student.softmax_pick (2026-12-06), softmax_key_grid (2026-12-07) and
+  softmax_pick_images (2026-12-08) existed ran with their defaults: the same run; a pooled hybrid
+  is another."""
   config = config_lib.base_config()
   recorded = json.loads(config.to_json_best_effort())
-  for field in ("softmax_pick", "softmax_key_grid"):
+  for field in ("softmax_pick", "softmax_key_grid", "softmax_pick_images"):
     recorded["student"].pop(field)
   (tmp_path / "config.json").write_text(json.dumps(recorded))
   preflight.check_same_run(str(tmp_path), config)

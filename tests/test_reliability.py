@@ -255,6 +255,15 @@ def test_softmax_key_grid_refused_by_preflight(tmp_path):
 def test_softmax_pick_typo_is_one_line(tmp_path):
   text = _option_error(tmp_path, softmax_pick="sensitive")
   assert "softmax_pick='sensitive'" in text and "'sensitivity'" in text
+  text = _option_error(tmp_path / "second", softmax_pick_images="whole")
+  assert "softmax_pick_images='whole'" in text and "'eval_view'" in text
+
+
+def test_softmax_pick_images_refused_by_preflight(tmp_path):
+  photos = _photos(tmp_path / "p3", 6)
+  config = _folder_config(photos, softmax_layers=1)
+  config.student.softmax_pick_images = "crops"  # set on the config itself: preflight names it
+  _refused(config, tmp_path / "w", "softmax_pick_images='crops'", "'sample', 'eval_view'")
 
 
 def test_deploy_res_that_no_step_trains_is_refused(tmp_path):

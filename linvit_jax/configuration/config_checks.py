@@ -78,7 +78,7 @@ def ignored_options(arg: Any, defaults: dict[str, Any]) -> list[str]:
   return unread
 
 
-_SOFTMAX_LAYER_OPTIONS = ("softmax_pick", "softmax_key_grid")
+_SOFTMAX_LAYER_OPTIONS = ("softmax_pick", "softmax_pick_images", "softmax_key_grid")
 
 
 def budget_note(arg: Any, defaults: dict[str, Any] | None = None) -> str:
@@ -123,7 +123,9 @@ def convert_folder(arg: Any) -> None:
   choices = dict(gelu=("", "exact", "tanh"), norm=("", "source", *recipes.NORMS))
   augments = tuple(recipes.AUGMENTS)
   choices.update(distill_augment=augments, align_augment=augments)
-  choices.update(softmax_pick=config_lib.SOFTMAX_PICKS)
+  choices.update(
+      softmax_pick=config_lib.SOFTMAX_PICKS, softmax_pick_images=config_lib.SOFTMAX_PICK_IMAGES
+  )
   for field, allowed in choices.items():
     if arg[field] not in allowed:
       raise ValueError(f"{field}={arg[field]!r}: expected one of {list(allowed)} (empty: default)")

@@ -22,6 +22,10 @@ import ml_collections as mlc
 STAGE_KINDS = ("train", "distill_attention", "finetune", "align")
 # How student.softmax_layers picks its layers (run._hybrid_swap).
 SOFTMAX_PICKS = ("tf_cosine", "sensitivity", "sensitivity_worst")
+# What the pick measures on: "sample" the fidelity sample (eval.sample_pp's random views of the
+# held-out images), "eval_view" the held-out images through data.pp_eval (one whole-image view
+# each: what the exported student sees, and what photo_eval's views resemble).
+SOFTMAX_PICK_IMAGES = ("sample", "eval_view")
 # student.softmax_key_grid: a grid side in patches (int, 0: every key) or a multiple of the
 # training grid ("2x": twice image_size // patch), so one setting means the same for any teacher.
 KEY_GRID_FORMS = (
@@ -409,7 +413,8 @@ def base_config() -> mlc.ConfigDict:
   # "tf_cosine" the k of lowest teacher-forced attention cosine, "sensitivity" the k whose
   # teacher attention, swapped into the student alone, brings its final tokens closest to the
   # teacher's (evaluation/layer_swap.fix_gains: error that compounds counts), "sensitivity_worst"
-  # the same gain over the quarter of those images the student is furthest on; softmax_key_grid:
+  # the same gain over the quarter of those images the student is furthest on; softmax_pick_images:
+  # which held-out images both measure on (SOFTMAX_PICK_IMAGES); softmax_key_grid:
   # g > 0: those layers pool their patch keys to at most g×g on a larger grid (AttentionSpec
   # key_grid: linear in tokens; 0: every key), or "Nx": N times the training grid (either form,
   # also as --config.student.softmax_key_grid=: key_grid_field).
@@ -421,6 +426,7 @@ def base_config() -> mlc.ConfigDict:
       dont_load=(),
       softmax_layers=0,
       softmax_pick="tf_cosine",
+      softmax_pick_images="sample",
       softmax_key_grid=key_grid_field(0),
   )
   # policy: what surgery copies from the teacher: copy_same (all but attention), copy_all,
