@@ -42,7 +42,7 @@ The student's linear attention:
     +0.012 cls / patch at 448 px over none, mean of two seeds, docs/operators.md; 0: all linear)
   softmax_pick: sensitivity (largest end-to-end gain, the default) | sensitivity_worst (the
     same gain on the quarter of held-out views the student is furthest on) | tf_cosine (lowest
-    teacher-forced cosine)
+    teacher-forced cosine) | the layers themselves, '8', '4+8' (as many as softmax_layers)
   softmax_pick_images: sample (the random training-style views of the held-out photos that the
     run's fidelity is measured on) | eval_view (each held-out photo's centre view, pp_eval)
   softmax_key_grid: g > 0: on a patch grid wider than g (a larger deploy size), the softmax

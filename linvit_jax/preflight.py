@@ -225,9 +225,10 @@ def check_softmax_layers(config: mlc.ConfigDict, depth: int | None) -> None:
   negative count would be read as a slice), swapped in after a distill_attention stage."""
   k = config.student.get("softmax_layers", 0)
   pick = config.student.get("softmax_pick", "tf_cosine")
-  if pick not in config_lib.SOFTMAX_PICKS:
+  if not config_lib.softmax_pick_valid(pick):
     raise ConfigError(
-        f"config.student.softmax_pick={pick!r}: expected one of {list(config_lib.SOFTMAX_PICKS)}"
+        f"config.student.softmax_pick={pick!r}: expected one of {list(config_lib.SOFTMAX_PICKS)} "
+        "or the layers themselves ('8', '4+8')"
     )
   on = config.student.get("softmax_pick_images", "sample")
   if on not in config_lib.SOFTMAX_PICK_IMAGES:
@@ -248,6 +249,14 @@ def check_softmax_layers(config: mlc.ConfigDict, depth: int | None) -> None:
         f"config.student.softmax_layers={k} (convert_folder: softmax_layers={k}): {most}, "
         "and 0 for none (all layers softmax would be the teacher itself)"
     )
+  fixed = config_lib.fixed_softmax_layers(pick)
+  if k and fixed is not None:
+    out_of_range = [l for l in fixed if depth and l >= depth]
+    if len(set(fixed)) != k or out_of_range:
+      raise ConfigError(
+          f"config.student.softmax_pick={pick!r}: expected {k} different layer(s) "
+          f"(softmax_layers={k})" + (f" below the depth {depth}" if depth else "")
+      )
   if k and not any(config[n].kind == "distill_attention" for n in config.stages if n in config):
     raise ConfigError(
         f"config.student.softmax_layers={k}: the layers are chosen after the first "

@@ -285,7 +285,10 @@ def _hybrid_swap(config, scorer, stage, student_model, student_params) -> tuple[
     )
   else:
     images = scorer.fidelity_images()
-  if pick in ("sensitivity", "sensitivity_worst"):
+  fixed = config_lib.fixed_softmax_layers(pick)
+  if fixed is not None:  # named by the config: nothing to measure
+    layers = sorted(fixed)
+  elif pick in ("sensitivity", "sensitivity_worst"):
     gains = layer_swap.fix_gains(
         scorer.teacher_model,
         scorer.teacher_params,

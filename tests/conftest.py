@@ -30,7 +30,8 @@ def bv_fixture():
 @pytest.fixture(scope="session")
 def tiny_hf_conversion(tmp_path_factory):
   """`linvit_jax.convert` of the tiny Hugging Face DINOv2-with-registers (tests/data/foreign) on
-  6 synthetic photos, 2 + 2 steps at 28 px: (the returned Student, its workdir)."""
+  6 synthetic photos, 2 + 2 steps at 28 px, its softmax layer named (softmax_pick="1", not
+  measured): (the returned Student, its workdir)."""
   import os
 
   import numpy as np
@@ -53,6 +54,7 @@ def tiny_hf_conversion(tmp_path_factory):
       tiny=True,
       batch=4,
       max_images=8,
+      softmax_pick="1",
   )
   return student, tmp / "work"
 

@@ -33,7 +33,7 @@ def test_export_folder_carries_what_a_user_needs(tiny_hf_conversion):
   # the default hybrid: one layer softmax, the others the linear operator
   kinds = [a["kind"] for a in cfg["model"]["attention"]]
   assert kinds.count("softmax") == 1 and kinds.count("linear") == len(kinds) - 1
-  assert cfg["recipe"]["softmax_layers"] == [kinds.index("softmax")]
+  assert cfg["recipe"]["softmax_layers"] == [kinds.index("softmax")] == [1]  # softmax_pick="1"
   linear = next(a for a in cfg["model"]["attention"] if a["kind"] == "linear")
   assert linear["feature_map"] == "hedgehog_exp" and linear["conv_v"] and linear["center_keys"]
   pre = cfg["preprocessing"]

@@ -23,6 +23,7 @@ from linvit_jax import run_identity
 from linvit_jax.artifacts import export_format
 from linvit_jax.artifacts import student_loader
 from linvit_jax.configuration import config_files
+from linvit_jax.configuration import config_lib
 from linvit_jax.data import inference_pp
 from linvit_jax.models import checkpoint_record
 from linvit_jax.models import import_weights
@@ -257,6 +258,28 @@ def test_softmax_pick_typo_is_one_line(tmp_path):
   assert "softmax_pick='sensitive'" in text and "'sensitivity'" in text
   text = _option_error(tmp_path / "second", softmax_pick_images="whole")
   assert "softmax_pick_images='whole'" in text and "'eval_view'" in text
+
+
+def test_named_softmax_layers_are_read_and_checked(tmp_path):
+  """softmax_pick may name the layers ('8', '4+8', '4,8' on the config itself): as many as
+  softmax_layers, different, below the depth; a rule's name is not a list of layers."""
+  assert config_lib.fixed_softmax_layers("8") == (8,) and config_lib.fixed_softmax_layers(8) == (8,)
+  assert config_lib.fixed_softmax_layers("4+8") == config_lib.fixed_softmax_layers("4, 8") == (4, 8)
+  for rule in ("sensitivity", "", "4+x", True):
+    assert config_lib.fixed_softmax_layers(rule) is None
+  photos = _photos(tmp_path / "p4", 6)
+  _refused(
+      _folder_config(photos, softmax_layers=1, softmax_pick="0+1"),
+      tmp_path / "w1",
+      "softmax_pick='0+1'",
+      "expected 1 different layer(s)",
+  )
+  _refused(
+      _folder_config(photos, softmax_layers=1, softmax_pick="7"),
+      tmp_path / "w2",
+      "softmax_pick='7'",
+      "below the depth",
+  )
 
 
 def test_softmax_pick_images_refused_by_preflight(tmp_path):

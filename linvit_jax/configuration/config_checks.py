@@ -123,9 +123,12 @@ def convert_folder(arg: Any) -> None:
   choices = dict(gelu=("", "exact", "tanh"), norm=("", "source", *recipes.NORMS))
   augments = tuple(recipes.AUGMENTS)
   choices.update(distill_augment=augments, align_augment=augments)
-  choices.update(
-      softmax_pick=config_lib.SOFTMAX_PICKS, softmax_pick_images=config_lib.SOFTMAX_PICK_IMAGES
-  )
+  choices.update(softmax_pick_images=config_lib.SOFTMAX_PICK_IMAGES)
+  if not config_lib.softmax_pick_valid(arg.softmax_pick):
+    raise ValueError(
+        f"softmax_pick={arg.softmax_pick!r}: expected one of {list(config_lib.SOFTMAX_PICKS)} or "
+        "the layers themselves ('8', '4+8')"
+    )
   for field, allowed in choices.items():
     if arg[field] not in allowed:
       raise ValueError(f"{field}={arg[field]!r}: expected one of {list(allowed)} (empty: default)")

@@ -22,6 +22,22 @@ import ml_collections as mlc
 STAGE_KINDS = ("train", "distill_attention", "finetune", "align")
 # How student.softmax_layers picks its layers (run._hybrid_swap).
 SOFTMAX_PICKS = ("tf_cosine", "sensitivity", "sensitivity_worst")
+
+
+def fixed_softmax_layers(pick: Any) -> tuple[int, ...] | None:
+  """The layers a softmax_pick names itself ("8", "4,8" or "4+8", the form convert_folder's
+  comma-separated options can hold: a study's or a user's own choice, not measured by the run),
+  else None (a pick rule of SOFTMAX_PICKS, or not a list of layers)."""
+  parts = str(pick).replace(" ", "").replace("+", ",").split(",")
+  if isinstance(pick, bool) or not all(p.isdigit() for p in parts):
+    return None
+  return tuple(int(p) for p in parts)
+
+
+def softmax_pick_valid(pick: Any) -> bool:
+  return pick in SOFTMAX_PICKS or fixed_softmax_layers(pick) is not None
+
+
 # What the pick measures on: "sample" the fidelity sample (eval.sample_pp's random views of the
 # held-out images), "eval_view" the held-out images through data.pp_eval (one whole-image view
 # each: what the exported student sees, and what photo_eval's views resemble).
@@ -414,7 +430,8 @@ def base_config() -> mlc.ConfigDict:
   # teacher attention, swapped into the student alone, brings its final tokens closest to the
   # teacher's (evaluation/layer_swap.fix_gains: error that compounds counts), "sensitivity_worst"
   # the same gain over the quarter of those images the student is furthest on; softmax_pick_images:
-  # which held-out images both measure on (SOFTMAX_PICK_IMAGES); softmax_key_grid:
+  # which held-out images both measure on (SOFTMAX_PICK_IMAGES); or the layers themselves, "8" or
+  # "4,8" (fixed_softmax_layers); softmax_key_grid:
   # g > 0: those layers pool their patch keys to at most g×g on a larger grid (AttentionSpec
   # key_grid: linear in tokens; 0: every key), or "Nx": N times the training grid (either form,
   # also as --config.student.softmax_key_grid=: key_grid_field).
