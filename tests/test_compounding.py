@@ -166,3 +166,17 @@ def test_cli_writes_json_and_plot_and_a_bad_folder_is_one_line(tmp_path, capsys)
   assert compounding.main([*args, "--res", "18"]) == 2
   err = capsys.readouterr().err
   assert err.startswith("error: --res 18") and err.count("\n") == 1
+
+
+def test_pick_gains_rules_pick_on_all_images_or_the_worst_quarter():
+  """tools/pick_gains: "sensitivity" averages every image's gains, "sensitivity_worst" those of
+  the quarter of lowest baseline (here the one image at 0.5, where layer 2 alone gains)."""
+  from tools import pick_gains
+
+  baseline = np.array([0.9, 0.5, 0.95, 0.92])
+  gains = np.array([[0.03, 0.0, 0.03, 0.03], [0.0, 0.0, 0.0, 0.0], [0.0, 0.2, 0.0, 0.0]])
+  out = pick_gains.rules(baseline, gains, 0.25)
+  assert out["sensitivity"]["pick"] == 2 and out["sensitivity"]["gains"][0] == pytest.approx(0.0225)
+  assert out["sensitivity_worst"]["pick"] == 2 and out["sensitivity_worst"]["gains"] == [0, 0, 0.2]
+  out = pick_gains.rules(baseline, gains[:, [0, 2, 3, 1]] * [[1], [1], [0]], 0.25)
+  assert out["sensitivity"]["pick"] == 0 and out["sensitivity_worst"]["pick"] == 0
