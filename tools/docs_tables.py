@@ -172,6 +172,17 @@ TABLES: dict[str, Table] = {
         (photos.DATA_STUDY, "tools/docs_tables_runs.py"),
         photos.cross_goals(photos.DATA_STUDY, "HYB2_s0", {"softmax_layers": 2, "key_grid": 32}),
     ),
+    "worst_photos": Table(
+        (photos.WORST_COMPOUNDING, photos.DATA_STUDY),
+        photos.worst_photos(photos.WORST_COMPOUNDING, photos.DATA_STUDY, "HYB2_s0"),
+    ),
+    "pick_gains": Table((photos.PICK_GAINS,), photos.pick_gains(photos.PICK_GAINS)),
+    "cls_levers": Table(
+        (photos.DATA_STUDY,), photos.arm_seeds(photos.DATA_STUDY, photos.CLS_LEVER_ARMS)
+    ),
+    "cls_levers_paired": Table(
+        (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.CLS_LEVER_PAIRS)
+    ),
     "two_layers_paired": Table(
         (photos.DATA_STUDY,), photos.paired(photos.DATA_STUDY, photos.TWO_LAYER_PAIRS)
     ),

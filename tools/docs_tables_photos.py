@@ -1101,7 +1101,10 @@ def arm_seeds(
         v = [x for r in rows for x in (r["cls_cosine"]["mean"], r["patch_cosine"]["mean"])]
         v.append(rows[-1]["student_images_per_s"] / rows[-1]["teacher_images_per_s"])
         values.append(v)
-      for (seed, _), v in zip([*seeded, (None, None)], [*values, _column_means(values)]):
+      shown_rows = list(zip(seeded, values))
+      if len(seeded) > 1:  # one seed is its own mean
+        shown_rows.append(((None, None), _column_means(values)))
+      for (seed, _), v in shown_rows:
         cells = [f"{v[2 * i]:.3f} / {v[2 * i + 1]:.3f}" for i in range(len(sizes))]
         shown = f"**{' / '.join(str(s) for s, _ in seeded)} mean**" if seed is None else seed
         lines.append(f"| {label} | {shown} | {' | '.join(cells)} | {v[-1]:.2f}× |")
@@ -1184,3 +1187,94 @@ def key_pooling(load: Load) -> str:
       "whole views."
   )
   return "\n".join(lines)
+
+
+# Where the worst cross-source photos' gap sits (2026-12-08): the compounding study per photo on
+# the two-layer student of seed 0 (HYB2_s0), each pick rule's gains on its distilled student, and
+# the single-seed arms that followed (one softmax layer at 8 rather than 4; exact cls rows).
+WORST_COMPOUNDING = "docs/worst_photos/compounding_hyb2_s0_224.json"
+PICK_GAINS = "docs/worst_photos/pick_gains_seed0.json"
+WORST_SHOWN = 6  # the worst photos by cls in the per-photo table
+CLS_LEVER_ARMS = (
+    (
+        "one softmax layer, layer 4 (the README's command, `softmax_pick=sensitivity`)",
+        ((0, "README_hyb"),),
+    ),
+    ("one softmax layer, layer 8 (`softmax_pick=8`)", ((0, "PICK8_s0"),)),
+    ("the README's command + `exact_prefix` (sensitivity kept layer 11)", ((0, "EXP_s0"),)),
+)
+CLS_LEVER_PAIRS = (
+    ("README_hyb", "PICK8_s0", "seed 0: softmax layer 4 → 8"),
+    ("README_hyb", "EXP_s0", "seed 0: + `exact_prefix` (softmax layer 4 → 11)"),
+)
+
+
+def worst_photos(path: str, study_path: str, run: str) -> Callable[[Load], str]:
+  """Per photo, worst first by cls: the student's cls / patch cosine and the three layers whose
+  teacher attention (fix one) gains most cls, then per split the mean gain per layer (the test
+  photos: those of `run`'s own test table in the study; validation: the others)."""
+
+  def render(load: Load) -> str:
+    results = load(path)
+    rows = results["per_photo"]
+    test = set(_whole_row(load(study_path)[run]["test"], results["res"])["cls_cosine"]["per_photo"])
+    splits = {
+        "validation": [r["photo"] for r in rows if r["photo"] not in test],
+        "test": [r["photo"] for r in rows if r["photo"] in test],
+    }
+    lines = [
+        f"| photo ({results['n_photos']} cross-source photos, {results['res']} px, whole views) "
+        "| split | student cls / patch | largest cls gains from fixing one layer |",
+        "|---|---|---|---|",
+    ]
+    split_of = {p: s for s, names in splits.items() for p in names}
+    for row in rows[:WORST_SHOWN]:
+      gains = row["fix_gain"]["cls"]
+      best = sorted(range(len(gains)), key=lambda l: -gains[l])[:3]
+      shown = ", ".join(f"{l}: {gains[l]:+.3f}" for l in best)
+      student = f"{row['student']['cls']:.3f} / {row['student']['patch']:.3f}"
+      lines.append(f"| `{row['photo']}` | {split_of.get(row['photo'], '')} | {student} | {shown} |")
+    for split, names in splits.items():
+      chosen = [r for r in rows if r["photo"] in names]
+      for m in ("cls", "patch"):
+        mean = [
+            statistics.fmean(r["fix_gain"][m][l] for r in chosen)
+            for l in range(len(rows[0]["fix_gain"][m]))
+        ]
+        best = sorted(range(len(mean)), key=lambda l: -mean[l])[:3]
+        shown = ", ".join(f"{l}: {mean[l]:+.3f}" for l in best)
+        student = statistics.fmean(r["student"][m] for r in chosen)
+        lines.append(
+            f"| mean of the {len(chosen)} {split} photos, {m} | {split} | {student:.3f} ({m}) | {shown} |"
+        )
+    return "\n".join(lines)
+
+  return render
+
+
+def pick_gains(path: str) -> Callable[[Load], str]:
+  """tools/pick_gains.py's results: per image set and rule, the layer picked and the three
+  largest mean gains."""
+
+  def render(load: Load) -> str:
+    results = load(path)
+    lines = [
+        "| images the pick measures on | images | rule | picks | largest gains (layer: cosine gain) |",
+        "|---|---|---|---|---|",
+    ]
+    labels = {
+        "sample": "the fidelity sample (random crops of the validation photos)",
+        "eval_view": "the validation photos' centre views (`softmax_pick_images=eval_view`)",
+    }
+    for name, label in labels.items():
+      block = results[name]
+      for rule in ("sensitivity", "sensitivity_worst"):
+        gains = block[rule]["gains"]
+        best = sorted(range(len(gains)), key=lambda l: -gains[l])[:3]
+        shown = ", ".join(f"{l}: {gains[l]:+.3f}" for l in best)
+        lines.append(
+            f"| {label} | {block['images']} | `{rule}` | {block[rule]['pick']} | {shown} |"
+        )
+    return "\n".join(lines)
+
+  return render
