@@ -1209,6 +1209,12 @@ CLS_LEVER_PAIRS = (
 )
 
 
+def _largest_gains(gains: Sequence[float], n: int = 3) -> str:
+  """ "layer: gain" of the n largest per-layer gains, largest first."""
+  best = sorted(range(len(gains)), key=lambda l: -gains[l])[:n]
+  return ", ".join(f"{l}: {gains[l]:+.3f}" for l in best)
+
+
 def worst_photos(path: str, study_path: str, run: str) -> Callable[[Load], str]:
   """Per photo, worst first by cls: the student's cls / patch cosine and the three layers whose
   teacher attention (fix one) gains most cls, then per split the mean gain per layer (the test
@@ -1229,9 +1235,7 @@ def worst_photos(path: str, study_path: str, run: str) -> Callable[[Load], str]:
     ]
     split_of = {p: s for s, names in splits.items() for p in names}
     for row in rows[:WORST_SHOWN]:
-      gains = row["fix_gain"]["cls"]
-      best = sorted(range(len(gains)), key=lambda l: -gains[l])[:3]
-      shown = ", ".join(f"{l}: {gains[l]:+.3f}" for l in best)
+      shown = _largest_gains(row["fix_gain"]["cls"])
       student = f"{row['student']['cls']:.3f} / {row['student']['patch']:.3f}"
       lines.append(f"| `{row['photo']}` | {split_of.get(row['photo'], '')} | {student} | {shown} |")
     for split, names in splits.items():
@@ -1241,8 +1245,7 @@ def worst_photos(path: str, study_path: str, run: str) -> Callable[[Load], str]:
             statistics.fmean(r["fix_gain"][m][l] for r in chosen)
             for l in range(len(rows[0]["fix_gain"][m]))
         ]
-        best = sorted(range(len(mean)), key=lambda l: -mean[l])[:3]
-        shown = ", ".join(f"{l}: {mean[l]:+.3f}" for l in best)
+        shown = _largest_gains(mean)
         student = statistics.fmean(r["student"][m] for r in chosen)
         lines.append(
             f"| mean of the {len(chosen)} {split} photos, {m} | {split} | {student:.3f} ({m}) | {shown} |"
@@ -1269,9 +1272,7 @@ def pick_gains(path: str) -> Callable[[Load], str]:
     for name, label in labels.items():
       block = results[name]
       for rule in ("sensitivity", "sensitivity_worst"):
-        gains = block[rule]["gains"]
-        best = sorted(range(len(gains)), key=lambda l: -gains[l])[:3]
-        shown = ", ".join(f"{l}: {gains[l]:+.3f}" for l in best)
+        shown = _largest_gains(block[rule]["gains"])
         lines.append(
             f"| {label} | {block['images']} | `{rule}` | {block[rule]['pick']} | {shown} |"
         )

@@ -28,11 +28,12 @@ sys.path.insert(0, ROOT)
 
 def rules(baseline: np.ndarray, gains: np.ndarray, worst_share: float) -> dict[str, Any]:
   """Per rule, the mean gain per layer and the layer it picks (`gains` [L, B])."""
-  worst = np.argsort(baseline, kind="stable")[: max(1, int(np.ceil(worst_share * len(baseline))))]
+  from linvit_jax.evaluation import layer_swap
+
   out = {}
-  for rule, keep in (("sensitivity", slice(None)), ("sensitivity_worst", worst)):
-    mean = gains[:, keep].mean(axis=1)
-    out[rule] = {"gains": [round(float(g), 6) for g in mean], "pick": int(np.argmax(mean))}
+  for rule, share in (("sensitivity", 1.0), ("sensitivity_worst", worst_share)):
+    mean = layer_swap.mean_gains(baseline, gains, share)
+    out[rule] = {"gains": [round(g, 6) for g in mean], "pick": int(np.argmax(mean))}
   return out
 
 

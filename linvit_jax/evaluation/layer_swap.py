@@ -125,6 +125,12 @@ def fix_gains(
   if not 0 < worst_share <= 1:
     raise ConfigError(f"worst_share must be in (0, 1], got {worst_share}")
   baseline, gains = per_image_fix_gains(teacher, teacher_params, student, student_params, images)
+  return mean_gains(baseline, gains, worst_share)
+
+
+def mean_gains(baseline: np.ndarray, gains: np.ndarray, worst_share: float = 1.0) -> list[float]:
+  """Per layer, `per_image_fix_gains`' gains [L, B] averaged over the `worst_share` of the images
+  (at least one) of lowest `baseline` [B]; 1.0: over all of them."""
   keep = np.argsort(baseline, kind="stable")[: max(1, int(np.ceil(worst_share * len(baseline))))]
   return [float(g) for g in gains[:, keep].mean(axis=1)]
 
